@@ -1,0 +1,153 @@
+"""Configuration: one TOML file plus environment overrides, typed and explicit.
+
+Every setting has a default (the seed's value where the seed gives one). A TOML file
+(``--config PATH`` or ``SKEWWATCH_CONFIG``) overrides defaults section by section, and
+environment variables override the file: ``SKEWWATCH_<SECTION>__<FIELD>``, e.g.
+``SKEWWATCH_WINDOW__ALLOWED_LATENESS_S=10``. ``KAFKA_BOOTSTRAP`` is accepted as the
+conventional short form of ``SKEWWATCH_KAFKA__BOOTSTRAP``.
+
+>>> s = load_settings(env={"SKEWWATCH_WINDOW__ALLOWED_LATENESS_S": "10"})
+>>> s.window.allowed_lateness_s, s.window.step_s, s.topics.requests
+(10.0, 5.0, 'llm.requests')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message names the setting."""
+
+
+@dataclass(slots=True)
+class KafkaSettings:
+    bootstrap: str | None = None  # None: use the embedded broker the project starts itself
+    client_id: str = "skewwatch"
+    group_id: str = "skewwatch"
+    partitions: int = 8  # partitions of the topics skewwatch creates
+    replication_factor: int = 1
+
+
+@dataclass(slots=True)
+class TopicSettings:
+    requests: str = "llm.requests"
+    gpu_telemetry: str = "llm.gpu-telemetry"
+    features: str = "llm.features"
+    alerts: str = "llm.alerts"
+    routing_corrections: str = "llm.routing-corrections"
+    dead_letter: str = "llm.dead-letter"
+    # internal: stage 1 -> stage 2 replica step summaries (keyed by model) and state checkpoints
+    replica_steps: str = "skewwatch.replica-steps"
+    checkpoints: str = "skewwatch.checkpoints"
+
+
+@dataclass(slots=True)
+class WindowSettings:
+    length_s: float = 60.0  # seed §2.5: 60 s sliding window
+    step_s: float = 5.0  # seed §2.5: a feature vector every 5 s
+    allowed_lateness_s: float = 5.0  # events older than watermark are late: counted, not folded in
+    idle_release_s: float = 90.0  # a replica silent this long (past window + grace) is released
+    partition_idle_s: float = 10.0  # wall seconds without input before an idle partition follows the others
+    model_grace_steps: int = 1  # stage 2 waits this many later steps for a missing replica's summary
+    sketch_relative_accuracy: float = 0.01  # quantile sketch: <= 1 % relative error
+
+
+@dataclass(slots=True)
+class LimitSettings:
+    max_message_bytes: int = 1 << 20  # a request message larger than 1 MiB is rejected
+    max_tokens: int = 10_000_000  # prompt/completion tokens above this are rejected as absurd
+    max_events_per_message: int = 10_000
+
+
+@dataclass(slots=True)
+class WebSettings:
+    host: str = "127.0.0.1"
+    port: int = 6066
+
+
+@dataclass(slots=True)
+class Settings:
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    topics: TopicSettings = field(default_factory=TopicSettings)
+    window: WindowSettings = field(default_factory=WindowSettings)
+    limits: LimitSettings = field(default_factory=LimitSettings)
+    web: WebSettings = field(default_factory=WebSettings)
+    detectors: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-detector overrides
+
+
+def _coerce(value: Any, annotation: Any, where: str) -> Any:
+    """Convert a TOML/env value to the field's declared type, or raise ConfigError naming it."""
+    hint = annotation
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("", "none", "null")):
+            return None
+        hint = args[0]
+    try:
+        if hint is bool:
+            if isinstance(value, str):
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if hint in (int, float, str):
+            return hint(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}") from exc
+    return value
+
+
+def _apply(section: Any, values: Mapping[str, Any], where: str) -> None:
+    hints = typing.get_type_hints(type(section))
+    known = {f.name for f in dataclasses.fields(section)}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"{where}.{key}: unknown setting (known: {', '.join(sorted(known))})")
+        setattr(section, key, _coerce(value, hints[key], f"{where}.{key}"))
+
+
+def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Defaults, then the TOML file, then the environment."""
+    env = os.environ if env is None else env
+    settings = Settings()
+    path = path or env.get("SKEWWATCH_CONFIG")
+    if path:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {path} does not exist") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path}: {exc}") from exc
+        for name, values in data.items():
+            if name == "detectors":
+                settings.detectors = {k: dict(v) for k, v in values.items()}
+                continue
+            if not hasattr(settings, name) or not isinstance(values, dict):
+                raise ConfigError(f"{path}: unknown section [{name}]")
+            _apply(getattr(settings, name), values, name)
+    for key, value in env.items():
+        if not key.startswith("SKEWWATCH_") or "__" not in key:
+            continue
+        section_name, _, field_name = key[len("SKEWWATCH_"):].lower().partition("__")
+        if section_name == "detectors":
+            detector, _, param = field_name.partition("__")
+            settings.detectors.setdefault(detector, {})[param] = value
+            continue
+        if not hasattr(settings, section_name):
+            raise ConfigError(f"{key}: unknown section {section_name!r}")
+        _apply(getattr(settings, section_name), {field_name: value}, section_name)
+    if env.get("KAFKA_BOOTSTRAP"):
+        settings.kafka.bootstrap = env["KAFKA_BOOTSTRAP"]
+    return settings

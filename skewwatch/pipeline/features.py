@@ -1,0 +1,63 @@
+"""The feature vector: one per replica and one per model every 5 s step, covering the last 60 s.
+
+This is the record published on ``llm.features`` (contract ``features.v1``) and what every
+detector and the weights read. Statistics of an empty window are ``None`` (unknown), never 0,
+except ``count``, ``rps``, ``tokens_per_s`` which are genuinely 0 for a silent replica.
+
+>>> fv = FeatureVector(model="m", replica="r1", window_start=0.0, window_end=60.0, count=0)
+>>> fv.key
+'m/r1'
+>>> FeatureVector.from_dict(fv.to_dict()) == fv
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+FEATURES_SCHEMA_VERSION = 1
+
+
+@dataclass(slots=True)
+class FeatureVector:
+    model: str
+    replica: str | None  # None for the per-model vector
+    window_start: float  # epoch seconds, inclusive
+    window_end: float  # epoch seconds, exclusive; a multiple of the step
+    count: int  # requests finished in the window
+    rps: float = 0.0  # count / window length
+    latency_p50: float | None = None  # ms, end to end
+    latency_p95: float | None = None
+    latency_p99: float | None = None
+    latency_mean: float | None = None
+    ttft_p50: float | None = None  # ms; None when no event in the window reported ttft_ms
+    ttft_p99: float | None = None
+    batch_size_mean: float | None = None
+    batch_size_std: float | None = None  # population std over the window's events
+    batch_fill_mean: float | None = None  # mean of batch_size / batch_capacity, 0..1
+    prompt_tokens_mean: float | None = None
+    prompt_tokens_var: float | None = None  # population variance
+    completion_tokens_mean: float | None = None
+    completion_tokens_var: float | None = None
+    tokens_per_s: float = 0.0  # generated (completion) tokens per second over the window
+    error_rate: float | None = None  # share of events with status "error"
+    queue_length_mean: float | None = None  # None when no event reported queue_length
+    kv_cache_hit_rate_mean: float | None = None  # None when no event reported it
+    step_count: int = 0  # requests in the newest 5 s step only (silence shows here first)
+    step_cuda_errors: dict[str, int] = field(default_factory=dict)  # cuda_error value -> count, newest step
+    replicas: int | None = None  # per-model vectors: replicas merged; None on per-replica vectors
+    v: int = FEATURES_SCHEMA_VERSION
+
+    @property
+    def key(self) -> str:
+        """Kafka key: ``model`` for per-model vectors, ``model/replica`` for per-replica ones."""
+        return self.model if self.replica is None else f"{self.model}/{self.replica}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FeatureVector:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
