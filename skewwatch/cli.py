@@ -13,6 +13,7 @@ COMMANDS: dict[str, str] = {
     "topics": "skewwatch.topics:topics_command",
     "worker": "skewwatch.agents.app:worker_command",
     "generate": "skewwatch.generate:generate_command",
+    "simulate": "skewwatch.sim.cli:simulate_command",
     "demo": "skewwatch.demo:demo_command",
 }
 
