@@ -15,6 +15,7 @@ COMMANDS: dict[str, str] = {
     "generate": "skewwatch.generate:generate_command",
     "simulate": "skewwatch.sim.cli:simulate_command",
     "demo": "skewwatch.demo:demo_command",
+    "otlp-receiver": "skewwatch.otlp.receiver:otlp_receiver_command",
     "collect-gpu": "skewwatch.telemetry.collector:collect_gpu_command",
     "scrape": "skewwatch.telemetry.bridges:scrape_command",
 }
