@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what it needs (.venv), fetches Apache Kafka from Maven Central
+# (cached), and runs pytest; tests/conftest.py starts the broker on loopback for the session.
+# Arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/python -m skewwatch broker --fetch-only
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

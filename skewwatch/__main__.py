@@ -1,0 +1,3 @@
+from skewwatch.cli import main
+
+main()

@@ -1,0 +1,180 @@
+"""The worker: a Faust app hosting the two pipeline stages, the HTTP API and the metrics.
+
+Faust gives the process its lifecycle (signals, graceful stop), its web server and its CLI
+conventions. The per-request hot path does *not* go through a Faust stream: each stage owns
+an aiokafka consumer (see :mod:`skewwatch.agents.stage1`) because Faust's per-message cost
+caps a stream at ~9k events/s while the pipeline must keep up with a fleet. Its state is
+checkpointed with the offset it covers (:mod:`skewwatch.agents.checkpoint`) instead of a
+Faust table, which would write a changelog entry per event and ack offsets independently.
+
+HTTP (port ``--web-port``, default 6066):
+``GET /api/v1/weights``, ``POST /api/v1/update_weights``, ``GET /metrics``, ``GET /healthz``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import click
+import faust
+import mode
+from aiokafka import AIOKafkaProducer
+
+from skewwatch.agents.metrics import WorkerMetrics
+from skewwatch.agents.stage1 import RequestStage
+from skewwatch.agents.stage2 import ModelStage
+from skewwatch.config import ConfigError, Settings, load_settings
+from skewwatch.topics import ensure_topics
+
+log = logging.getLogger("skewwatch.worker")
+
+PRODUCER_MAX_REQUEST_BYTES = 16 * 1024 * 1024  # checkpoint chunks are up to 4 MiB
+
+
+class PipelineService(mode.Service):
+    """Runs stage 1 and stage 2 with one shared producer; restarts a stage that fails."""
+
+    def __init__(self, settings: Settings, bootstrap: str, metrics: WorkerMetrics, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.settings = settings
+        self.bootstrap = bootstrap
+        self.metrics = metrics
+        self.producer: AIOKafkaProducer | None = None
+        self.stage1: RequestStage | None = None
+        self.stage2: ModelStage | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    async def on_start(self) -> None:
+        created = await ensure_topics(self.bootstrap, self.settings)
+        if created:
+            log.info("created topics: %s", ", ".join(created))
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            client_id=f"{self.settings.kafka.client_id}-out",
+            acks="all",
+            linger_ms=5,
+            max_request_size=PRODUCER_MAX_REQUEST_BYTES,
+        )
+        await self.producer.start()
+        self._tasks = [
+            asyncio.ensure_future(self._supervise("stage1", self._new_stage1)),
+            asyncio.ensure_future(self._supervise("stage2", self._new_stage2)),
+        ]
+
+    def _new_stage1(self) -> RequestStage:
+        assert self.producer is not None
+        self.stage1 = RequestStage(self.settings, self.bootstrap, self.producer, self.metrics)
+        return self.stage1
+
+    def _new_stage2(self) -> ModelStage:
+        assert self.producer is not None
+        self.stage2 = ModelStage(self.settings, self.bootstrap, self.producer, self.metrics)
+        return self.stage2
+
+    async def _supervise(self, name: str, factory: Callable[[], RequestStage | ModelStage]) -> None:
+        """A bug must not take the worker down silently: log it, rebuild the stage from its
+        last checkpoint and go on."""
+        while not self._stopping:
+            stage = factory()
+            try:
+                await stage.run()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s failed; restarting it from its last checkpoint in 1 s", name)
+                await asyncio.sleep(1.0)
+
+    async def on_stop(self) -> None:
+        self._stopping = True
+        for stage in (self.stage1, self.stage2):
+            if stage is not None:
+                stage.stop()
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=15)
+            for task in pending:
+                task.cancel()
+        if self.producer is not None:
+            await self.producer.stop()
+
+
+def create_app(settings: Settings, bootstrap: str) -> tuple[faust.App, PipelineService]:
+    app = faust.App(
+        settings.kafka.group_id,
+        broker=f"kafka://{bootstrap}",
+        web_host=settings.web.host,
+        web_port=settings.web.port,
+        web_enabled=True,
+        autodiscover=False,
+        topic_replication_factor=settings.kafka.replication_factor,
+        store="memory://",
+    )
+    metrics = WorkerMetrics()
+    service = PipelineService(settings, bootstrap, metrics)
+    app.service(service)  # an instance is accepted too: started and stopped with the app
+
+    def route(path: str) -> Callable[[Callable[..., Awaitable[Any]]], Any]:
+        return app.page(path)
+
+    @route("/api/v1/weights")
+    class Weights(faust.web.View):  # type: ignore[misc]
+        async def get(self, request: faust.web.Request) -> faust.web.Response:
+            stage = service.stage2
+            models = {m: c.to_dict() for m, c in (stage.corrections.items() if stage else [])}
+            return self.json({"models": models})
+
+    @route("/api/v1/update_weights")
+    class UpdateWeights(faust.web.View):  # type: ignore[misc]
+        async def post(self, request: faust.web.Request) -> faust.web.Response:
+            stage = service.stage2
+            if stage is None:
+                return self.json({"error": "the worker is still starting"}, status=503)
+            published = await stage.force_update()
+            return self.json({"published": published})
+
+    @route("/metrics")
+    class Metrics(faust.web.View):  # type: ignore[misc]
+        async def get(self, request: faust.web.Request) -> faust.web.Response:
+            return self.bytes(metrics.exposition(), content_type="text/plain; version=0.0.4")
+
+    @route("/healthz")
+    class Health(faust.web.View):  # type: ignore[misc]
+        async def get(self, request: faust.web.Request) -> faust.web.Response:
+            ready = service.stage1 is not None and service.stage1.ready.is_set()
+            return self.json({"status": "ok" if ready else "starting"}, status=200 if ready else 503)
+
+    return app, service
+
+
+@click.command("worker")
+@click.option("--bootstrap", envvar="KAFKA_BOOTSTRAP", help="Kafka bootstrap servers (host:port).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config file.")
+@click.option("--web-port", type=int, help="HTTP port for the API and /metrics (default 6066).")
+@click.option("--web-host", help="HTTP bind address (default 127.0.0.1).")
+@click.option("--loglevel", default="warning", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def worker_command(bootstrap: str | None, config_path: str | None, web_port: int | None,
+                   web_host: str | None, loglevel: str) -> None:
+    """Run a skewwatch worker (both stages, HTTP API, metrics) against a Kafka cluster."""
+    try:
+        settings = load_settings(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    bootstrap = bootstrap or settings.kafka.bootstrap
+    if not bootstrap:
+        raise click.ClickException("no Kafka cluster: pass --bootstrap HOST:PORT, set KAFKA_BOOTSTRAP, "
+                                   "or start one with `skewwatch broker`")
+    settings.kafka.bootstrap = bootstrap
+    if web_port is not None:
+        settings.web.port = web_port
+    if web_host is not None:
+        settings.web.host = web_host
+    app, _ = create_app(settings, bootstrap)
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    logging.getLogger("skewwatch").setLevel(loglevel.upper())
+    worker.execute_from_commandline()
+    sys.exit(0)

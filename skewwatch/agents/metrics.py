@@ -1,0 +1,48 @@
+"""The worker's Prometheus metrics, in one registry per worker (so tests can run several)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+@dataclass
+class WorkerMetrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.events_in = Counter("skewwatch_events_in_total", "Request events accepted into the windows",
+                                 registry=r)
+        self.messages_in = Counter("skewwatch_messages_in_total", "Kafka messages consumed", ["topic"],
+                                   registry=r)
+        self.rejected = Counter("skewwatch_rejected_total",
+                                "Rejected input (events or whole messages), sent to the dead-letter topic",
+                                ["reason"], registry=r)
+        self.late = Counter("skewwatch_late_events_total",
+                            "Events whose 5 s bucket had already closed (counted, not applied)", registry=r)
+        self.telemetry_in = Counter("skewwatch_telemetry_samples_total", "GPU telemetry samples accepted",
+                                    registry=r)
+        self.consumer_lag = Gauge("skewwatch_consumer_lag", "Messages behind the end of the partition",
+                                  ["topic", "partition"], registry=r)
+        self.step_duration = Histogram("skewwatch_step_duration_seconds",
+                                       "Wall time to compute and publish one 5 s step", ["stage"],
+                                       buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+                                       registry=r)
+        self.features_out = Counter("skewwatch_features_published_total", "Feature vectors published",
+                                    ["scope"], registry=r)
+        self.alerts_out = Counter("skewwatch_alerts_published_total", "Alert events published",
+                                  ["detector", "severity", "state"], registry=r)
+        self.open_alerts = Gauge("skewwatch_open_alerts", "Alerts currently open",
+                                 ["detector", "severity"], registry=r)
+        self.weight = Gauge("skewwatch_weight", "Current routing weight", ["model", "replica"], registry=r)
+        self.corrections_out = Counter("skewwatch_corrections_published_total",
+                                       "Routing corrections published", registry=r)
+        self.checkpoints = Counter("skewwatch_checkpoints_total", "State snapshots written", ["stage"],
+                                   registry=r)
+        self.watermark = Gauge("skewwatch_watermark_seconds", "Event-time watermark per input partition",
+                               ["partition"], registry=r)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

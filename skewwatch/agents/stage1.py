@@ -1,0 +1,254 @@
+"""Stage 1: request events (partitioned by replica) -> per-replica windows and step summaries.
+
+The hot path reads with aiokafka ``getmany`` and hands each message to the columnar decoder,
+so a batch message of 100 events costs one decode and one vectorised window update — not
+100 trips through a Faust stream (measured: ~9k events/s for a per-event Faust agent against
+~180k events/s for a plain aiokafka loop). Per input partition it keeps a
+:class:`~skewwatch.pipeline.window.PartitionWindows` in memory and, every closed 5 s step:
+
+1. publishes each replica's feature vector on ``llm.features`` (key ``model/replica``),
+2. publishes each replica's mergeable summary, its features and its latest GPU telemetry on
+   the internal ``replica_steps`` topic keyed by model (stage 2 merges them per model),
+3. writes a snapshot of the partition's windows with the input offset it covers
+   (:mod:`skewwatch.agents.checkpoint`), then commits that offset.
+
+Rejected input goes to the dead-letter topic with its original bytes and the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+
+from skewwatch.agents.checkpoint import CheckpointStore
+from skewwatch.agents.metrics import WorkerMetrics
+from skewwatch.config import Settings
+from skewwatch.pipeline.events import RequestColumns
+from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.pipeline.window import PartitionWindows, ReplicaStep
+from skewwatch.schemas.dead_letter import dead_letter_record
+from skewwatch.schemas.requests import Rejection, decode_request_message
+from skewwatch.schemas.telemetry import decode_telemetry
+
+log = logging.getLogger(__name__)
+
+_ENVELOPE = struct.Struct(">I")  # length of the JSON header that precedes the windows snapshot
+
+
+@dataclass
+class PartitionState:
+    windows: PartitionWindows
+    next_offset: int | None = None  # first input offset not yet reflected in `windows`
+    last_input_wall: float = field(default_factory=time.monotonic)
+
+
+def encode_snapshot(state: PartitionState) -> bytes:
+    header = orjson.dumps({"v": 1})
+    return _ENVELOPE.pack(len(header)) + header + state.windows.snapshot()
+
+
+def decode_snapshot(data: bytes, settings: Settings) -> PartitionWindows:
+    (length,) = _ENVELOPE.unpack_from(data)
+    body = data[_ENVELOPE.size + length:]
+    return PartitionWindows.restore(body, settings.window)
+
+
+class RequestStage:
+    """Consumes ``llm.requests`` (+ ``llm.gpu-telemetry``) and produces per-replica steps."""
+
+    stage = "stage1"
+
+    def __init__(self, settings: Settings, bootstrap: str, producer: AIOKafkaProducer,
+                 metrics: WorkerMetrics) -> None:
+        self.settings = settings
+        self.bootstrap = bootstrap
+        self.producer = producer
+        self.metrics = metrics
+        self.partitions: dict[int, PartitionState] = {}
+        # latest telemetry per replica: gauges, latest value wins; refilled within one interval
+        # after a restart, so it is not checkpointed.
+        self.telemetry: dict[str, TelemetrySample] = {}
+        self.checkpoints = CheckpointStore(producer, bootstrap, settings.topics.checkpoints, self.stage)
+        self.consumer: AIOKafkaConsumer | None = None
+        self._lock = asyncio.Lock()
+        self._to_commit: dict[TopicPartition, int] = {}
+        self._stopping = asyncio.Event()
+        self.ready = asyncio.Event()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def run(self) -> None:
+        topics = self.settings.topics
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=f"{self.settings.kafka.group_id}.stage1",
+            client_id=f"{self.settings.kafka.client_id}-stage1",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            # range assignment keeps partition p of requests and telemetry on the same worker
+            partition_assignment_strategy=(RangePartitionAssignor,),
+            max_partition_fetch_bytes=4 * 1024 * 1024,
+        )
+        await self.consumer.start()
+        self.consumer.subscribe([topics.requests, topics.gpu_telemetry], listener=_Rebalance(self))
+        try:
+            while not self._stopping.is_set():
+                batches = await self.consumer.getmany(timeout_ms=200, max_records=20_000)
+                async with self._lock:
+                    await self._process(batches)
+                    await self._advance_idle_partitions()
+                    self._update_lag()
+                    commits, self._to_commit = self._to_commit, {}
+                if commits:
+                    # outside the lock: a commit may wait for a rebalance whose callbacks take the lock
+                    try:
+                        await self.consumer.commit(commits)
+                    except Exception as exc:  # the checkpoint, not the group offset, is the source of truth
+                        log.warning("offset commit failed (rebalance in progress?): %s", exc)
+                if batches or self.consumer.assignment():
+                    self.ready.set()
+        finally:
+            await self.consumer.stop()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    # -- partitions ------------------------------------------------------------------------
+    async def on_assigned(self, assigned: set[TopicPartition]) -> None:
+        assert self.consumer is not None
+        request_tps = [tp for tp in assigned if tp.topic == self.settings.topics.requests]
+        async with self._lock:
+            found = await self.checkpoints.read(self.settings.topics.requests,
+                                                [tp.partition for tp in request_tps])
+            for tp in request_tps:
+                checkpoint = found.get(tp.partition)
+                if checkpoint is None:
+                    self.partitions[tp.partition] = PartitionState(PartitionWindows(self.settings.window))
+                    continue
+                windows = decode_snapshot(checkpoint.state, self.settings)
+                self.partitions[tp.partition] = PartitionState(windows, next_offset=checkpoint.offset)
+                self.consumer.seek(tp, checkpoint.offset)
+                log.info("restored %s from checkpoint at offset %d", tp, checkpoint.offset)
+
+    async def on_revoked(self, revoked: set[TopicPartition]) -> None:
+        async with self._lock:
+            for tp in revoked:
+                if tp.topic == self.settings.topics.requests:
+                    # the last checkpoint plus a replay rebuilds it wherever it is assigned next
+                    self.partitions.pop(tp.partition, None)
+
+    # -- hot path --------------------------------------------------------------------------
+    async def _process(self, batches: dict[TopicPartition, list[Any]]) -> None:
+        topics = self.settings.topics
+        for tp, messages in batches.items():
+            if not messages:
+                continue
+            self.metrics.messages_in.labels(tp.topic).inc(len(messages))
+            if tp.topic == topics.gpu_telemetry:
+                await self._process_telemetry(tp, messages)
+                continue
+            state = self.partitions.get(tp.partition)
+            if state is None:  # assignment raced with a fetch; the rebalance will bring it back
+                continue
+            parts: list[RequestColumns] = []
+            for message in messages:
+                decoded = decode_request_message(message.value, self.settings.limits)
+                if decoded.rejects:
+                    await self._dead_letter(tp, message, decoded.rejects)
+                if len(decoded.columns):
+                    parts.append(decoded.columns)
+            if parts:
+                result = state.windows.apply(RequestColumns.concat(parts))
+                self.metrics.events_in.inc(result.accepted)
+                if result.late:
+                    self.metrics.late.inc(result.late)
+            state.next_offset = messages[-1].offset + 1
+            state.last_input_wall = time.monotonic()
+            await self._close_steps(tp, state)
+
+    async def _process_telemetry(self, tp: TopicPartition, messages: list[Any]) -> None:
+        for message in messages:
+            decoded = decode_telemetry(message.value)
+            if isinstance(decoded, TelemetrySample):
+                current = self.telemetry.get(decoded.replica)
+                if current is None or decoded.ts >= current.ts:
+                    self.telemetry[decoded.replica] = decoded
+                self.metrics.telemetry_in.inc()
+            else:
+                await self._dead_letter(tp, message, [decoded])
+
+    async def _dead_letter(self, tp: TopicPartition, message: Any, rejects: list[Rejection]) -> None:
+        for reject in rejects:
+            self.metrics.rejected.labels(reject.reason_code).inc()
+        record = dead_letter_record(source_topic=tp.topic, partition=tp.partition, offset=message.offset,
+                                    key=message.key, value=message.value, rejects=rejects, ts=time.time())
+        await self.producer.send(self.settings.topics.dead_letter, key=message.key, value=record)
+
+    async def _advance_idle_partitions(self) -> None:
+        """An input partition without traffic follows the others' watermark (Flink-style idleness)."""
+        if len(self.partitions) < 1:
+            return
+        now = time.monotonic()
+        watermarks = [s.windows.watermark for s in self.partitions.values()]
+        leader = max(watermarks)
+        for partition, state in self.partitions.items():
+            if now - state.last_input_wall >= self.settings.window.partition_idle_s \
+                    and state.windows.watermark < leader:
+                state.windows.advance_watermark(leader)
+                await self._close_steps(TopicPartition(self.settings.topics.requests, partition), state)
+
+    async def _close_steps(self, tp: TopicPartition, state: PartitionState) -> None:
+        started = time.perf_counter()
+        steps = state.windows.close_steps()
+        self.metrics.watermark.labels(str(tp.partition)).set(max(state.windows.watermark, 0.0))
+        if not steps:
+            return
+        await self._publish_steps(steps)
+        if state.next_offset is not None:
+            await self.checkpoints.write(tp.topic, tp.partition, state.next_offset, encode_snapshot(state))
+            self.metrics.checkpoints.labels(self.stage).inc()
+            self._to_commit[tp] = state.next_offset
+        self.metrics.step_duration.labels(self.stage).observe(time.perf_counter() - started)
+
+    async def _publish_steps(self, steps: list[ReplicaStep]) -> None:
+        topics = self.settings.topics
+        pending = []
+        for step in steps:
+            fv = step.features
+            pending.append(await self.producer.send(topics.features, key=fv.key.encode(),
+                                                    value=orjson.dumps(fv.to_dict())))
+            sample = self.telemetry.get(fv.replica or "")
+            body = {"summary": step.summary.to_dict(), "features": fv.to_dict(),
+                    "telemetry": sample.to_dict() if sample is not None else None}
+            pending.append(await self.producer.send(topics.replica_steps, key=fv.model.encode(),
+                                                    value=orjson.dumps(body)))
+            self.metrics.features_out.labels("replica").inc()
+        await asyncio.gather(*pending)
+
+    def _update_lag(self) -> None:
+        if self.consumer is None:
+            return
+        for tp in self.consumer.assignment():
+            high = self.consumer.highwater(tp)
+            state = self.partitions.get(tp.partition) if tp.topic == self.settings.topics.requests else None
+            position = state.next_offset if state is not None else None
+            if high is not None and position is not None:
+                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(high - position, 0))
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, stage: RequestStage) -> None:
+        self.stage = stage
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.stage.on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.stage.on_assigned(assigned)

@@ -1,0 +1,237 @@
+"""Stage 2: replica step summaries (partitioned by model) -> per-model features and decisions.
+
+For each model it waits until the step is complete (:mod:`skewwatch.pipeline.assembler`),
+merges the replicas' mergeable summaries into the per-model feature vector, runs the model's
+:class:`~skewwatch.pipeline.decide.ModelDecider` (detectors, health, weights), and publishes
+the model's features, alerts and routing correction. Its state (pending steps, detector
+state, last correction per model) is checkpointed with the offset it covers, exactly like
+stage 1, so seq numbers and open alerts survive restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+
+from skewwatch.agents.checkpoint import CheckpointStore
+from skewwatch.agents.metrics import WorkerMetrics
+from skewwatch.config import Settings
+from skewwatch.pipeline.assembler import ModelStep, StepAssembler
+from skewwatch.pipeline.corrections import RoutingCorrection
+from skewwatch.pipeline.decide import DetectorSettings, ModelDecider, StepDecision
+from skewwatch.pipeline.features import FeatureVector
+from skewwatch.pipeline.model_merge import merge_model_features
+from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.pipeline.window import WindowSummary
+
+log = logging.getLogger(__name__)
+
+
+class PartitionModels:
+    """Everything stage 2 keeps for one partition of the replica-steps topic."""
+
+    def __init__(self, settings: Settings) -> None:
+        w = settings.window
+        self.assembler = StepAssembler(w.step_s, w.model_grace_steps, w.idle_release_s)
+        self.deciders: dict[str, ModelDecider] = {}
+        self.next_offset: int | None = None
+        self.last_input_wall = time.monotonic()
+
+    def snapshot(self) -> bytes:
+        return orjson.dumps({
+            "v": 1,
+            "assembler": self.assembler.state_dict(),
+            "deciders": {model: d.state_dict() for model, d in self.deciders.items()},
+        })
+
+    @classmethod
+    def restore(cls, data: bytes, settings: Settings, detector_settings: DetectorSettings) -> PartitionModels:
+        state = orjson.loads(data)
+        partition = cls(settings)
+        partition.assembler.load_state(state["assembler"])
+        partition.deciders = {model: ModelDecider.from_state(s, detector_settings)
+                              for model, s in state["deciders"].items()}
+        return partition
+
+
+class ModelStage:
+    stage = "stage2"
+
+    def __init__(self, settings: Settings, bootstrap: str, producer: AIOKafkaProducer,
+                 metrics: WorkerMetrics) -> None:
+        self.settings = settings
+        self.bootstrap = bootstrap
+        self.producer = producer
+        self.metrics = metrics
+        self.detector_settings = DetectorSettings.from_overrides(settings.detectors)
+        self.partitions: dict[int, PartitionModels] = {}
+        self.checkpoints = CheckpointStore(producer, bootstrap, settings.topics.checkpoints, self.stage)
+        self.consumer: AIOKafkaConsumer | None = None
+        self.corrections: dict[str, RoutingCorrection] = {}  # latest published, per model
+        self.last_decisions: dict[str, StepDecision] = {}
+        self._lock = asyncio.Lock()
+        self._to_commit: dict[TopicPartition, int] = {}
+        self._stopping = asyncio.Event()
+
+    async def run(self) -> None:
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=f"{self.settings.kafka.group_id}.stage2",
+            client_id=f"{self.settings.kafka.client_id}-stage2",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        await self.consumer.start()
+        self.consumer.subscribe([self.settings.topics.replica_steps], listener=_Rebalance(self))
+        try:
+            while not self._stopping.is_set():
+                batches = await self.consumer.getmany(timeout_ms=200, max_records=20_000)
+                async with self._lock:
+                    for tp, messages in batches.items():
+                        if messages:
+                            await self._process(tp, messages)
+                    await self._complete_quiet_partitions()
+                    commits, self._to_commit = self._to_commit, {}
+                if commits:
+                    try:
+                        await self.consumer.commit(commits)
+                    except Exception as exc:
+                        log.warning("offset commit failed (rebalance in progress?): %s", exc)
+        finally:
+            await self.consumer.stop()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def on_assigned(self, assigned: set[TopicPartition]) -> None:
+        assert self.consumer is not None
+        async with self._lock:
+            topic = self.settings.topics.replica_steps
+            found = await self.checkpoints.read(topic, [tp.partition for tp in assigned])
+            for tp in assigned:
+                checkpoint = found.get(tp.partition)
+                if checkpoint is None:
+                    self.partitions[tp.partition] = PartitionModels(self.settings)
+                    continue
+                self.partitions[tp.partition] = PartitionModels.restore(
+                    checkpoint.state, self.settings, self.detector_settings)
+                self.partitions[tp.partition].next_offset = checkpoint.offset
+                self.consumer.seek(tp, checkpoint.offset)
+
+    async def on_revoked(self, revoked: set[TopicPartition]) -> None:
+        async with self._lock:
+            for tp in revoked:
+                self.partitions.pop(tp.partition, None)
+
+    async def _process(self, tp: TopicPartition, messages: list[Any]) -> None:
+        state = self.partitions.get(tp.partition)
+        if state is None:
+            return
+        for message in messages:
+            body = orjson.loads(message.value)
+            fv = body["features"]
+            state.assembler.add(fv["model"], float(fv["window_end"]), fv["replica"], body)
+        state.next_offset = messages[-1].offset + 1
+        state.last_input_wall = time.monotonic()
+        await self._finish(tp, state, state.assembler.complete())
+
+    async def _complete_quiet_partitions(self) -> None:
+        """When input goes quiet on the wall clock (end of a stream), release what is pending."""
+        now = time.monotonic()
+        for partition, state in self.partitions.items():
+            oldest = state.assembler.oldest_pending()
+            if oldest is not None and now - state.last_input_wall > 2 * self.settings.window.step_s:
+                steps = state.assembler.complete(force_until=oldest)
+                await self._finish(TopicPartition(self.settings.topics.replica_steps, partition), state, steps)
+
+    async def _finish(self, tp: TopicPartition, state: PartitionModels, steps: list[ModelStep]) -> None:
+        if not steps:
+            return
+        started = time.perf_counter()
+        pending = []
+        for step in steps:
+            pending.extend(await self._decide(state, step))
+        await asyncio.gather(*pending)
+        if state.next_offset is not None:
+            await self.checkpoints.write(tp.topic, tp.partition, state.next_offset, state.snapshot())
+            self.metrics.checkpoints.labels(self.stage).inc()
+            self._to_commit[tp] = state.next_offset
+        self.metrics.step_duration.labels(self.stage).observe(time.perf_counter() - started)
+
+    async def _decide(self, state: PartitionModels, step: ModelStep) -> list[Any]:
+        topics = self.settings.topics
+        summaries = [WindowSummary.from_dict(p["summary"]) for p in step.payloads.values()]
+        replica_features = [FeatureVector.from_dict(p["features"]) for p in step.payloads.values()]
+        model_fv = merge_model_features(step.model, step.window_end, summaries, self.settings.window)
+        telemetry: dict[str, tuple[TelemetrySample, float]] = {}
+        for replica, payload in step.payloads.items():
+            if payload.get("telemetry"):
+                sample = TelemetrySample.from_dict(payload["telemetry"])
+                telemetry[replica] = (sample, step.window_end - sample.ts)
+        decider = state.deciders.get(step.model)
+        if decider is None:
+            decider = state.deciders[step.model] = ModelDecider(self.detector_settings)
+        decision = decider.step(step.model, step.window_end, replica_features, model_fv, telemetry)
+        self.last_decisions[step.model] = decision
+        sends = [await self.producer.send(topics.features, key=model_fv.key.encode(),
+                                          value=orjson.dumps(model_fv.to_dict()))]
+        self.metrics.features_out.labels("model").inc()
+        for alert in decision.alerts:
+            key = f"{alert.model}/{alert.replica}" if alert.replica else alert.model
+            sends.append(await self.producer.send(topics.alerts, key=key.encode(),
+                                                  value=orjson.dumps(alert.to_dict())))
+            self.metrics.alerts_out.labels(alert.detector, str(alert.severity), alert.state).inc()
+        if decision.correction is not None:
+            sends.append(await self._publish_correction(decision.correction))
+        for replica, w in decision.weights.items():
+            self.metrics.weight.labels(step.model, replica).set(w.weight)
+        self._refresh_open_alerts()
+        return sends
+
+    async def _publish_correction(self, correction: RoutingCorrection) -> Any:
+        self.corrections[correction.model] = correction
+        self.metrics.corrections_out.inc()
+        return await self.producer.send(self.settings.topics.routing_corrections,
+                                        key=correction.model.encode(),
+                                        value=orjson.dumps(correction.to_dict()))
+
+    def _refresh_open_alerts(self) -> None:
+        counts: dict[tuple[str, str], int] = {}
+        for state in self.partitions.values():
+            for decider in state.deciders.values():
+                for detector, severity in decider.open_alerts():
+                    counts[(detector, str(severity))] = counts.get((detector, str(severity)), 0) + 1
+        self.metrics.open_alerts.clear()
+        for (detector, severity), n in counts.items():
+            self.metrics.open_alerts.labels(detector, severity).set(n)
+
+    async def force_update(self) -> dict[str, int]:
+        """POST /api/v1/update_weights: recompute every owned model's weights now and publish."""
+        published: dict[str, int] = {}
+        async with self._lock:
+            sends = []
+            for state in self.partitions.values():
+                for model, decider in state.deciders.items():
+                    correction = decider.recompute(time.time())
+                    if correction is None:
+                        continue
+                    sends.append(await self._publish_correction(correction))
+                    published[model] = correction.seq
+            await asyncio.gather(*sends)
+        return published
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, stage: ModelStage) -> None:
+        self.stage = stage
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.stage.on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.stage.on_assigned(assigned)
