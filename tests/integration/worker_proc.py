@@ -1,0 +1,129 @@
+"""Test helpers: run `skewwatch worker` as a real child process and read topics back."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from skewwatch.config import Settings
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that makes a worker use exactly these settings."""
+    env = {"SKEWWATCH_KAFKA__BOOTSTRAP": settings.kafka.bootstrap or "",
+           "SKEWWATCH_KAFKA__GROUP_ID": settings.kafka.group_id,
+           "SKEWWATCH_KAFKA__PARTITIONS": str(settings.kafka.partitions)}
+    for field in dataclasses.fields(settings.topics):
+        env[f"SKEWWATCH_TOPICS__{field.name.upper()}"] = getattr(settings.topics, field.name)
+    for section in ("window", "limits"):
+        obj = getattr(settings, section)
+        for field in dataclasses.fields(obj):
+            env[f"SKEWWATCH_{section.upper()}__{field.name.upper()}"] = str(getattr(obj, field.name))
+    return env
+
+
+class WorkerProcess:
+    def __init__(self, settings: Settings, log_path: Path, extra_env: dict[str, str] | None = None) -> None:
+        self.settings = settings
+        self.port = free_port()
+        self.log_path = log_path
+        self.env = {**os.environ, **settings_env(settings), **(extra_env or {})}
+        self.env.pop("KAFKA_BOOTSTRAP", None)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> WorkerProcess:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "skewwatch", "worker", "--web-port", str(self.port), "--loglevel", "info"],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"worker not healthy after {timeout}s:\n{self.log_tail()}")
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+            body = r.read()
+        return body if path == "/metrics" else orjson.loads(body)
+
+    def post(self, path: str) -> Any:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return orjson.loads(r.read())
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+async def produce(bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=2)
+    await producer.start()
+    try:
+        for key, value in messages:
+            await producer.send(topic, key=key, value=value)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def consume_until(bootstrap: str, topics: list[str], done: Callable[[list[Any]], bool],
+                        timeout: float) -> list[Any]:
+    """Read `topics` from the beginning until `done(records)` holds or `timeout` passes."""
+    consumer = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False, group_id=None)
+    await consumer.start()
+    records: list[Any] = []
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500)
+            for messages in batches.values():
+                records.extend(messages)
+            if done(records):
+                break
+    finally:
+        await consumer.stop()
+    return records
