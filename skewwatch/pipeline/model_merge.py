@@ -1,0 +1,90 @@
+"""Per-model features: merge the replicas' window summaries for one window end (stage 2).
+
+DESIGN.md "Two stages, two keys": quantiles cannot be merged, so stage 1 ships each replica's
+mergeable :class:`~skewwatch.pipeline.window.WindowSummary` (sparse sketch counts, Welford
+moments, counts and sums) and stage 2 merges them here: sketches are added slot by slot (all
+share the same log-bin layout), moments are merged with Chan's formula, counts and sums are
+summed. The result is a per-model summary (``replica=None``, ``replicas`` = how many summaries
+were merged) whose features come from the same :meth:`WindowSummary.features` as per-replica ones.
+
+>>> from skewwatch.config import WindowSettings
+>>> from skewwatch.pipeline.events import RequestColumns
+>>> from skewwatch.pipeline.window import PartitionWindows
+>>> ev = dict(model="m", prompt_tokens=10, completion_tokens=20, batch_size=4, batch_capacity=16)
+>>> windows = PartitionWindows(WindowSettings())
+>>> _ = windows.apply(RequestColumns.from_rows([
+...     dict(ev, request_id="a", replica="r1", ts=101.0, latency_ms=100.0),
+...     dict(ev, request_id="b", replica="r2", ts=102.0, latency_ms=300.0)]))
+>>> windows.advance_watermark(105.0)
+>>> summaries = [step.summary for step in windows.close_steps()]
+>>> fv = merge_model_features("m", 105.0, summaries, WindowSettings())
+>>> fv.key, fv.count, fv.replicas, fv.latency_mean
+('m', 2, 2, 200.0)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from skewwatch.config import WindowSettings
+from skewwatch.pipeline import moments
+from skewwatch.pipeline.features import FeatureVector
+from skewwatch.pipeline.sketch import EMPTY_SPARSE, add_sparse
+from skewwatch.pipeline.window import MOMENT_FIELDS, OPTIONAL_FIELDS, WindowSummary
+
+
+def merge_summaries(model: str, window_end: float, summaries: Sequence[WindowSummary],
+                    settings: WindowSettings) -> WindowSummary:
+    """One per-model summary from the replicas' summaries of the same model and window end.
+
+    Raises ValueError when a summary belongs to another model or window end, or was built with
+    another window length or sketch accuracy (those cannot be merged meaningfully).
+    """
+    for s in summaries:
+        if s.model != model or s.window_end != window_end:
+            raise ValueError(f"summary {s.model}/{s.replica}@{s.window_end} does not belong to "
+                             f"{model}@{window_end}")
+        if s.length_s != settings.length_s or s.relative_accuracy != settings.sketch_relative_accuracy:
+            raise ValueError(f"summary {s.model}/{s.replica} was built with length_s={s.length_s}, "
+                             f"relative_accuracy={s.relative_accuracy}; settings differ")
+    k = len(MOMENT_FIELDS)
+    if summaries:
+        merged = moments.merge_many(moments.Moments(
+            np.stack([s.moments().count for s in summaries]),
+            np.stack([s.mean for s in summaries]),
+            np.stack([s.m2 for s in summaries]),
+        ))
+        mean, m2 = merged.mean, merged.m2
+    else:
+        mean, m2 = np.zeros(k), np.zeros(k)
+    cuda: Counter[str] = Counter()
+    for s in summaries:
+        cuda.update(s.step_cuda_errors)
+    return WindowSummary(
+        model=model,
+        replica=None,
+        window_end=window_end,
+        length_s=settings.length_s,
+        relative_accuracy=settings.sketch_relative_accuracy,
+        count=sum(s.count for s in summaries),
+        errors=sum(s.errors for s in summaries),
+        completion_tokens=sum(s.completion_tokens for s in summaries),
+        mean=mean,
+        m2=m2,
+        optional_count=sum((s.optional_count for s in summaries), np.zeros(len(OPTIONAL_FIELDS), np.int64)),
+        optional_sum=sum((s.optional_sum for s in summaries), np.zeros(len(OPTIONAL_FIELDS))),
+        latency=add_sparse([s.latency for s in summaries]) if summaries else EMPTY_SPARSE,
+        ttft=add_sparse([s.ttft for s in summaries]) if summaries else EMPTY_SPARSE,
+        step_count=sum(s.step_count for s in summaries),
+        step_cuda_errors=dict(cuda),
+        replicas=len(summaries),
+    )
+
+
+def merge_model_features(model: str, window_end: float, summaries: Sequence[WindowSummary],
+                         settings: WindowSettings) -> FeatureVector:
+    """The per-model feature vector (``replica=None``, ``replicas=len(summaries)``)."""
+    return merge_summaries(model, window_end, summaries, settings).features()
