@@ -1,0 +1,206 @@
+"""skewwatch's Kafka topics, created explicitly with their intended configs.
+
+Issue 2: "Topics are created explicitly with their intended configs (partitions, ``cleanup.policy=compact``
+for corrections), not by auto-creation" (the embedded broker runs with ``auto.create.topics.enable=false``).
+DESIGN.md: routing corrections are compacted so a new subscriber reads the current state; window state is
+checkpointed to a compacted topic together with the input offset it covers.
+
+>>> from skewwatch.config import Settings
+>>> specs = {spec.name: spec for spec in topic_specs(Settings())}
+>>> specs["llm.routing-corrections"].configs["cleanup.policy"], specs["llm.requests"].partitions
+('compact', 8)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from skewwatch.config import ConfigError, Settings, load_settings
+
+_TOPIC_ALREADY_EXISTS = 36  # Kafka error code TOPIC_ALREADY_EXISTS: another process won the race
+_CHECKPOINT_MAX_BYTES = 16 * 1024 * 1024  # a partition's window-state snapshot can exceed the 1 MiB default
+
+
+class TopicError(RuntimeError):
+    """A topic could not be created or the cluster could not be reached; one actionable line."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """One topic as skewwatch wants it: name, partition count and topic-level configs."""
+
+    name: str
+    partitions: int
+    configs: dict[str, str] = field(default_factory=dict)
+    replication_factor: int = 1
+
+
+def topic_specs(settings: Settings) -> list[TopicSpec]:
+    """Every topic in ``settings.topics`` with its partitions and configs."""
+    topics = settings.topics
+    partitions = settings.kafka.partitions
+    replication = settings.kafka.replication_factor
+    request_limit = settings.limits.max_message_bytes
+    compact = {"cleanup.policy": "compact"}
+
+    def spec(name: str, configs: dict[str, str] | None = None) -> TopicSpec:
+        return TopicSpec(name, partitions, dict(configs or {}), replication)
+
+    return [
+        # The worker, not the broker, must refuse an oversized request message (it goes to the dead-letter
+        # topic with a reason, issue 2 "Bad input"), so the topic accepts up to 4x the worker's limit.
+        spec(topics.requests, {"max.message.bytes": str(4 * request_limit)}),
+        spec(topics.gpu_telemetry),
+        spec(topics.features),
+        spec(topics.alerts),
+        spec(topics.routing_corrections, compact),
+        # A dead letter carries the rejected message's original bytes (base64 grows them by 4/3).
+        spec(topics.dead_letter, {"max.message.bytes": str(8 * request_limit)}),
+        spec(topics.replica_steps),  # internal: stage 1 -> stage 2, keyed by model
+        spec(topics.checkpoints, {**compact, "max.message.bytes": str(_CHECKPOINT_MAX_BYTES)}),
+    ]
+
+
+async def ensure_topics(bootstrap: str, settings: Settings, timeout: float = 30.0) -> list[str]:
+    """Create the topics of :func:`topic_specs` that do not exist yet; the names created.
+
+    Idempotent: existing topics are left as they are (their partitions and configs are not changed), and a
+    topic another process creates at the same moment counts as existing. Returns once every created
+    topic has a leader for each partition, so a producer can use it right away.
+    """
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import for_code
+
+    specs = list({spec.name: spec for spec in topic_specs(settings)}.values())  # one spec per name
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        client_id=f"{settings.kafka.client_id}-admin",
+        request_timeout_ms=int(timeout * 1000),
+    )
+    try:
+        try:
+            async with asyncio.timeout(timeout):
+                await admin.start()
+                existing = set(await admin.list_topics())
+        except Exception as exc:
+            from skewwatch.broker import describe_exception
+
+            raise TopicError(
+                f"no Kafka answers at {bootstrap} ({describe_exception(exc)}); start one with "
+                "`skewwatch broker` or set KAFKA_BOOTSTRAP"
+            ) from exc
+        missing = [spec for spec in specs if spec.name not in existing]
+        if not missing:
+            return []
+        response = await admin.create_topics(
+            [
+                NewTopic(spec.name, spec.partitions, spec.replication_factor, topic_configs=spec.configs)
+                for spec in missing
+            ],
+            timeout_ms=int(timeout * 1000),
+        )
+        created: list[str] = []
+        for result in response.to_object()["topic_errors"]:
+            code = result["error_code"]
+            if code == 0:
+                created.append(result["topic"])
+            elif code != _TOPIC_ALREADY_EXISTS:
+                error = for_code(code)
+                detail = result.get("error_message") or error.description
+                raise TopicError(f"cannot create topic {result['topic']}: {error.__name__}: {detail}")
+        await _wait_for_leaders(admin, created, deadline=time.monotonic() + timeout)
+        return [spec.name for spec in missing if spec.name in created]  # in spec order
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+
+
+async def _wait_for_leaders(admin: Any, names: list[str], deadline: float) -> None:
+    # CreateTopics answers once the controller committed the topics; the broker's metadata (what a
+    # producer asks for) can lag a moment behind, and an early producer would see UNKNOWN_TOPIC.
+    pending = set(names)
+    while pending:
+        for topic in await admin.describe_topics(sorted(pending)):
+            partitions = topic.get("partitions") or []
+            if topic["error_code"] == 0 and partitions and all(p["leader"] >= 0 for p in partitions):
+                pending.discard(topic["topic"])
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise TopicError(
+                f"topics created but without a partition leader yet: {', '.join(sorted(pending))}"
+            )
+        await asyncio.sleep(0.1)
+
+
+async def delete_topics(bootstrap: str, names: list[str], timeout: float = 30.0) -> None:
+    """Delete topics (tests clean up after themselves on a shared cluster); missing ones are ignored."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+    try:
+        await admin.start()
+        existing = set(await admin.list_topics())
+        doomed = [name for name in names if name in existing]
+        if doomed:
+            await admin.delete_topics(doomed, timeout_ms=int(timeout * 1000))
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# `skewwatch topics ...`
+
+
+@click.group("topics")
+def topics_command() -> None:
+    """Manage skewwatch's Kafka topics."""
+
+
+@topics_command.command("create")
+@click.option(
+    "--bootstrap",
+    metavar="HOST:PORT",
+    help="Kafka to use; default: settings kafka.bootstrap or env KAFKA_BOOTSTRAP.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Settings TOML file (default: env SKEWWATCH_CONFIG).",
+)
+def create_command(bootstrap: str | None, config_path: Path | None) -> None:
+    """Create the topics that do not exist yet, with their partitions and configs."""
+    from skewwatch.broker import quiet_client_logs, run_blocking
+
+    quiet_client_logs()
+    try:
+        settings = load_settings(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    bootstrap = bootstrap or settings.kafka.bootstrap
+    if not bootstrap:
+        raise click.ClickException(
+            "no Kafka to create topics on: start one with `skewwatch broker` (it creates them itself), "
+            "or pass --bootstrap HOST:PORT / set KAFKA_BOOTSTRAP"
+        )
+    try:
+        created = run_blocking(ensure_topics(bootstrap, settings))
+    except TopicError as exc:
+        raise click.ClickException(str(exc)) from None
+    specs = topic_specs(settings)
+    for spec in specs:
+        state = "created" if spec.name in created else "exists"
+        configs = " ".join(f"{key}={value}" for key, value in spec.configs.items())
+        click.echo(f"{state:8} {spec.name} partitions={spec.partitions} {configs}".rstrip())
+
+
+__all__ = ["TopicError", "TopicSpec", "delete_topics", "ensure_topics", "topic_specs", "topics_command"]
