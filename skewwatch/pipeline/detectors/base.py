@@ -1,0 +1,499 @@
+"""What every detector shares: alerts, actions, configuration, hysteresis and JSON-able state.
+
+Seed §2.5 gives each detector a rule, a severity and an action; the issue adds that a condition
+on the threshold's edge must not flap. The shared machinery here turns a per-step boolean
+("does the rule hold for this key now?") into alerts:
+
+* an alert **opens** (one ``open`` alert) once the rule has held for ``persistence``
+  consecutive steps;
+* it **stays open** while the rule holds, and a step where it does not hold (or cannot be
+  evaluated because a signal is missing) only starts the clear count;
+* it **resolves** (one ``resolved`` alert) after the rule has not held for ``clear_steps``
+  consecutive steps (default 2, i.e. 10 s at the 5 s step).
+
+While an alert is open the detector returns its action on *every* step, with ``expires_at``
+set ``action_ttl_s`` ahead, so a router keeps it in force while the worker lives and drops it
+by itself if the worker dies. State is kept per key (``FeatureVector.key``: ``model/replica``
+or ``model``) as plain JSON-able data: ``state_dict()`` / ``load_state()``.
+
+Every threshold is a field of the detector's ``Config`` dataclass, default = the seed's value,
+overridable from ``[detectors.<name>]`` in the TOML file or ``SKEWWATCH_DETECTORS__<NAME>__<KEY>``
+(values then arrive as strings: :meth:`DetectorConfig.from_overrides` converts them).
+
+>>> h = Hysteresis()
+>>> [h.observe(x, persistence=2, clear_steps=2) for x in (True, True, False, True, False, False)]
+['none', 'open', 'hold', 'hold', 'hold', 'resolve']
+>>> Hysteresis.from_dict(h.to_dict()) == h
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, ClassVar, Literal
+
+from skewwatch.config import ConfigError
+from skewwatch.pipeline.features import FeatureVector
+from skewwatch.pipeline.telemetry import TelemetrySample
+
+STATE_VERSION = 1
+
+Evidence = dict[str, float | int | str | None]
+
+
+class Severity(StrEnum):
+    INFO = "INFO"
+    WARNING = "WARNING"
+    CRITICAL = "CRITICAL"
+
+
+AlertState = Literal["open", "resolved"]
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One record on ``llm.alerts``: a detection opening or resolving for a model/replica."""
+
+    ts: float  # event time of the step (window_end) that opened / resolved it
+    model: str
+    replica: str | None  # None for a model-level alert
+    detector: str
+    severity: Severity
+    state: AlertState
+    message: str
+    evidence: Evidence = field(default_factory=dict)  # the numbers that triggered it
+
+    @property
+    def key(self) -> str:
+        """Identity of the alert: one open alert per (model, replica, detector)."""
+        return f"{self.model}/{self.replica or '*'}/{self.detector}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ts": self.ts,
+            "model": self.model,
+            "replica": self.replica,
+            "detector": self.detector,
+            "severity": str(self.severity),
+            "state": self.state,
+            "message": self.message,
+            "evidence": dict(self.evidence),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Alert:
+        state = data["state"]
+        if state not in ("open", "resolved"):
+            raise ValueError(f"alert state must be open or resolved, got {state!r}")
+        return cls(
+            ts=float(data["ts"]),
+            model=data["model"],
+            replica=data.get("replica"),
+            detector=data["detector"],
+            severity=Severity(data["severity"]),
+            state=state,
+            message=data["message"],
+            evidence=dict(data.get("evidence") or {}),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """What the router should do for one replica; in force until ``expires_at`` (epoch s)."""
+
+    replica: str
+    action: str  # enable_tracing | adjust_batch_policy | prewarm_tokenizer_cache | throttle | isolate | drain
+    severity: Severity
+    reason: str  # stable text (numbers live in the alert's evidence), so re-sending is a no-op
+    params: dict[str, Any] = field(default_factory=dict)
+    expires_at: float | None = None  # None: until withdrawn
+
+    @property
+    def identity(self) -> tuple[str, str, str, str, tuple[tuple[str, Any], ...]]:
+        """Everything but ``expires_at``: two steps that keep the same action in force agree here."""
+        return (
+            self.replica,
+            self.action,
+            str(self.severity),
+            self.reason,
+            tuple(sorted(self.params.items())),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "replica": self.replica,
+            "action": self.action,
+            "severity": str(self.severity),
+            "reason": self.reason,
+            "params": dict(self.params),
+            "expires_at": self.expires_at,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Action:
+        expires = data.get("expires_at")
+        return cls(
+            replica=data["replica"],
+            action=data["action"],
+            severity=Severity(data["severity"]),
+            reason=data.get("reason", ""),
+            params=dict(data.get("params") or {}),
+            expires_at=None if expires is None else float(expires),
+        )
+
+
+@dataclass(slots=True)
+class DetectorOutput:
+    """What one ``update`` produced: alert transitions and the actions in force."""
+
+    alerts: list[Alert] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
+
+    def extend(self, other: DetectorOutput) -> None:
+        self.alerts.extend(other.alerts)
+        self.actions.extend(other.actions)
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """Convert an override (TOML value or env string) to a config field's type."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+            return None
+        hint = args[0]
+        origin = typing.get_origin(hint)
+    try:
+        if hint is bool:
+            if isinstance(value, str):
+                text = value.strip().lower()
+                if text in ("1", "true", "yes", "on"):
+                    return True
+                if text in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            if isinstance(value, bool | int):
+                return bool(value)
+            raise ValueError(value)
+        if hint is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return int(str(value).strip()) if isinstance(value, str) else int(value)
+        if hint is float:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return float(value)
+        if hint is str:
+            return str(value)
+        if origin is tuple:
+            (item,) = {a for a in typing.get_args(hint) if a is not Ellipsis}
+            items = [p for p in value.split(",") if p.strip()] if isinstance(value, str) else list(value)
+            return tuple(_coerce(p.strip() if isinstance(p, str) else p, item, where) for p in items)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}") from exc
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class OverridableConfig:
+    """A frozen settings dataclass that can be built from ``[detectors.<section>]`` overrides."""
+
+    section: ClassVar[str] = "detector"  # the [detectors.<section>] name, for error messages
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Reject values that cannot work (raise ConfigError naming the setting)."""
+
+    @classmethod
+    def from_overrides(cls, overrides: Mapping[str, Any] | None = None) -> typing.Self:
+        """Defaults, then ``overrides`` (from TOML or env strings); unknown keys are errors.
+
+        >>> DetectorConfig.from_overrides({"persistence": "3"}).persistence
+        3
+        """
+        overrides = dict(overrides or {})
+        hints = typing.get_type_hints(cls)
+        names = {f.name for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for key, value in overrides.items():
+            name = key.strip().lower()
+            if name not in names:
+                raise ConfigError(
+                    f"detectors.{cls.section}.{key}: unknown setting (known: {', '.join(sorted(names))})"
+                )
+            values[name] = _coerce(value, hints[name], f"detectors.{cls.section}.{name}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def _require(self, ok: bool, name: str, rule: str) -> None:
+        if not ok:
+            raise ConfigError(f"detectors.{self.section}.{name} {rule}, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorConfig(OverridableConfig):
+    """Fields every hysteresis detector has; subclasses add their thresholds (seed defaults)."""
+
+    persistence: int = 1  # consecutive steps the rule must hold before the alert opens
+    clear_steps: int = 2  # consecutive steps the rule must not hold before it resolves
+    action_ttl_s: float = 60.0  # actions expire this long after the last step that re-sent them
+
+    def validate(self) -> None:
+        self._require(self.persistence >= 1, "persistence", "must be >= 1")
+        self._require(self.clear_steps >= 1, "clear_steps", "must be >= 1")
+        self._require(self.action_ttl_s > 0, "action_ttl_s", "must be > 0")
+
+
+# --------------------------------------------------------------------------- hysteresis
+
+Transition = Literal["none", "open", "hold", "resolve"]
+
+
+@dataclass(slots=True)
+class Hysteresis:
+    """Open after ``persistence`` steps that hold, resolve after ``clear_steps`` that do not.
+
+    ``observe`` takes ``True`` (holds), ``False`` (does not) or ``None`` (cannot be evaluated,
+    e.g. a missing signal): ``None`` counts as not holding, so an alert whose evidence vanished
+    resolves rather than staying open forever, and a persistence count never spans a gap.
+    """
+
+    hits: int = 0  # consecutive steps the condition held
+    misses: int = 0  # consecutive steps it did not, while open
+    is_open: bool = False
+    opened_at: float | None = None
+
+    def observe(
+        self, holds: bool | None, *, persistence: int, clear_steps: int, now: float = 0.0
+    ) -> Transition:
+        if holds:
+            self.hits += 1
+            self.misses = 0
+            if self.is_open:
+                return "hold"
+            if self.hits >= persistence:
+                self.is_open = True
+                self.opened_at = now
+                return "open"
+            return "none"
+        self.hits = 0
+        if not self.is_open:
+            return "none"
+        self.misses += 1
+        if self.misses >= clear_steps:
+            self.is_open = False
+            self.misses = 0
+            self.opened_at = None
+            return "resolve"
+        return "hold"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hits": self.hits, "misses": self.misses, "open": self.is_open, "opened_at": self.opened_at}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Hysteresis:
+        return cls(
+            hits=int(data.get("hits", 0)),
+            misses=int(data.get("misses", 0)),
+            is_open=bool(data.get("open", False)),
+            opened_at=data.get("opened_at"),
+        )
+
+
+# --------------------------------------------------------------------------- detectors
+
+
+class Detector(ABC):
+    """A pure, stateful detector: ``update`` once per key per step, state as plain data."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type[OverridableConfig]] = DetectorConfig
+
+    def __init__(self, config: OverridableConfig | None = None) -> None:
+        self.config = config if config is not None else self.Config()
+        if not isinstance(self.config, self.Config):
+            raise TypeError(
+                f"{self.name}: config must be {self.Config.__name__}, got {type(config).__name__}"
+            )
+
+    @abstractmethod
+    def update(self, fv: FeatureVector, telemetry: TelemetrySample | None, now: float) -> DetectorOutput:
+        """Fold one step of one key (``fv.key``) in; return alert transitions and actions in force.
+
+        ``telemetry`` is the replica's latest *fresh* sample (None when absent or stale);
+        ``now`` is the step's event time (``fv.window_end``), never the wall clock.
+        """
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """All per-key state as JSON-able data."""
+
+    @abstractmethod
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Replace all state with one produced by ``state_dict`` (of this detector's version)."""
+
+    @abstractmethod
+    def forget(self, key: str) -> None:
+        """Drop a key's state (a replica released by the windows)."""
+
+    @abstractmethod
+    def open_alerts(self) -> dict[str, Severity]:
+        """Keys with an open alert and its severity (for the open-alerts metric)."""
+
+
+@dataclass(slots=True)
+class Finding:
+    """One evaluation of one rule (a detector may have several, e.g. kv_pressure's two)."""
+
+    holds: bool | None  # None: a signal is missing, no claim either way
+    message: str = ""
+    evidence: Evidence = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)  # the action's params when it holds
+
+
+class ThresholdDetector(Detector):
+    """A detector made of named rules, each with its own hysteresis per key.
+
+    Subclasses set ``severity``, ``action`` (or None), ``reason`` per rule through
+    :meth:`rule_meta` and implement :meth:`evaluate`.
+    """
+
+    rules: ClassVar[tuple[str, ...]] = ("main",)
+    config: DetectorConfig
+
+    def __init__(self, config: DetectorConfig | None = None) -> None:
+        super().__init__(config)
+        # key -> rule -> {"h": Hysteresis dict, "message", "params", "evidence"}; key -> "memory"
+        self._state: dict[str, dict[str, Any]] = {}
+
+    # --- what subclasses provide
+
+    @abstractmethod
+    def evaluate(
+        self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]
+    ) -> dict[str, Finding]:
+        """Evaluate every rule for this step. ``memory`` is per-key JSON-able scratch state
+        (e.g. history) that the detector may read and update; it is checkpointed."""
+
+    @abstractmethod
+    def rule_meta(self, rule: str) -> tuple[Severity, str | None, str]:
+        """(severity, action name or None, stable reason) of a rule."""
+
+    # --- the machinery
+
+    def update(self, fv: FeatureVector, telemetry: TelemetrySample | None, now: float) -> DetectorOutput:
+        cfg = self.config
+        key_state = self._state.setdefault(fv.key, {"rules": {}, "memory": {}})
+        findings = self.evaluate(fv, telemetry, key_state["memory"])
+        out = DetectorOutput()
+        for rule in self.rules:
+            finding = findings.get(rule, Finding(holds=None))
+            rstate = key_state["rules"].setdefault(rule, {"h": Hysteresis().to_dict()})
+            hyst = Hysteresis.from_dict(rstate["h"])
+            transition = hyst.observe(
+                finding.holds, persistence=cfg.persistence, clear_steps=cfg.clear_steps, now=now
+            )
+            rstate["h"] = hyst.to_dict()
+            severity, action, reason = self.rule_meta(rule)
+            if finding.holds:
+                # remember what the last holding step said: the action keeps these params while
+                # the alert is clearing, and the resolve alert can cite the opening message
+                rstate["message"] = finding.message
+                rstate["params"] = dict(finding.params)
+            if transition == "open":
+                out.alerts.append(
+                    self._alert(fv, now, severity, "open", finding.message, finding.evidence, rule)
+                )
+            elif transition == "resolve":
+                why = (
+                    "condition cleared"
+                    if finding.holds is False
+                    else "signal missing, condition not observed"
+                )
+                message = f"resolved ({why}): {rstate.get('message', reason)}"
+                out.alerts.append(self._alert(fv, now, severity, "resolved", message, finding.evidence, rule))
+                rstate.pop("params", None)
+            if hyst.is_open and action is not None and fv.replica is not None:
+                out.actions.append(
+                    Action(
+                        replica=fv.replica,
+                        action=action,
+                        severity=severity,
+                        reason=reason,
+                        params=dict(rstate.get("params", {})),
+                        expires_at=now + cfg.action_ttl_s,
+                    )
+                )
+        return out
+
+    def _alert(
+        self,
+        fv: FeatureVector,
+        now: float,
+        severity: Severity,
+        state: AlertState,
+        message: str,
+        evidence: Evidence,
+        rule: str,
+    ) -> Alert:
+        evidence = dict(evidence)
+        if len(self.rules) > 1:
+            evidence["rule"] = rule
+        return Alert(
+            ts=now,
+            model=fv.model,
+            replica=fv.replica,
+            detector=self.name,
+            severity=severity,
+            state=state,
+            message=message,
+            evidence=evidence,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        # a deep copy through plain containers, so the caller may serialise it later safely
+        return {"v": STATE_VERSION, "detector": self.name, "keys": _plain(self._state)}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        if state.get("v") != STATE_VERSION or state.get("detector") != self.name:
+            raise ValueError(f"{self.name}: cannot load state {state.get('detector')!r} v{state.get('v')!r}")
+        self._state = _plain(dict(state.get("keys", {})))
+
+    def forget(self, key: str) -> None:
+        self._state.pop(key, None)
+
+    def open_alerts(self) -> dict[str, Severity]:
+        result: dict[str, Severity] = {}
+        for key, key_state in self._state.items():
+            for rule, rstate in key_state["rules"].items():
+                if rstate["h"].get("open"):
+                    suffix = f"#{rule}" if len(self.rules) > 1 else ""
+                    result[key + suffix] = self.rule_meta(rule)[0]
+        return result
+
+
+def _plain(value: Any) -> Any:
+    """A deep copy made of dicts, lists and scalars only (JSON-able as long as the leaves are)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    """A number for a message: fixed digits, 'n/a' when unknown."""
+    return "n/a" if value is None else f"{value:.{digits}f}"

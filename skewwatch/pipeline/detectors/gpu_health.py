@@ -1,0 +1,209 @@
+"""GPU health: CUDA errors and NVML faults become throttle / isolate / drain (seed §4.3).
+
+Runs :mod:`skewwatch.pipeline.health` per replica: every step it folds the newest step's
+``step_cuda_errors`` and the replica's telemetry (XID, uncorrected ECC) into the replica's
+health state, then reports the worst active class:
+
+==================  ========  ==========  =================================================
+class               severity  action      in force until
+==================  ========  ==========  =================================================
+hardware / driver   CRITICAL  ``drain``   ``drain_clean_s`` (300 s) without a hardware fault
+configuration       WARNING   ``isolate`` ``isolate_s`` (300 s, seed: 5 min) without one
+transient           INFO      ``throttle`` ``throttle_clean_s`` (60 s) without one
+==================  ========  ==========  =================================================
+
+Transient errors are INFO: the router already lowers the replica's weight by 10 % and retries,
+nobody needs to be woken for a launch timeout; a drain is CRITICAL because capacity is lost.
+
+One alert per replica (detector ``gpu_health``): ``open`` when the replica leaves health, a
+new ``open`` with the new severity when the worst class changes (escalation, or a milder class
+still active after a worse one expired), ``resolved`` when no class is active any more. The
+action's ``expires_at`` is when the class would stop being active without a new error, so
+a router that stops hearing from the worker still ends an isolation on time. Health scores
+are read by the weights through :meth:`GpuHealthDetector.assessment`.
+
+Model-level vectors (``replica`` None) are ignored: health belongs to a GPU.
+
+>>> from skewwatch.pipeline.features import FeatureVector
+>>> det = GpuHealthDetector()
+>>> fv = FeatureVector(model="m", replica="r1", window_start=0.0, window_end=60.0, count=10,
+...                    step_count=3, step_cuda_errors={"700": 1})
+>>> out = det.update(fv, None, now=60.0)
+>>> str(out.alerts[0].severity), out.actions[0].action, out.actions[0].expires_at
+('CRITICAL', 'drain', 360.0)
+>>> det.assessment("m/r1", now=65.0).score
+0.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from skewwatch.pipeline.cuda_errors import ErrorClass
+from skewwatch.pipeline.detectors.base import (
+    STATE_VERSION,
+    Action,
+    Alert,
+    Detector,
+    DetectorOutput,
+    Severity,
+)
+from skewwatch.pipeline.features import FeatureVector
+from skewwatch.pipeline.health import HEALTHY, HealthAssessment, HealthConfig, HealthState, assess, observe
+from skewwatch.pipeline.telemetry import TelemetrySample
+
+CLASS_SEVERITY: Mapping[ErrorClass, Severity] = {
+    ErrorClass.TRANSIENT: Severity.INFO,
+    ErrorClass.CONFIGURATION: Severity.WARNING,
+    ErrorClass.HARDWARE: Severity.CRITICAL,
+}
+CLASS_LABEL: Mapping[ErrorClass, str] = {
+    ErrorClass.TRANSIENT: "transient CUDA errors",
+    ErrorClass.CONFIGURATION: "configuration / resource errors",
+    ErrorClass.HARDWARE: "hardware / driver fault",
+}
+
+
+class GpuHealthDetector(Detector):
+    name = "gpu_health"
+    Config = HealthConfig
+    config: HealthConfig
+
+    def __init__(self, config: HealthConfig | None = None) -> None:
+        super().__init__(config)
+        # key -> {"health": HealthState dict, "alert_class": class str | None}
+        self._state: dict[str, dict[str, Any]] = {}
+
+    def update(self, fv: FeatureVector, telemetry: TelemetrySample | None, now: float) -> DetectorOutput:
+        out = DetectorOutput()
+        if fv.replica is None:
+            return out
+        key_state = self._state.setdefault(fv.key, {"health": HealthState().to_dict(), "alert_class": None})
+        health = HealthState.from_dict(key_state["health"])
+        observed = observe(health, fv.step_cuda_errors, telemetry, now, self.config)
+        key_state["health"] = health.to_dict()
+        current = assess(health, now, self.config)
+        previous = key_state["alert_class"]
+        evidence = self._evidence(current, observed, fv, telemetry, health)
+
+        if current.error_class is ErrorClass.SUCCESS:
+            if previous is not None:
+                prev_class = ErrorClass(previous)
+                out.alerts.append(
+                    Alert(
+                        ts=now,
+                        model=fv.model,
+                        replica=fv.replica,
+                        detector=self.name,
+                        severity=CLASS_SEVERITY[prev_class],
+                        state="resolved",
+                        message=f"resolved: no {CLASS_LABEL[prev_class]} for its quiet period; health 1.0",
+                        evidence=evidence,
+                    )
+                )
+            key_state["alert_class"] = None
+            return out
+
+        cls = current.error_class
+        severity = CLASS_SEVERITY[cls]
+        if previous != str(cls):
+            change = "" if previous is None else f" (was {previous})"
+            out.alerts.append(
+                Alert(
+                    ts=now,
+                    model=fv.model,
+                    replica=fv.replica,
+                    detector=self.name,
+                    severity=severity,
+                    state="open",
+                    message=(
+                        f"{CLASS_LABEL[cls]} ({current.cause}){change}: health {current.score:g}, "
+                        f"{current.action} until {current.expires_at:.0f} unless it recurs"
+                    ),
+                    evidence=evidence,
+                )
+            )
+            key_state["alert_class"] = str(cls)
+        assert current.action is not None  # every non-success class has an action
+        out.actions.append(
+            Action(
+                replica=fv.replica,
+                action=current.action,
+                severity=severity,
+                reason=f"gpu health: {CLASS_LABEL[cls]}",
+                params={"health": current.score, "cause": current.cause},
+                expires_at=current.expires_at,
+            )
+        )
+        return out
+
+    @staticmethod
+    def _evidence(
+        current: HealthAssessment,
+        observed: list[tuple[str, str, int]],
+        fv: FeatureVector,
+        telemetry: TelemetrySample | None,
+        health: HealthState,
+    ) -> dict[str, float | int | str | None]:
+        evidence: dict[str, float | int | str | None] = {
+            "health": current.score,
+            "class": str(current.error_class),
+            "cause": current.cause,
+            "until": current.expires_at,
+            "step_count": fv.step_count,
+            "step_errors": sum(c for _, _, c in observed),
+        }
+        for cls, cause, count in observed:
+            evidence[f"errors.{cls}.{cause}"] = count
+        for cls, until in current.active.items():
+            evidence[f"active.{cls}"] = until
+        if health.unknown_errors:
+            evidence["unknown_error_values"] = ",".join(sorted(health.unknown_errors))
+        if telemetry is not None:
+            # throttling and heat are evidence only: they slow a GPU, they do not make it wrong
+            evidence.update(
+                {
+                    "xid_last": telemetry.xid_last,
+                    "xid_count_5m": telemetry.xid_count_5m,
+                    "ecc_uncorrected_total": telemetry.ecc_uncorrected_total,
+                    "throttle_reasons": telemetry.throttle_reasons,
+                    "temperature_c": telemetry.temperature_c,
+                }
+            )
+        return evidence
+
+    def assessment(self, key: str, now: float) -> HealthAssessment:
+        """Health of ``model/replica`` at ``now`` (healthy when never seen)."""
+        key_state = self._state.get(key)
+        if key_state is None:
+            return HEALTHY
+        return assess(HealthState.from_dict(key_state["health"]), now, self.config)
+
+    def state_dict(self) -> dict[str, Any]:
+        keys = {
+            key: {"health": HealthState.from_dict(ks["health"]).to_dict(), "alert_class": ks["alert_class"]}
+            for key, ks in self._state.items()
+        }
+        return {"v": STATE_VERSION, "detector": self.name, "keys": keys}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        if state.get("v") != STATE_VERSION or state.get("detector") != self.name:
+            raise ValueError(f"{self.name}: cannot load state {state.get('detector')!r} v{state.get('v')!r}")
+        self._state = {
+            key: {
+                "health": HealthState.from_dict(ks["health"]).to_dict(),
+                "alert_class": ks.get("alert_class"),
+            }
+            for key, ks in state.get("keys", {}).items()
+        }
+
+    def forget(self, key: str) -> None:
+        self._state.pop(key, None)
+
+    def open_alerts(self) -> dict[str, Severity]:
+        return {
+            key: CLASS_SEVERITY[ErrorClass(ks["alert_class"])]
+            for key, ks in self._state.items()
+            if ks["alert_class"] is not None
+        }
