@@ -1,0 +1,165 @@
+"""Request traces: arrival times and prompt/completion lengths from a CSV, as numpy arrays.
+
+Issue 2 asks for token lengths resampled from the real Azure LLM inference traces, and issue 5
+for "any trace with timestamp, prompt tokens, completion tokens columns" through a documented
+column mapping. This module is that mapping and nothing more: it reads a CSV, picks three
+columns by name, and hands back plain arrays (no Kafka, no clock).
+
+The two Azure traces (Patel et al., "Splitwise", ISCA 2024; CC-BY 4.0, see
+``skewwatch/data/SOURCE.md``) ship inside the package, so nothing reads ``../shared`` at run time.
+``load_trace("conv")`` and ``load_trace("code")`` name them; any other value is a path.
+
+The timestamp column may hold ISO-like date-times (``2023-11-16 18:17:03.9799600``, as in the
+Azure files) or plain numbers (epoch or relative seconds). Either way ``offset_s`` is seconds
+since the trace's first request, sorted ascending.
+
+>>> m = ColumnMapping.parse("ts=time,prompt=in,completion=out")
+>>> (m.ts, m.prompt, m.completion)
+('time', 'in', 'out')
+>>> t = load_trace("conv")
+>>> len(t), t.source
+(19366, 'conv')
+>>> bool(t.offset_s[0] == 0.0 and (t.offset_s[1:] >= t.offset_s[:-1]).all())
+True
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+#: Names of the traces bundled in ``skewwatch/data`` (see SOURCE.md there for the attribution).
+BUNDLED_TRACES: dict[str, str] = {
+    "conv": "AzureLLMInferenceTrace_conv.csv",
+    "code": "AzureLLMInferenceTrace_code.csv",
+}
+DEFAULT_TRACE = "conv"
+
+
+class TraceError(ValueError):
+    """A trace that cannot be used; the message names the file, row or column."""
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnMapping:
+    """Which CSV column holds each of the three fields a trace must have.
+
+    Defaults are the Azure trace's header (``TIMESTAMP,ContextTokens,GeneratedTokens``).
+    """
+
+    ts: str = "TIMESTAMP"
+    prompt: str = "ContextTokens"
+    completion: str = "GeneratedTokens"
+
+    @classmethod
+    def parse(cls, text: str) -> ColumnMapping:
+        """Read ``ts=COL,prompt=COL,completion=COL`` (any subset; the rest keep their defaults)."""
+        values: dict[str, str] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, sep, column = part.partition("=")
+            key = key.strip()
+            if not sep or key not in ("ts", "prompt", "completion") or not column.strip():
+                raise TraceError(
+                    f"column mapping {part!r}: expected ts=COLUMN, prompt=COLUMN or completion=COLUMN"
+                )
+            values[key] = column.strip()
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """One request per row, sorted by arrival: offsets in seconds from the first, token counts."""
+
+    offset_s: FloatArray
+    prompt_tokens: IntArray
+    completion_tokens: IntArray
+    source: str  # bundled name or path, for messages and reports
+
+    def __len__(self) -> int:
+        return int(self.offset_s.shape[0])
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.offset_s[-1]) if len(self) else 0.0
+
+    @property
+    def mean_rate(self) -> float:
+        """Requests per second over the trace's span (0 when it spans no time)."""
+        return (len(self) - 1) / self.duration_s if self.duration_s > 0 else 0.0
+
+
+def _parse_timestamps(values: list[str], source: str) -> FloatArray:
+    """Seconds (float) from numbers or date-times; numpy's datetime64 parses the ISO forms."""
+    try:
+        return np.array([float(v) for v in values], dtype=np.float64)
+    except ValueError:
+        pass
+    try:
+        # numpy wants the ISO 'T' separator; the Azure files use a space.
+        stamps = np.array([v.strip().replace(" ", "T", 1) for v in values], dtype="datetime64[ns]")
+    except ValueError as exc:
+        raise TraceError(f"{source}: timestamp column is neither numbers nor ISO date-times ({exc})") from exc
+    return (stamps - stamps.min()).astype(np.int64).astype(np.float64) / 1e9
+
+
+def read_trace(text: str, mapping: ColumnMapping = ColumnMapping(), source: str = "<text>") -> Trace:
+    """Parse CSV text (header row first) into a Trace. Pure: no file access."""
+    reader = csv.DictReader(io.StringIO(text))
+    header = reader.fieldnames or []
+    for field_name, column in (("ts", mapping.ts), ("prompt", mapping.prompt),
+                               ("completion", mapping.completion)):
+        if column not in header:
+            raise TraceError(
+                f"{source}: no column {column!r} for {field_name} (columns: {', '.join(header) or 'none'}); "
+                f"map it with --columns ts=...,prompt=...,completion=..."
+            )
+    ts_raw: list[str] = []
+    prompt: list[int] = []
+    completion: list[int] = []
+    for line_no, row in enumerate(reader, start=2):
+        try:
+            p = int(float(row[mapping.prompt]))
+            c = int(float(row[mapping.completion]))
+        except (TypeError, ValueError) as exc:
+            raise TraceError(f"{source}, line {line_no}: token counts must be numbers ({exc})") from exc
+        if p < 0 or c < 0:
+            raise TraceError(f"{source}, line {line_no}: token counts must be >= 0, got {p}, {c}")
+        ts_raw.append(row[mapping.ts])
+        prompt.append(p)
+        completion.append(c)
+    if not ts_raw:
+        raise TraceError(f"{source}: no rows")
+    ts = _parse_timestamps(ts_raw, source)
+    order = np.argsort(ts, kind="stable")
+    ts = ts[order]
+    return Trace(
+        offset_s=ts - ts[0],
+        prompt_tokens=np.asarray(prompt, dtype=np.int64)[order],
+        completion_tokens=np.asarray(completion, dtype=np.int64)[order],
+        source=source,
+    )
+
+
+def load_trace(name_or_path: str | Path = DEFAULT_TRACE, mapping: ColumnMapping | None = None) -> Trace:
+    """A bundled trace by name (``conv``, ``code``) or any CSV by path."""
+    key = str(name_or_path)
+    if key in BUNDLED_TRACES:
+        text = (resources.files("skewwatch") / "data" / BUNDLED_TRACES[key]).read_text(encoding="utf-8")
+        return read_trace(text, mapping or ColumnMapping(), source=key)
+    path = Path(name_or_path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise TraceError(
+            f"trace {key!r} is neither a file nor a bundled trace ({', '.join(BUNDLED_TRACES)})"
+        ) from exc
+    return read_trace(text, mapping or ColumnMapping(), source=str(path))
