@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/python -m skewwatch broker --fetch-only
+.venv/bin/python -c "from skewwatch.broker import ensure_kafka_jars; ensure_kafka_jars()"  # fetch Kafka once, outside test timeouts
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

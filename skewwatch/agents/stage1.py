@@ -31,11 +31,10 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from skewwatch.agents.checkpoint import CheckpointStore
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.config import Settings
-from skewwatch.pipeline.events import RequestColumns
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.window import PartitionWindows, ReplicaStep
 from skewwatch.schemas.dead_letter import dead_letter_record
-from skewwatch.schemas.requests import Rejection, decode_request_message
+from skewwatch.schemas.requests import Rejection, decode_request_messages
 from skewwatch.schemas.telemetry import decode_telemetry
 
 log = logging.getLogger(__name__)
@@ -157,15 +156,13 @@ class RequestStage:
             state = self.partitions.get(tp.partition)
             if state is None:  # assignment raced with a fetch; the rebalance will bring it back
                 continue
-            parts: list[RequestColumns] = []
-            for message in messages:
-                decoded = decode_request_message(message.value, self.settings.limits)
-                if decoded.rejects:
-                    await self._dead_letter(tp, message, decoded.rejects)
-                if len(decoded.columns):
-                    parts.append(decoded.columns)
-            if parts:
-                result = state.windows.apply(RequestColumns.concat(parts))
+            # one vectorised decode per poll of the partition, whatever the message sizes
+            decoded = decode_request_messages([m.value for m in messages], self.settings.limits)
+            for message, rejects in zip(messages, decoded.rejects, strict=True):
+                if rejects:
+                    await self._dead_letter(tp, message, rejects)
+            if len(decoded.columns):
+                result = state.windows.apply(decoded.columns)
                 self.metrics.events_in.inc(result.accepted)
                 if result.late:
                     self.metrics.late.inc(result.late)
@@ -193,21 +190,22 @@ class RequestStage:
 
     async def _advance_idle_partitions(self) -> None:
         """An input partition without traffic follows the others' watermark (Flink-style idleness)."""
-        if len(self.partitions) < 1:
+        watermarks = [s.windows.watermark for s in self.partitions.values() if s.windows.watermark is not None]
+        if not watermarks:
             return
-        now = time.monotonic()
-        watermarks = [s.windows.watermark for s in self.partitions.values()]
         leader = max(watermarks)
+        now = time.monotonic()
         for partition, state in self.partitions.items():
-            if now - state.last_input_wall >= self.settings.window.partition_idle_s \
-                    and state.windows.watermark < leader:
+            behind = state.windows.watermark is None or state.windows.watermark < leader
+            if behind and now - state.last_input_wall >= self.settings.window.partition_idle_s:
                 state.windows.advance_watermark(leader)
                 await self._close_steps(TopicPartition(self.settings.topics.requests, partition), state)
 
     async def _close_steps(self, tp: TopicPartition, state: PartitionState) -> None:
         started = time.perf_counter()
         steps = state.windows.close_steps()
-        self.metrics.watermark.labels(str(tp.partition)).set(max(state.windows.watermark, 0.0))
+        if state.windows.watermark is not None:
+            self.metrics.watermark.labels(str(tp.partition)).set(state.windows.watermark)
         if not steps:
             return
         await self._publish_steps(steps)
