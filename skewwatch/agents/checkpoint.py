@@ -112,7 +112,7 @@ class CheckpointStore:
             pending = {tp for tp in tps if end[tp] > 0}
             while pending:
                 batch = await consumer.getmany(*pending, timeout_ms=1000)
-                for tp, messages in batch.items():
+                for messages in batch.values():
                     for message in messages:
                         if message.key is None:
                             continue
