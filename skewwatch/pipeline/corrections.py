@@ -1,0 +1,141 @@
+"""Routing corrections: the per-model record on ``llm.routing-corrections`` and when to send it.
+
+The topic is compacted with key = model, so its latest record per model is the router's
+current state: ``weights`` for every replica of the pool and the ``actions`` in force
+(each with its ``expires_at``, so an action ends by itself if the worker stops re-sending).
+
+**seq.** Strictly increasing per model and derived from event time, not from a counter in
+memory: a step's record has ``seq = int(window_end × 1000)`` (milliseconds), so a worker that
+restarts and replays a step re-sends the *same* seq (consumers drop ``seq <= last seen``) and
+never goes backwards. A forced recompute (``POST /api/v1/update_weights``) between two steps
+uses ``last_seq + 1``; the next step's seq is ``max(window_end_ms, last_seq + 1)``, which is
+still strictly increasing (5000 forced recomputes per 5 s step would be needed to catch up).
+
+**When to publish** (:func:`should_publish`): on the first record, when the pool's replicas
+change, when any weight moved by more than ``weight_epsilon`` (absolute), when the set of
+actions changed (replica, action, severity, reason, params — ``expires_at`` alone is a renewal,
+not a change), when a published action would expire before the next heartbeat while it is
+still in force, and at least every ``heartbeat_s`` = 30 s (event time) as a heartbeat.
+
+>>> c = RoutingCorrection(model="m", ts=60.0, seq=step_seq(60.0, None), weights={"a": 0.5, "b": 0.5}, actions=[])
+>>> c.seq
+60000
+>>> RoutingCorrection.from_dict(c.to_dict()) == c
+True
+>>> moved = RoutingCorrection("m", 65.0, step_seq(65.0, c.seq), {"a": 0.6, "b": 0.4}, [])
+>>> publish_reason(c, moved, now=65.0), should_publish(c, c, now=70.0), publish_reason(c, c, now=90.0)
+('weights changed', False, 'heartbeat')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from skewwatch.pipeline.detectors.base import Action, OverridableConfig
+
+CORRECTIONS_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class CorrectionConfig(OverridableConfig):
+    """``[detectors.corrections]``: publication cadence."""
+
+    heartbeat_s: float = 30.0  # issue: at least every 30 s
+    weight_epsilon: float = 0.01  # ours: a weight change below this is not news
+
+    section: ClassVar[str] = "corrections"
+
+    def validate(self) -> None:
+        self._require(self.heartbeat_s > 0, "heartbeat_s", "must be > 0")
+        self._require(self.weight_epsilon >= 0, "weight_epsilon", "must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingCorrection:
+    """One record on ``llm.routing-corrections`` (key = model)."""
+
+    model: str
+    ts: float  # event time of the step (window_end) or of the forced recompute
+    seq: int  # strictly increasing per model
+    weights: dict[str, float]  # replica -> weight, summing to 1 over the pool (or all 0)
+    actions: list[Action] = field(default_factory=list)
+    v: int = CORRECTIONS_SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "ts": self.ts,
+            "seq": self.seq,
+            "weights": dict(self.weights),
+            "actions": [a.to_dict() for a in self.actions],
+            "v": self.v,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RoutingCorrection:
+        return cls(
+            model=data["model"],
+            ts=float(data["ts"]),
+            seq=int(data["seq"]),
+            weights={str(k): float(v) for k, v in data.get("weights", {}).items()},
+            actions=[Action.from_dict(a) for a in data.get("actions", [])],
+            v=int(data.get("v", CORRECTIONS_SCHEMA_VERSION)),
+        )
+
+
+def step_seq(window_end: float, last_seq: int | None) -> int:
+    """The seq of a regular step: its window_end in ms, kept above the last seq issued."""
+    seq = round(window_end * 1000)
+    return seq if last_seq is None else max(seq, last_seq + 1)
+
+
+def forced_seq(window_end: float, last_seq: int | None) -> int:
+    """The seq of a forced recompute: one past the last seq issued."""
+    return round(window_end * 1000) if last_seq is None else last_seq + 1
+
+
+def publish_reason(
+    prev: RoutingCorrection | None,
+    new: RoutingCorrection,
+    now: float,
+    heartbeat_s: float = 30.0,
+    epsilon: float = 0.01,
+) -> str | None:
+    """Why ``new`` should be published after ``prev`` (the last one published), or None."""
+    if prev is None:
+        return "first"
+    if set(prev.weights) != set(new.weights):
+        return "replicas changed"
+    if any(abs(new.weights[r] - prev.weights[r]) > epsilon for r in new.weights):
+        return "weights changed"
+    prev_actions = {a.identity: a for a in prev.actions}
+    new_actions = {a.identity: a for a in new.actions}
+    if set(prev_actions) != set(new_actions):
+        return "actions changed"
+    for identity, action in new_actions.items():
+        published = prev_actions[identity].expires_at
+        if (published is None) != (action.expires_at is None):
+            return "actions changed"
+        if (
+            published is not None
+            and action.expires_at is not None
+            and action.expires_at > published
+            and published < now + heartbeat_s
+        ):
+            return "action renewal due"
+    if now - prev.ts >= heartbeat_s:
+        return "heartbeat"
+    return None
+
+
+def should_publish(
+    prev: RoutingCorrection | None,
+    new: RoutingCorrection,
+    now: float,
+    heartbeat_s: float = 30.0,
+    epsilon: float = 0.01,
+) -> bool:
+    """True when ``new`` must go out: a change, a renewal due, or the heartbeat."""
+    return publish_reason(prev, new, now, heartbeat_s, epsilon) is not None

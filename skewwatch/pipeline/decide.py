@@ -1,0 +1,412 @@
+"""One model's decisions per 5 s step: detectors, health, weights and the routing correction.
+
+The worker (stage 2, partitioned by model) calls :meth:`ModelDecider.step` once per model per
+step with that step's per-replica feature vectors, the per-model vector and the latest
+telemetry sample of each replica with its age. Everything here is pure: no clock (``now`` is
+the step's ``window_end``), no I/O; the whole state is JSON-able (``state_dict`` /
+``from_state``) so the worker checkpoints it with the input offset it reflects.
+
+Per step, for every replica known to the model (seen in this step or an earlier one):
+
+1. a replica without a summary this step is given an empty vector (count 0), so its alerts
+   resolve and its silence is counted, instead of it being forgotten;
+2. every enabled detector updates that replica's state; its telemetry is passed only when
+   fresh (age <= ``[detectors.weights] telemetry_max_age_s``, 15 s), else None;
+3. health comes from the ``gpu_health`` detector, weights from :mod:`skewwatch.pipeline.weights`;
+4. the routing correction gets ``seq`` from event time and is returned in
+   ``StepDecision.correction`` only when :func:`~skewwatch.pipeline.corrections.should_publish`
+   says so (change or 30 s heartbeat). The decider assumes that what it returns is published.
+
+A replica silent for ``[detectors.decider] release_after_s`` (600 s) is released: its state is
+dropped and it leaves the weights. A step whose ``window_end`` is not after the last one is a
+duplicate (e.g. re-delivered after a rebalance): it changes nothing and returns
+``skipped=True``.
+
+Configuration: ``Settings.detectors`` (``[detectors.<name>]`` in TOML,
+``SKEWWATCH_DETECTORS__<NAME>__<KEY>`` in the environment) holds one section per detector plus
+``weights``, ``corrections`` and ``decider``; :class:`DetectorSettings` checks and builds them.
+
+>>> from skewwatch.pipeline.features import FeatureVector
+>>> decider = ModelDecider()
+>>> def fv(r, end, p99=300.0):
+...     return FeatureVector(model="m", replica=r, window_start=end - 60, window_end=end, count=100,
+...                          step_count=5, latency_p50=100.0, latency_p99=p99, latency_mean=200.0)
+>>> d = decider.step("m", 60.0, [fv("a", 60.0), fv("b", 60.0)], None, {})
+>>> d.correction.seq, d.correction.weights
+(60000, {'a': 0.5, 'b': 0.5})
+>>> [decider.step("m", t, [fv("a", t, p99=900.0), fv("b", t)], None, {}).alerts for t in (65.0, 70.0)]
+[[], []]
+>>> d = decider.step("m", 75.0, [fv("a", 75.0, p99=900.0), fv("b", 75.0)], None, {})
+>>> [(a.replica, a.detector, a.state) for a in d.alerts], [x.action for x in d.correction.actions]
+([('a', 'long_tail', 'open')], ['enable_tracing'])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from skewwatch.config import ConfigError, Settings
+from skewwatch.pipeline.corrections import (
+    CorrectionConfig,
+    RoutingCorrection,
+    forced_seq,
+    publish_reason,
+    step_seq,
+)
+from skewwatch.pipeline.detectors.base import Action, Alert, Detector, OverridableConfig
+from skewwatch.pipeline.detectors.gpu_health import GpuHealthDetector
+from skewwatch.pipeline.detectors.registry import DETECTORS
+from skewwatch.pipeline.features import FeatureVector
+from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.pipeline.weights import ReplicaWeight, WeightConfig, WeightInput, compute_weights
+
+DECIDER_STATE_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class DeciderConfig(OverridableConfig):
+    """``[detectors.decider]``: which detectors run where, and when a replica is released."""
+
+    disabled: tuple[str, ...] = ()  # detector names not to run
+    model_level: tuple[str, ...] = ()  # detectors also run on the per-model vector (alerts only)
+    release_after_s: float = 600.0  # a replica silent this long leaves the pool and its state is dropped
+    window_s: float = 60.0  # length given to the empty vector of a replica without a summary
+
+    section: ClassVar[str] = "decider"
+
+    def validate(self) -> None:
+        for name in (*self.disabled, *self.model_level):
+            self._require(
+                name in DETECTORS,
+                "disabled" if name in self.disabled else "model_level",
+                f"names a detector that does not exist ({name!r}; known: {', '.join(DETECTORS)})",
+            )
+        self._require(self.release_after_s > 0, "release_after_s", "must be > 0")
+        self._require(self.window_s > 0, "window_s", "must be > 0")
+
+
+NON_DETECTOR_SECTIONS: dict[str, type[OverridableConfig]] = {
+    "weights": WeightConfig,
+    "corrections": CorrectionConfig,
+    "decider": DeciderConfig,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorSettings:
+    """Checked configuration of every detector plus weights, corrections and the decider.
+
+    >>> s = DetectorSettings.from_overrides({"long_tail": {"ratio": "4"}, "weights": {"stale_steps": 5}})
+    >>> s.detectors["long_tail"].ratio, s.weights.stale_steps, s.corrections.heartbeat_s
+    (4.0, 5, 30.0)
+    """
+
+    detectors: dict[str, Any] = field(default_factory=dict)  # name -> its Config instance
+    weights: WeightConfig = field(default_factory=WeightConfig)
+    corrections: CorrectionConfig = field(default_factory=CorrectionConfig)
+    decider: DeciderConfig = field(default_factory=DeciderConfig)
+
+    @classmethod
+    def from_overrides(cls, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> DetectorSettings:
+        """Build from ``Settings.detectors``; an unknown section or key raises ConfigError."""
+        overrides = {k.strip().lower(): dict(v) for k, v in (overrides or {}).items()}
+        known = set(DETECTORS) | set(NON_DETECTOR_SECTIONS)
+        for section in overrides:
+            if section not in known:
+                raise ConfigError(f"detectors.{section}: unknown section (known: {', '.join(sorted(known))})")
+        return cls(
+            detectors={name: det.Config.from_overrides(overrides.get(name)) for name, det in DETECTORS.items()},
+            weights=WeightConfig.from_overrides(overrides.get("weights")),
+            corrections=CorrectionConfig.from_overrides(overrides.get("corrections")),
+            decider=DeciderConfig.from_overrides(overrides.get("decider")),
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DetectorSettings:
+        return cls.from_overrides(settings.detectors)
+
+    def build_detectors(self) -> dict[str, Detector]:
+        """Fresh detectors, in registry order, without the disabled ones."""
+        built: dict[str, Detector] = {}
+        for name, det in DETECTORS.items():
+            if name in self.decider.disabled:
+                continue
+            config = self.detectors.get(name) or det.Config()
+            built[name] = det(config)
+        return built
+
+
+@dataclass(slots=True)
+class StepDecision:
+    """What one model's step produced."""
+
+    model: str
+    window_end: float
+    alerts: list[Alert]  # open/resolve transitions this step -> llm.alerts
+    correction: RoutingCorrection | None  # publish this on llm.routing-corrections; None: nothing new
+    current: RoutingCorrection | None  # the correction as of this step, published or not (GET /weights)
+    weights: dict[str, ReplicaWeight]  # per replica, with reasons and components
+    health: dict[str, float]  # per replica, 1.0 .. 0.0
+    publish_reason: str | None = None  # first | replicas changed | weights changed | actions changed | ...
+    skipped: bool = False  # a duplicate or out-of-order step: nothing was changed
+
+
+@dataclass(slots=True)
+class _Track:
+    silent_steps: int = 0
+    last_seen: float | None = None  # last window_end with a request in its newest step
+    first_seen: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"silent_steps": self.silent_steps, "last_seen": self.last_seen, "first_seen": self.first_seen}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> _Track:
+        return cls(int(data["silent_steps"]), data.get("last_seen"), float(data["first_seen"]))
+
+
+class ModelDecider:
+    """Everything one model does per step; pure, with JSON-able state."""
+
+    def __init__(self, settings: DetectorSettings | None = None, model: str | None = None) -> None:
+        self.settings = settings or DetectorSettings.from_overrides({})
+        self.model = model
+        self.detectors = self.settings.build_detectors()
+        self._tracks: dict[str, _Track] = {}
+        self._last_seq: int | None = None
+        self._last_published: RoutingCorrection | None = None
+        self._current: RoutingCorrection | None = None
+        self._last_window_end: float | None = None
+        self._last_weights: dict[str, ReplicaWeight] = {}
+        self._last_health: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ the step
+
+    def step(
+        self,
+        model: str,
+        window_end: float,
+        replica_features: Iterable[FeatureVector],
+        model_features: FeatureVector | None,
+        telemetry: Mapping[str, tuple[TelemetrySample, float]],
+    ) -> StepDecision:
+        """Run one step of ``model`` ending at ``window_end`` (event time, epoch seconds).
+
+        ``telemetry`` maps replica -> (latest sample, its age in seconds at ``window_end``).
+        """
+        if self.model is None:
+            self.model = model
+        elif model != self.model:
+            raise ValueError(f"this decider belongs to model {self.model!r}, got {model!r}")
+        if self._last_window_end is not None and window_end <= self._last_window_end:
+            return StepDecision(
+                model,
+                window_end,
+                [],
+                None,
+                self._current,
+                dict(self._last_weights),
+                dict(self._last_health),
+                skipped=True,
+            )
+        self._last_window_end = window_end
+        now = window_end
+        by_replica: dict[str, FeatureVector] = {}
+        for fv in replica_features:
+            if fv.model != model or fv.replica is None:
+                raise ValueError(f"step of model {model!r} got the vector of {fv.key!r}")
+            by_replica[fv.replica] = fv
+        for replica in by_replica:
+            self._tracks.setdefault(replica, _Track(first_seen=now))
+
+        max_age = self.settings.weights.telemetry_max_age_s
+        alerts: list[Alert] = []
+        actions: list[Action] = []
+        for replica in sorted(self._tracks):
+            track = self._tracks[replica]
+            fv_or_none = by_replica.get(replica)
+            if fv_or_none is not None and fv_or_none.step_count > 0:
+                track.silent_steps = 0
+                track.last_seen = now
+            else:
+                track.silent_steps += 1
+            fv = fv_or_none or FeatureVector(
+                model=model,
+                replica=replica,
+                window_start=now - self.settings.decider.window_s,
+                window_end=now,
+                count=0,
+            )
+            sample, age = telemetry.get(replica, (None, None))
+            fresh = sample if sample is not None and age is not None and age <= max_age else None
+            for detector in self.detectors.values():
+                out = detector.update(fv, fresh, now)
+                alerts.extend(out.alerts)
+                actions.extend(out.actions)
+
+        if model_features is not None:
+            for name in self.settings.decider.model_level:
+                if name in self.detectors:
+                    alerts.extend(self.detectors[name].update(model_features, None, now).alerts)
+
+        released = [
+            r
+            for r, t in self._tracks.items()
+            if now - (t.last_seen if t.last_seen is not None else t.first_seen) >= self.settings.decider.release_after_s
+        ]
+        for replica in released:
+            self.forget_replica(replica)
+        actions = [a for a in actions if a.replica in self._tracks]
+
+        health = self._health(now)
+        inputs = [
+            WeightInput(
+                replica=r,
+                features=by_replica.get(r),
+                telemetry=telemetry.get(r, (None, None))[0],
+                telemetry_age_s=telemetry.get(r, (None, None))[1],
+                health=health[r][0],
+                health_note=health[r][1],
+                silent_steps=self._tracks[r].silent_steps,
+            )
+            for r in sorted(self._tracks)
+        ]
+        weights = compute_weights(inputs, self.settings.weights)
+        correction = RoutingCorrection(
+            model=model,
+            ts=now,
+            seq=step_seq(now, self._last_seq),
+            weights={r: w.weight for r, w in weights.items()},
+            actions=sorted(actions, key=lambda a: (a.replica, a.action)),
+        )
+        self._current = correction
+        self._last_weights = weights
+        self._last_health = {r: h for r, (h, _) in health.items()}
+        cfg = self.settings.corrections
+        reason = publish_reason(self._last_published, correction, now, cfg.heartbeat_s, cfg.weight_epsilon)
+        if reason is not None:
+            self._published(correction)
+        return StepDecision(
+            model=model,
+            window_end=window_end,
+            alerts=alerts,
+            correction=correction if reason is not None else None,
+            current=correction,
+            weights=weights,
+            health=dict(self._last_health),
+            publish_reason=reason,
+        )
+
+    def force_publish(self, now: float | None = None) -> RoutingCorrection | None:
+        """``POST /api/v1/update_weights``: re-issue the latest correction with ``last_seq + 1``.
+
+        The weights are those of the latest step (at most one step old); None before any step.
+        The returned correction is assumed published; its ``seq`` is the answer to the caller.
+        """
+        if self._current is None:
+            return None
+        current = self._current
+        forced = RoutingCorrection(
+            model=current.model,
+            ts=current.ts if now is None else now,
+            seq=forced_seq(current.ts, self._last_seq),
+            weights=dict(current.weights),
+            actions=list(current.actions),
+        )
+        self._current = forced
+        self._published(forced)
+        return forced
+
+    def _published(self, correction: RoutingCorrection) -> None:
+        self._last_published = correction
+        self._last_seq = correction.seq
+
+    def _health(self, now: float) -> dict[str, tuple[float, str | None]]:
+        detector = self.detectors.get(GpuHealthDetector.name)
+        result: dict[str, tuple[float, str | None]] = {}
+        for replica in self._tracks:
+            if not isinstance(detector, GpuHealthDetector):
+                result[replica] = (1.0, None)
+                continue
+            assessment = detector.assessment(f"{self.model}/{replica}", now)
+            note = f"{assessment.action}: {assessment.cause}" if assessment.action else None
+            result[replica] = (assessment.score, note)
+        return result
+
+    # ------------------------------------------------------------------ inspection
+
+    @property
+    def last_published(self) -> RoutingCorrection | None:
+        return self._last_published
+
+    @property
+    def current(self) -> RoutingCorrection | None:
+        return self._current
+
+    @property
+    def replicas(self) -> list[str]:
+        return sorted(self._tracks)
+
+    def open_alerts(self) -> dict[tuple[str, str], int]:
+        """(detector, severity) -> number of open alerts (for the metrics endpoint)."""
+        counts: dict[tuple[str, str], int] = {}
+        for name, detector in self.detectors.items():
+            for severity in detector.open_alerts().values():
+                key = (name, str(severity))
+                counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def forget_replica(self, replica: str) -> None:
+        """Drop a replica (released by the windows, or silent for ``release_after_s``)."""
+        self._tracks.pop(replica, None)
+        for detector in self.detectors.values():
+            detector.forget(f"{self.model}/{replica}")
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue identically after a restart, as JSON-able data."""
+        return {
+            "v": DECIDER_STATE_VERSION,
+            "model": self.model,
+            "detectors": {name: det.state_dict() for name, det in self.detectors.items()},
+            "replicas": {r: t.to_dict() for r, t in self._tracks.items()},
+            "last_seq": self._last_seq,
+            "last_published": None if self._last_published is None else self._last_published.to_dict(),
+            "current": None if self._current is None else self._current.to_dict(),
+            "last_window_end": self._last_window_end,
+            "last_weights": {r: w.to_dict() for r, w in self._last_weights.items()},
+            "last_health": dict(self._last_health),
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any], settings: DetectorSettings | None = None) -> ModelDecider:
+        """Rebuild a decider from ``state_dict()``; detectors missing from the state start fresh."""
+        if state.get("v") != DECIDER_STATE_VERSION:
+            raise ValueError(f"unsupported decider state version {state.get('v')!r}")
+        decider = cls(settings, model=state.get("model"))
+        for name, det_state in state.get("detectors", {}).items():
+            if name in decider.detectors:
+                decider.detectors[name].load_state(det_state)
+        decider._tracks = {r: _Track.from_dict(t) for r, t in state.get("replicas", {}).items()}
+        decider._last_seq = state.get("last_seq")
+        published = state.get("last_published")
+        decider._last_published = None if published is None else RoutingCorrection.from_dict(published)
+        current = state.get("current")
+        decider._current = None if current is None else RoutingCorrection.from_dict(current)
+        decider._last_window_end = state.get("last_window_end")
+        decider._last_weights = {
+            r: ReplicaWeight(
+                replica=w["replica"],
+                weight=w["weight"],
+                raw_score=w["raw_score"],
+                health=w["health"],
+                reason=w["reason"],
+                components=dict(w.get("components", {})),
+            )
+            for r, w in state.get("last_weights", {}).items()
+        }
+        decider._last_health = {r: float(h) for r, h in state.get("last_health", {}).items()}
+        return decider

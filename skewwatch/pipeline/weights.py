@@ -1,0 +1,230 @@
+"""Dynamic routing weights per replica, normalised within each model's pool (seed §1).
+
+Seed (Go, an Envoy WASM filter)::
+
+    normMem := math.Min(memUsed/16e9, 1.0)         // "assume A100 16 GB"
+    normQueue := math.Min(queueLen/32, 1.0)        // max safe queue depth
+    normLatency := math.Min(latencyMs/2000, 1.0)   // 2 s reference latency
+    return 1.0 / (0.4*normMem + 0.3*normQueue + 0.3*normLatency)
+
+Here, per replica and step:
+
+* ``mem = min(memory_used / memory_total, 1)`` from the replica's telemetry, using the GPU's
+  real total instead of the seed's hard-coded 16e9, only when the sample is fresh (at most
+  ``telemetry_max_age_s`` = 3 telemetry intervals of 5 s old);
+* ``queue = min(queue_length / 32, 1)`` from the window's mean ``queue_length`` on request
+  events, else the engine's telemetry;
+* ``latency = min(latency_mean / 2000 ms, 1)`` from the 60 s window (the seed's
+  ``avg_latency_1m``).
+
+**Missing signals.** When a signal is missing the formula runs on the ones present, with their
+coefficients rescaled to the same total (0.4·mem + 0.3·queue + 0.3·latency without ``mem``
+becomes 1.0·(0.3·queue + 0.3·latency)/0.6), so a replica without telemetry is compared on
+the same scale rather than looking idle; the reason says which signal was missing and why.
+With no signal at all the replica counts as fully loaded (denominator 1, the seed's worst).
+
+**Guard.** An idle replica has a denominator of 0 and the seed's weight is infinite. The
+denominator is floored at ``min_denominator`` = 0.05: a replica at most 20× the weight of a
+fully loaded one, and all idle replicas are equal.
+
+**Health and normalisation.** ``weight ∝ raw_score × health`` (health from
+:mod:`skewwatch.pipeline.health`: 1.0, 0.9 throttle, 0.4 isolate, 0.0 drain), normalised to sum
+to 1 over the model's pool. If no replica has a positive score every weight is 0 (nothing
+should be routed) and the reason says so.
+
+**Stale.** A replica that reported no request (``step_count`` 0, or no summary at all) for
+``stale_steps`` = 3 consecutive steps gets weight 0 and the reason ``stale``: never its last
+weight forever. Because a replica with weight 0 gets no requests, it stays stale until the
+router probes it (its own health checks) or traffic is sent to it otherwise; set
+``liveness_from_telemetry`` to count a fresh *engine* telemetry sample (vLLM, SGLang, TGI,
+simulator: the engine process answering) as "alive" so an idle replica of a quiet model is
+not dropped. Default off: the issue's rule, exactly.
+
+>>> from skewwatch.pipeline.features import FeatureVector
+>>> from skewwatch.pipeline.telemetry import TelemetrySample
+>>> fv = FeatureVector(model="m", replica="a", window_start=0.0, window_end=60.0, count=10,
+...                    step_count=2, latency_mean=1000.0, queue_length_mean=16.0)
+>>> tel = TelemetrySample(ts=59.0, replica="a", source="nvml", memory_used_bytes=40e9,
+...                       memory_total_bytes=80e9)
+>>> w = compute_weights([WeightInput("a", fv, tel, telemetry_age_s=1.0)])["a"]
+>>> round(w.raw_score, 3), w.weight, w.reason
+(2.0, 1.0, 'ok')
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from skewwatch.pipeline.detectors.base import OverridableConfig
+from skewwatch.pipeline.features import FeatureVector
+from skewwatch.pipeline.telemetry import TelemetrySample
+
+ENGINE_SOURCES = ("vllm", "sglang", "tgi", "simulated")
+
+
+@dataclass(frozen=True, slots=True)
+class WeightConfig(OverridableConfig):
+    """``[detectors.weights]``: the seed's coefficients and references, plus our guards."""
+
+    mem_coef: float = 0.4  # seed
+    queue_coef: float = 0.3  # seed
+    latency_coef: float = 0.3  # seed
+    queue_cap: float = 32.0  # seed: max safe queue depth
+    latency_ref_ms: float = 2000.0  # seed: 2 s reference latency
+    min_denominator: float = 0.05  # ours: idle guard, weight <= 20x a fully loaded replica
+    stale_steps: int = 3  # issue: no data for 3 steps -> weight 0
+    telemetry_max_age_s: float = 15.0  # ours: 3 intervals of 5 s
+    liveness_from_telemetry: bool = False  # fresh engine telemetry counts as "not stale"
+
+    section: ClassVar[str] = "weights"
+
+    def validate(self) -> None:
+        for name in ("mem_coef", "queue_coef", "latency_coef"):
+            self._require(getattr(self, name) >= 0, name, "must be >= 0")
+        self._require(self.mem_coef + self.queue_coef + self.latency_coef > 0, "mem_coef", "coefficients sum to 0")
+        self._require(self.queue_cap > 0, "queue_cap", "must be > 0")
+        self._require(self.latency_ref_ms > 0, "latency_ref_ms", "must be > 0")
+        self._require(self.min_denominator > 0, "min_denominator", "must be > 0")
+        self._require(self.stale_steps >= 1, "stale_steps", "must be >= 1")
+        self._require(self.telemetry_max_age_s > 0, "telemetry_max_age_s", "must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class WeightInput:
+    """Everything the weight of one replica depends on at one step."""
+
+    replica: str
+    features: FeatureVector | None  # None: no summary from this replica this step
+    telemetry: TelemetrySample | None = None
+    telemetry_age_s: float | None = None  # event-time age of the sample; None when unknown
+    health: float = 1.0
+    health_note: str | None = None  # e.g. "isolate: cudaErrorMemoryAllocation"
+    silent_steps: int = 0  # consecutive steps up to this one without any request
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaWeight:
+    """One replica's weight, with how it was computed."""
+
+    replica: str
+    weight: float  # normalised within the model's pool (sums to 1, or all 0)
+    raw_score: float  # 1 / guarded denominator, before health and normalisation; 0 when stale
+    health: float
+    reason: str  # "ok", or what is notable: stale, missing signals, health, floor
+    components: dict[str, float | None] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "replica": self.replica,
+            "weight": self.weight,
+            "raw_score": self.raw_score,
+            "health": self.health,
+            "reason": self.reason,
+            "components": dict(self.components),
+        }
+
+
+def telemetry_is_fresh(age_s: float | None, config: WeightConfig) -> bool:
+    return age_s is not None and age_s <= config.telemetry_max_age_s
+
+
+def _mem(inp: WeightInput, config: WeightConfig) -> tuple[float | None, str | None]:
+    if inp.telemetry is None:
+        return None, "mem missing (no telemetry)"
+    if not telemetry_is_fresh(inp.telemetry_age_s, config):
+        age = "unknown" if inp.telemetry_age_s is None else f"{inp.telemetry_age_s:.0f} s"
+        return None, f"mem missing (telemetry stale, age {age})"
+    ratio = inp.telemetry.memory_ratio
+    if ratio is None:
+        return None, "mem missing (telemetry without memory used/total)"
+    return min(ratio, 1.0), None
+
+
+def _queue(inp: WeightInput, config: WeightConfig) -> tuple[float | None, str | None]:
+    fv = inp.features
+    if fv is not None and fv.queue_length_mean is not None:
+        queue = fv.queue_length_mean
+    elif (
+        inp.telemetry is not None
+        and inp.telemetry.queue_length is not None
+        and telemetry_is_fresh(inp.telemetry_age_s, config)
+    ):
+        queue = float(inp.telemetry.queue_length)
+    else:
+        return None, "queue missing (not reported)"
+    return min(max(queue, 0.0) / config.queue_cap, 1.0), None
+
+
+def _latency(inp: WeightInput, config: WeightConfig) -> tuple[float | None, str | None]:
+    fv = inp.features
+    if fv is None or fv.latency_mean is None or math.isnan(fv.latency_mean):
+        return None, "latency missing (empty window)"
+    return min(max(fv.latency_mean, 0.0) / config.latency_ref_ms, 1.0), None
+
+
+def load_denominator(inp: WeightInput, config: WeightConfig) -> tuple[float, dict[str, float | None], list[str]]:
+    """The seed's denominator over the signals present (coefficients rescaled), unguarded.
+
+    >>> d, comps, notes = load_denominator(WeightInput("a", None), WeightConfig())
+    >>> d, notes[-1]
+    (1.0, 'no load signal: treated as fully loaded')
+    """
+    signals = {
+        "mem": (config.mem_coef, *_mem(inp, config)),
+        "queue": (config.queue_coef, *_queue(inp, config)),
+        "latency": (config.latency_coef, *_latency(inp, config)),
+    }
+    total_coef = config.mem_coef + config.queue_coef + config.latency_coef
+    present_coef = sum(coef for coef, value, _ in signals.values() if value is not None)
+    weighted = sum(coef * value for coef, value, _ in signals.values() if value is not None)
+    notes = [note for _, value, note in signals.values() if value is None and note is not None]
+    components: dict[str, float | None] = {name: value for name, (_, value, _) in signals.items()}
+    if present_coef <= 0:
+        notes.append("no load signal: treated as fully loaded")
+        return 1.0, components, notes
+    return total_coef * weighted / present_coef, components, notes
+
+
+def compute_weights(inputs: Iterable[WeightInput], config: WeightConfig | None = None) -> dict[str, ReplicaWeight]:
+    """Weights of one model's pool: seed §1 × health, normalised to sum 1 (or all 0)."""
+    cfg = config or WeightConfig()
+    rows: list[tuple[WeightInput, float, float, dict[str, float | None], list[str]]] = []
+    for inp in inputs:
+        alive = (
+            cfg.liveness_from_telemetry
+            and inp.telemetry is not None
+            and inp.telemetry.source in ENGINE_SOURCES
+            and telemetry_is_fresh(inp.telemetry_age_s, cfg)
+        )
+        if inp.silent_steps >= cfg.stale_steps and not alive:
+            notes = [f"stale: no requests for {inp.silent_steps} steps"]
+            rows.append((inp, 0.0, 0.0, {}, notes))
+            continue
+        denominator, components, notes = load_denominator(inp, cfg)
+        if denominator < cfg.min_denominator:
+            notes.append(f"denominator {denominator:.3f} floored at {cfg.min_denominator:g} (idle)")
+        guarded = max(denominator, cfg.min_denominator)
+        components["denominator"] = denominator
+        raw = 1.0 / guarded
+        health = min(max(inp.health, 0.0), 1.0)
+        if health < 1.0:
+            notes.append(f"health {health:g}" + (f" ({inp.health_note})" if inp.health_note else ""))
+        rows.append((inp, raw, raw * health, components, notes))
+
+    total = sum(effective for _, _, effective, _, _ in rows)
+    result: dict[str, ReplicaWeight] = {}
+    for inp, raw, effective, components, notes in rows:
+        if total <= 0 and not any(n.startswith("stale") for n in notes):
+            notes.append("pool has no replica with a positive weight")
+        result[inp.replica] = ReplicaWeight(
+            replica=inp.replica,
+            weight=effective / total if total > 0 else 0.0,
+            raw_score=raw,
+            health=inp.health,
+            reason="; ".join(notes) if notes else "ok",
+            components=components,
+        )
+    return result
