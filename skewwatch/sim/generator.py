@@ -284,8 +284,8 @@ class TrafficGenerator:
     def _telemetry(self, i: int, d: _Drawn, ts: float) -> TelemetrySample | None:
         """One simulated sample describing the chunk that ends at ``ts``."""
         cfg, rng = self.config, self._telemetry_rng[i]
-        noise = rng.standard_normal(4)  # fixed draw count: determinism does not depend on faults
-        frag_base = rng.uniform(0.05, 0.15)
+        noise = rng.standard_normal(4).tolist()  # fixed draw count: determinism does not depend on faults
+        frag_base = float(rng.uniform(0.05, 0.15))
         # Faults whose window overlaps the interval [ts - STEP_S, ts) this sample describes.
         active = [inj for inj in cfg.injections if inj.replica == self.replicas[i][1]
                   and inj.window(self.start_ts)[0] < ts and inj.window(self.start_ts)[1] > ts - STEP_S]
@@ -311,19 +311,19 @@ class TrafficGenerator:
             source="simulated",
             node=f"sim-node-{i}",
             gpu_index=0,
-            memory_used_bytes=round(used),
+            memory_used_bytes=float(round(used)),
             memory_total_bytes=cfg.gpu_memory_total_bytes,
             utilization_gpu=round(utilization, 4),
-            power_w=round(150.0 + 500.0 * utilization + 5.0 * noise[2], 1),
-            temperature_c=round(40.0 + 35.0 * utilization + 1.0 * noise[3], 1),
+            power_w=round(150.0 + 500.0 * utilization + 5.0 * float(noise[2]), 1),
+            temperature_c=round(40.0 + 35.0 * utilization + float(noise[3]), 1),
             xid_last=xid,
             xid_count_5m=self._xid_count[i] if xid is not None else None,
             queue_length=int(d.queue[-1]) if len(d.queue) else 0,
             running_requests=int(round(float(d.batch.mean()))) if len(d.batch) else 0,
             kv_cache_usage=round(kv_usage, 4),
             kv_cache_hit_rate=round(float(d.hit_rate.mean()), 4) if len(d.hit_rate) else None,
-            memory_reserved_bytes=round(used),
-            memory_allocated_bytes=round(used * (1.0 - fragmentation)),
+            memory_reserved_bytes=float(round(used)),
+            memory_allocated_bytes=float(round(used * (1.0 - fragmentation))),
         )
 
     # -- the run -----------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 
 from skewwatch.pipeline.events import RequestColumns
@@ -121,6 +122,7 @@ def test_telemetry_one_sample_per_replica_every_5s() -> None:
         assert s.fragmentation is not None and s.fragmentation < 0.2
         assert s.xid_last is None
         assert TelemetrySample.from_dict(s.to_dict()) == s
+        assert orjson.loads(orjson.dumps(s.to_dict())) == s.to_dict()  # plain Python values, no numpy
     assert not list(generate_telemetry(GeneratorConfig(telemetry=False), T0, 20))
 
 
