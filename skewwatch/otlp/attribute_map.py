@@ -256,7 +256,8 @@ class AttributeMap:
         if span.end_ns <= 0:
             return SpanOutcome(reject_code="missing_field",
                                reject_reason=f"span {span.span_id}: endTimeUnixNano is not set")
-        event["ts"] = span.end_ns / 1e9  # event time = when the request finished
+        seconds, nanos = divmod(span.end_ns, 1_000_000_000)
+        event["ts"] = seconds + nanos / 1e9  # event time = request finished; split keeps the float exact
         if "latency_ms" not in event:
             if span.start_ns <= 0 or span.end_ns < span.start_ns:
                 return SpanOutcome(

@@ -130,7 +130,9 @@ class OtlpReceiver:
         self.limits = limits or LimitSettings()
         self.max_body_bytes = max_body_bytes
         self.stats: Counter[str] = Counter()
-        self.app = web.Application(client_max_size=max_body_bytes)
+        # auto_decompress off: aiohttp would gunzip without a size cap and refuse unknown encodings
+        # with a 400 before the handler could answer the spec's 415.
+        self.app = web.Application(client_max_size=max_body_bytes, handler_args={"auto_decompress": False})
         self.app.router.add_post("/v1/traces", self.handle_traces)
         self.app.router.add_get("/stats", self.handle_stats)
 
