@@ -1,0 +1,742 @@
+"""Decode ``llm.requests`` messages (contract request-message.v1) into columns, fast and safely.
+
+Seed rules implemented (issue 2, "Wire contract v1" and "Bad input"): a message is one event
+object or ``{"events": [...]}`` (optionally with ``"v": 1``); every malformed message or event is
+rejected with a stable reason code and a sentence naming the field and the value, the valid
+events of the same batch are still decoded, and no input ever raises. The hot path must not pay a
+per-event Python cost (DESIGN.md, measured numbers): the JSON is parsed by orjson and each field
+is checked as one numpy column; per-event Python only runs to word the reasons of the bad rows.
+
+Contract decisions (docs/contracts.md says the same):
+
+- integer fields accept integral floats (``12.0`` is 12, as JSON Schema's "integer" does) and
+  reject ``12.5`` (wrong_type) and booleans (``true`` is not a token count);
+- numbers must be finite: ``NaN``/``Infinity`` literals (Python's ``json.dumps`` writes them) and
+  overflowing numbers (``1e999``) reject only the event that holds them (out_of_range);
+- ``ts`` must be epoch *seconds* below 1e11: a millisecond timestamp is rejected with a hint;
+- ``null`` on an optional field means "not reported"; on a required field it is missing_field;
+- unknown fields are ignored (forward compatible); ``"events"`` is reserved for the batch form.
+
+>>> from skewwatch.config import LimitSettings
+>>> ok = {"request_id": "a", "ts": 1.7e9, "model": "m", "replica": "r1", "latency_ms": 120.0,
+...       "prompt_tokens": 10, "completion_tokens": 20, "batch_size": 4, "batch_capacity": 16}
+>>> bad = dict(ok, latency_ms=-3)
+>>> out = decode_request_message(encode_request_events([ok, bad]), LimitSettings())
+>>> len(out.columns), [(r.reason_code, r.reason) for r in out.rejects]
+(1, [('out_of_range', 'events[1].latency_ms: must be ≥ 0, got -3')])
+>>> decode_request_message(b"{oops", LimitSettings()).rejects[0].reason_code
+'malformed_json'
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import chain, repeat
+from typing import Any, Final
+
+import numpy as np
+import orjson
+
+from skewwatch.config import LimitSettings
+from skewwatch.pipeline.events import BoolArray, FloatArray, IntArray, RequestColumns
+from skewwatch.schemas.fields import (
+    INT64_LIMIT,
+    TS_MAX_S,
+    FieldSpec,
+    Problem,
+    check_integer,
+    check_number,
+    check_string,
+    check_version,
+    missing_problem,
+)
+from skewwatch.schemas.rejection import Rejection, show_value
+
+REQUEST_SCHEMA_VERSION: Final = 1
+SCALAR_MAX_EVENTS: Final = 8  # up to this many events per decode, per-row Python beats numpy's fixed costs
+_MAX_PROBLEMS_SHOWN = 5  # an event with many problems: name the first few, count the rest
+
+_NoneType = type(None)
+
+
+# --- the contract as data: one row per event field, in the order problems are reported ----------
+
+EVENT_FIELDS: Final[tuple[FieldSpec, ...]] = (
+    FieldSpec("request_id", "string", True),
+    FieldSpec("ts", "number", True, exclusive_maximum=TS_MAX_S),
+    FieldSpec("model", "string", True),
+    FieldSpec("replica", "string", True),
+    FieldSpec("latency_ms", "number", True),
+    FieldSpec("prompt_tokens", "integer", True, tokens=True),
+    FieldSpec("completion_tokens", "integer", True, tokens=True),
+    FieldSpec("batch_size", "integer", True, minimum=1),
+    FieldSpec("batch_capacity", "integer", True, minimum=1),
+    FieldSpec("ttft_ms", "number", False),
+    FieldSpec("queue_length", "integer", False),
+    FieldSpec("kv_cache_hit_rate", "number", False, maximum=1.0),
+    FieldSpec("status", "status", False),
+    FieldSpec("cuda_error", "cuda_error", False),
+)
+REQUIRED_FIELDS: Final = tuple(f.name for f in EVENT_FIELDS if f.required)
+_get_required = operator.itemgetter(*REQUIRED_FIELDS)
+_OPTIONAL_READ_FIELDS: Final = ("v", *(f.name for f in EVENT_FIELDS if not f.required))
+STATUS_VALUES: Final = ("ok", "error")
+
+
+# --- results ---------------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class DecodedMessage:
+    """One ``llm.requests`` message: its valid events as columns, and why the others were rejected."""
+
+    columns: RequestColumns
+    rejects: list[Rejection]
+
+    @property
+    def rejected_whole_message(self) -> bool:
+        return any(r.is_message_level for r in self.rejects)
+
+
+@dataclass(slots=True)
+class DecodedMessages:
+    """Many messages decoded together (one poll): one column batch, rejects per message.
+
+    ``message_index[i]`` is the input position of the message that row ``i`` of ``columns`` came
+    from; ``rejects[m]`` lists message ``m``'s rejections (empty when it was clean).
+    """
+
+    columns: RequestColumns
+    message_index: IntArray
+    rejects: list[list[Rejection]]
+
+
+# --- scalar checks: the single source of the reasons' wording --------------------------------------
+
+def _check_status(value: Any) -> Problem | None:
+    if type(value) is not str:
+        return ("wrong_type", f'status: must be "ok" or "error", got {show_value(value)}')
+    if value not in STATUS_VALUES:
+        return ("out_of_range", f'status: must be "ok" or "error", got {show_value(value)}')
+    return None
+
+
+def _check_cuda_error(value: Any) -> Problem | None:
+    kind = type(value)
+    if kind is str:
+        return None if value else ("out_of_range", 'cuda_error: must be a non-empty cudaError_t name, got ""')
+    if kind is int or (kind is float and math.isfinite(value) and value.is_integer()):
+        if 0 <= value < INT64_LIMIT:
+            return None
+        return ("out_of_range", f"cuda_error: code must be ≥ 0, got {show_value(value)}")
+    return ("wrong_type",
+            f"cuda_error: must be a cudaError_t name (string) or code (integer), got {show_value(value)}")
+
+
+def _check_field(spec: FieldSpec, value: Any, event: Mapping[str, Any], max_tokens: int) -> Problem | None:
+    """The problem with one field's value (None = fine). Absent and null are the same."""
+    if value is None:
+        return missing_problem(spec.name, event) if spec.required else None
+    kind = spec.kind
+    if kind == "string":
+        return check_string(spec.name, value)
+    if kind == "number":
+        return check_number(spec, value)
+    if kind == "integer":
+        return check_integer(spec, value, max_tokens)
+    if kind == "status":
+        return _check_status(value)
+    return _check_cuda_error(value)
+
+
+def event_problems(event: Mapping[str, Any], max_tokens: int) -> list[Problem]:
+    """Every problem of one event, in field order (the reference the vectorised path must match)."""
+    version = event.get("v")
+    if version is not None:
+        problem = check_version("v", version)
+        if problem is not None:  # a newer version may mean other things: do not judge its fields
+            return [problem]
+    problems: list[Problem] = []
+    batch_fields_ok = True
+    for spec in EVENT_FIELDS:
+        problem = _check_field(spec, event.get(spec.name), event, max_tokens)
+        if problem is not None:
+            problems.append(problem)
+            batch_fields_ok &= spec.name not in ("batch_size", "batch_capacity")
+    size, capacity = event.get("batch_size"), event.get("batch_capacity")
+    if batch_fields_ok and size is not None and capacity is not None and size > capacity:
+        problems.append(("batch_over_capacity",
+                         f"batch_size: {show_value(size)} > batch_capacity {show_value(capacity)}"))
+    return problems
+
+
+def check_request_event(event: Mapping[str, Any], limits: LimitSettings | None = None) -> Rejection | None:
+    """Validate one event as the worker will (for producers: learn about bad fields at the call site).
+
+    >>> check_request_event({"request_id": "a", "ts": 1.7e9, "model": "m", "replica": "r", "latency_ms": 5,
+    ...     "prompt_tokens": 1, "completion_tokens": 1, "batch_size": 40, "batch_capacity": 32}).reason
+    'batch_size: 40 > batch_capacity 32'
+    >>> check_request_event({"request_id": "a"}).reason_code
+    'missing_field'
+    """
+    if not isinstance(event, Mapping):
+        return Rejection("not_an_object", f"event must be a JSON object, got {show_value(event)}", 0)
+    problems = event_problems(event, (limits or LimitSettings()).max_tokens)
+    return _rejection(problems, "", 0) if problems else None
+
+
+_MISSING_SUFFIX = ": required field is missing"
+
+
+def _rejection(problems: list[Problem], prefix: str, event_index: int) -> Rejection:
+    """One rejection per event: the first problem's code, every problem in the text."""
+    texts: list[str] = []
+    missing = [t[: -len(_MISSING_SUFFIX)] for _, t in problems if t.endswith(_MISSING_SUFFIX)]
+    for _, text in problems:
+        if not text.endswith(_MISSING_SUFFIX) or len(missing) == 1:
+            texts.append(prefix + text)
+        elif text.startswith(missing[0] + ":"):  # several absent fields: one phrase, at the first
+            texts.append(f"{prefix.rstrip('.') or 'event'}: required fields are missing: {', '.join(missing)}")
+    shown = texts[:_MAX_PROBLEMS_SHOWN]
+    text = "; ".join(shown)
+    if len(texts) > len(shown):
+        text += f"; ...(+{len(texts) - len(shown)} more)"
+    return Rejection(problems[0][0], text, event_index)
+
+
+# --- vectorised column checks: values (placeholders on bad rows) and a bad-row mask ----------------
+# Each has a fast path for the common shape of a column (every value present and of one JSON type),
+# checked with C-speed `set(map(type, col))`, and falls back to the scalar check per element
+# otherwise, so the two can only disagree on the fast paths (tests/unit/test_decode_requests.py
+# checks that they never do).
+
+ColumnCheck = tuple[Any, BoolArray | None]  # (values array, bad mask or None when no row is bad)
+_BIG = sys.float_info.max
+
+
+def _slow_mask(col: Sequence[Any], check: Callable[[Any], Problem | None]) -> BoolArray:
+    return np.fromiter((check(x) is not None for x in col), dtype=np.bool_, count=len(col))
+
+
+def _any(mask: BoolArray) -> BoolArray | None:
+    return mask if mask.any() else None
+
+
+def _vec_string(spec: FieldSpec, col: Sequence[Any]) -> ColumnCheck:
+    out = np.empty(len(col), dtype=object)
+    if set(map(type, col)) <= {str}:
+        out[:] = col
+        return out, (np.array([not x for x in col], dtype=np.bool_) if "" in col else None)
+    out[:] = [x if type(x) is str else None for x in col]
+    return out, _slow_mask(col, lambda x: _check_field(spec, x, {}, 0))
+
+
+def _vec_number(spec: FieldSpec, col: Sequence[Any]) -> ColumnCheck:
+    n = len(col)
+    types = set(map(type, col))
+    if types <= {int, float, _NoneType}:
+        try:
+            values = np.array(col, dtype=np.float64)  # None -> NaN
+        except OverflowError:  # an int beyond float range: let the scalar check word it
+            values = None
+        if values is not None:
+            low, high = spec.minimum, _BIG if spec.maximum is None else spec.maximum
+            if spec.exclusive_maximum is not None:
+                high = float(np.nextafter(spec.exclusive_maximum, -np.inf))
+            ok = (values >= low) & (values <= high)  # NaN and inf fail both: not finite = bad
+            if _NoneType in types:
+                absent = np.fromiter((x is None for x in col), dtype=np.bool_, count=n)
+                bad = ~ok if spec.required else ~ok & ~absent
+                values[absent] = np.nan
+            else:
+                bad = ~ok
+            return values, _any(bad)
+    if not spec.required and types == {_NoneType}:
+        return np.full(n, np.nan), None
+    values = np.full(n, np.nan)
+    bad = np.zeros(n, dtype=np.bool_)
+    for i, x in enumerate(col):
+        if _check_field(spec, x, {}, 0) is not None:
+            bad[i] = True
+        elif x is not None:
+            values[i] = float(x)
+    return values, _any(bad)
+
+
+def _vec_integer(spec: FieldSpec, col: Sequence[Any], max_tokens: int) -> ColumnCheck:
+    n = len(col)
+    types = set(map(type, col))
+    high = max_tokens if spec.tokens else None
+    if types == {int}:
+        try:
+            ints = np.array(col, dtype=np.int64)
+        except OverflowError:  # beyond int64: the per-element path words it
+            ints = None
+        if ints is not None:
+            ok = ints >= spec.minimum
+            if high is not None:
+                ok &= ints <= high
+            bad = _any(~ok)
+            return (ints if spec.required else ints.astype(np.float64)), bad
+    elif types == {float}:
+        floats = np.array(col, dtype=np.float64)
+        ok = (floats == np.trunc(floats)) & (floats >= spec.minimum) & (floats < INT64_LIMIT)
+        if high is not None:
+            ok &= floats <= high
+        ints = np.where(ok, floats, 0.0).astype(np.int64)
+        return (ints if spec.required else np.where(ok, floats, np.nan)), _any(~ok)
+    elif not spec.required and types == {_NoneType}:
+        return np.full(n, np.nan), None
+    values = np.full(n, np.nan)
+    bad = np.zeros(n, dtype=np.bool_)
+    for i, x in enumerate(col):
+        if _check_field(spec, x, {}, max_tokens) is not None:
+            bad[i] = True
+        elif x is not None:
+            values[i] = x
+    if spec.required:
+        ints = np.zeros(n, dtype=np.int64)
+        ints[~bad] = [int(x) for x, b in zip(col, bad, strict=True) if not b]
+        return ints, _any(bad)
+    return values, _any(bad)
+
+
+def _vec_status(col: Sequence[Any]) -> ColumnCheck:
+    types = set(map(type, col))
+    if types == {_NoneType}:
+        return np.zeros(len(col), dtype=np.bool_), None
+    if types <= {str, _NoneType} and set(col) <= {"ok", "error", None}:
+        return np.array([x == "error" for x in col], dtype=np.bool_), None
+    bad = _slow_mask(col, lambda x: None if x is None else _check_status(x))
+    return np.array([x == "error" for x in col], dtype=np.bool_) & ~bad, _any(bad)
+
+
+def _vec_cuda_error(col: Sequence[Any]) -> ColumnCheck:
+    n = len(col)
+    out = np.empty(n, dtype=object)  # filled with None
+    types = set(map(type, col))
+    if types == {_NoneType}:
+        return out, None
+    if types <= {str, _NoneType} and "" not in col:
+        out[:] = col
+        return out, None
+    bad = _slow_mask(col, lambda x: None if x is None else _check_cuda_error(x))
+    # normalise integral floats to int codes, as the contract promises
+    out[:] = [None if b else (int(x) if type(x) is float else x) for x, b in zip(col, bad, strict=True)]
+    return out, _any(bad)
+
+
+_getter_cache: dict[tuple[str, ...], Callable[[dict[str, Any]], tuple[Any, ...]]] = {}
+
+
+def _extract_columns(events: list[dict[str, Any]]) -> dict[str, Sequence[Any]]:
+    """Field name -> the events' values (None where absent): the largest per-event cost, kept in C.
+
+    Events of one producer nearly always carry the same keys: when every event has exactly the
+    first event's keys, one C-level itemgetter per event plus a zip transposes them all (~3x
+    faster than a comprehension per field). Otherwise, one ``dict.get`` pass per field we read.
+    """
+    keys = tuple(events[0])
+    if len(keys) > 1 and set(map(len, events)) == {len(keys)}:
+        getter = _getter_cache.get(keys)
+        if getter is None:
+            if len(_getter_cache) > 256:  # producers with ever-changing key orders: stay bounded
+                _getter_cache.clear()
+            getter = _getter_cache[keys] = operator.itemgetter(*keys)
+        try:
+            return dict(zip(keys, zip(*map(getter, events), strict=True), strict=True))
+        except KeyError:  # same key count, other keys: fall through
+            pass
+    # Mixed shapes (an optional field on some events only): the required fields still in one C
+    # pass when every event has them, the optional ones field by field.
+    columns: dict[str, Sequence[Any]]
+    try:
+        columns = dict(zip(REQUIRED_FIELDS, zip(*map(_get_required, events), strict=True), strict=True))
+    except KeyError:
+        columns = {name: list(map(dict.get, events, repeat(name))) for name in REQUIRED_FIELDS}
+    for name in _OPTIONAL_READ_FIELDS:
+        columns[name] = list(map(dict.get, events, repeat(name)))
+    return columns
+
+
+def _validate_columns(events: list[dict[str, Any]], max_tokens: int, *,
+                      fast: bool = True) -> tuple[RequestColumns, BoolArray]:
+    """All events checked column by column; returns full-length columns and the bad-row mask
+    (bad rows hold placeholders). ``fast=False`` forces the per-column path (tests compare them)."""
+    columns_in = _extract_columns(events)
+    if fast:
+        result = _validate_common_shape(columns_in, len(events), max_tokens)
+        if result is not None:
+            return result
+    return _validate_any_shape(columns_in, len(events), max_tokens)
+
+
+# Bounds of the fast path's stacked columns, one row per field (see EVENT_FIELDS).
+_STACKED_STRINGS: Final = ("request_id", "model", "replica")
+_STACKED_FLOATS: Final = ("ts", "latency_ms")
+_STACKED_INTS: Final = ("prompt_tokens", "completion_tokens", "batch_size", "batch_capacity")
+_FLOATS_LOW: Final = np.array([[0.0], [0.0]])
+_FLOATS_HIGH: Final = np.array([[float(np.nextafter(TS_MAX_S, -np.inf))], [_BIG]])
+_INTS_LOW: Final = np.array([[0], [0], [1], [1]], dtype=np.int64)
+_STATUS_SET: Final = frozenset({"ok", "error", None})
+
+
+def _optional_floats(col: Sequence[Any] | None, n: int, high: float) -> tuple[FloatArray, BoolArray] | None:
+    """Fast path of an optional number column: (values, ok) or None for an unusual shape."""
+    if col is None or col.count(None) == n:
+        return np.full(n, np.nan), np.ones(n, dtype=np.bool_)
+    types = set(map(type, col))
+    if not types <= {int, float, _NoneType}:
+        return None
+    try:
+        values = np.array(col, dtype=np.float64)  # None -> NaN
+    except OverflowError:
+        return None
+    ok = (values >= 0.0) & (values <= high)
+    if _NoneType in types:  # absent is fine; NaN that was *sent* (stdlib fallback) is not
+        absent = np.fromiter(map(operator.is_, col, repeat(None)), dtype=np.bool_, count=n)
+        ok |= absent
+        values[absent] = np.nan
+    return values, ok
+
+
+def _validate_common_shape(cols: dict[str, Sequence[Any]], n: int,
+                           max_tokens: int) -> tuple[RequestColumns, BoolArray] | None:
+    """The common case in a handful of numpy operations: every required field present with its
+    JSON type, optional fields absent or well-typed. Range problems (negative, non-finite, over
+    a limit, batch over capacity) are found here too; any type anomaly returns None and the
+    per-column path takes over. The numpy calls are stacked across fields because each one has a
+    fixed cost that dominates at 100 events per message."""
+    get = cols.get
+    versions = get("v")
+    if versions is not None and versions.count(None) != n:
+        return None
+    try:
+        strings, floats, ints = ([cols[name] for name in names]
+                                 for names in (_STACKED_STRINGS, _STACKED_FLOATS, _STACKED_INTS))
+    except KeyError:  # a required field absent from every event
+        return None
+    if (set(map(type, chain(*strings))) != {str} or not set(map(type, chain(*floats))) <= {int, float}
+            or set(map(type, chain(*ints))) != {int}):
+        return None
+    ttft = _optional_floats(get("ttft_ms"), n, _BIG)
+    kv_rate = _optional_floats(get("kv_cache_hit_rate"), n, 1.0)
+    if ttft is None or kv_rate is None:
+        return None
+    queue = get("queue_length")
+    if queue is None or queue.count(None) == n:
+        queue_values, queue_ok = np.full(n, np.nan), None
+    elif set(map(type, queue)) == {int}:
+        try:
+            queue_ints = np.array(queue, dtype=np.int64)
+        except OverflowError:
+            return None
+        queue_values, queue_ok = queue_ints.astype(np.float64), queue_ints >= 0
+    else:
+        return None
+    status = get("status")
+    if status is None:
+        is_error = np.zeros(n, dtype=np.bool_)
+    else:
+        try:
+            if not set(status) <= _STATUS_SET:  # True == 1 hashes alike, but neither is in the set
+                return None
+        except TypeError:  # an unhashable value (list, object)
+            return None
+        is_error = np.fromiter(map(operator.eq, status, repeat("error")), dtype=np.bool_, count=n)
+    cuda_error = np.empty(n, dtype=object)  # None-filled
+    cuda = get("cuda_error")
+    if cuda is not None and cuda.count(None) != n:
+        if not set(map(type, cuda)) <= {str, _NoneType} or "" in cuda:
+            return None
+        cuda_error[:] = cuda
+    try:
+        stacked_floats = np.array(floats, dtype=np.float64)
+        stacked_ints = np.array(ints, dtype=np.int64)
+    except OverflowError:
+        return None
+    ok = ((stacked_floats >= _FLOATS_LOW) & (stacked_floats <= _FLOATS_HIGH)).all(axis=0)
+    ok &= (stacked_ints >= _INTS_LOW).all(axis=0) & (stacked_ints[:2] <= max_tokens).all(axis=0)
+    ok &= stacked_ints[2] <= stacked_ints[3]
+    ok &= ttft[1] & kv_rate[1]
+    if queue_ok is not None:
+        ok &= queue_ok
+    string_columns = []
+    for col in strings:
+        out = np.empty(n, dtype=object)
+        out[:] = col
+        if "" in col:
+            ok &= out != ""
+        string_columns.append(out)
+    columns = RequestColumns(
+        request_id=string_columns[0],
+        ts=stacked_floats[0],
+        model=string_columns[1],
+        replica=string_columns[2],
+        latency_ms=stacked_floats[1],
+        prompt_tokens=stacked_ints[0],
+        completion_tokens=stacked_ints[1],
+        batch_size=stacked_ints[2],
+        batch_capacity=stacked_ints[3],
+        ttft_ms=ttft[0],
+        queue_length=queue_values,
+        kv_cache_hit_rate=kv_rate[0],
+        is_error=is_error,
+        cuda_error=cuda_error,
+    )
+    return columns, ~ok
+
+
+def _validate_any_shape(columns_in: dict[str, Sequence[Any]], n: int,
+                        max_tokens: int) -> tuple[RequestColumns, BoolArray]:
+    """Column by column, each with a fast path and a per-element fallback: any input shape."""
+    bad = np.zeros(n, dtype=np.bool_)
+    versions = columns_in.get("v")
+    if versions is not None and versions.count(None) != n:
+        bad |= _slow_mask(versions, lambda x: None if x is None else check_version("v", x))
+    values: dict[str, Any] = {}
+    absent = [None] * n
+    for spec in EVENT_FIELDS:
+        col = columns_in.get(spec.name, absent)
+        if spec.kind == "string":
+            column, col_bad = _vec_string(spec, col)
+        elif spec.kind == "number":
+            column, col_bad = _vec_number(spec, col)
+        elif spec.kind == "integer":
+            column, col_bad = _vec_integer(spec, col, max_tokens)
+        elif spec.kind == "status":
+            column, col_bad = _vec_status(col)
+        else:
+            column, col_bad = _vec_cuda_error(col)
+        values[spec.name] = column
+        if col_bad is not None:
+            bad |= col_bad
+    bad |= values["batch_size"] > values["batch_capacity"]  # placeholders are 0 > 0: never flagged
+    columns = RequestColumns(
+        request_id=values["request_id"],
+        ts=values["ts"],
+        model=values["model"],
+        replica=values["replica"],
+        latency_ms=values["latency_ms"],
+        prompt_tokens=values["prompt_tokens"],
+        completion_tokens=values["completion_tokens"],
+        batch_size=values["batch_size"],
+        batch_capacity=values["batch_capacity"],
+        ttft_ms=values["ttft_ms"],
+        queue_length=values["queue_length"],
+        kv_cache_hit_rate=values["kv_cache_hit_rate"],
+        is_error=values["status"],
+        cuda_error=values["cuda_error"],
+    )
+    return columns, bad
+
+
+def _columns_from_valid_rows(rows: list[dict[str, Any]]) -> RequestColumns:
+    """Columns of events that passed :func:`event_problems` (the scalar path)."""
+    n = len(rows)
+
+    def objects(name: str) -> Any:
+        out = np.empty(n, dtype=object)
+        out[:] = [row[name] for row in rows]
+        return out
+
+    def floats(name: str) -> Any:
+        return np.array([row.get(name) for row in rows], dtype=np.float64)  # None -> NaN
+
+    def ints(name: str) -> Any:
+        return np.array([int(row[name]) for row in rows], dtype=np.int64)  # int(): 12.0 -> 12
+
+    cuda_error = np.empty(n, dtype=object)
+    cuda_error[:] = [int(x) if type(x) is float else x for x in (row.get("cuda_error") for row in rows)]
+    return RequestColumns(
+        request_id=objects("request_id"),
+        ts=floats("ts"),
+        model=objects("model"),
+        replica=objects("replica"),
+        latency_ms=floats("latency_ms"),
+        prompt_tokens=ints("prompt_tokens"),
+        completion_tokens=ints("completion_tokens"),
+        batch_size=ints("batch_size"),
+        batch_capacity=ints("batch_capacity"),
+        ttft_ms=floats("ttft_ms"),
+        queue_length=floats("queue_length"),
+        kv_cache_hit_rate=floats("kv_cache_hit_rate"),
+        is_error=np.array([row.get("status") == "error" for row in rows], dtype=np.bool_),
+        cuda_error=cuda_error,
+    )
+
+
+# --- message envelope -------------------------------------------------------------------------------
+
+def _parse_json(value: bytes) -> tuple[Any, Rejection | None]:
+    try:
+        return orjson.loads(value), None
+    except orjson.JSONDecodeError as exc:
+        first_error = exc
+    if not bytes(value).strip():
+        return None, Rejection.message_level("empty", "value holds only whitespace")
+    # Why a second parser: orjson rejects the whole message for the non-standard NaN/Infinity
+    # literals (Python's json.dumps writes them) and for numbers that overflow to infinity (1e999).
+    # The stdlib parser reads those as floats, so only the events holding them are rejected
+    # (out_of_range) and the good events of the batch survive. Anything else it accepts but orjson
+    # cannot write back (lone surrogates) would break every downstream encoder: still malformed.
+    try:
+        doc = json.loads(bytes(value).decode("utf-8"))
+        orjson.dumps(doc)
+    except Exception:  # ValueError, UnicodeError, RecursionError, orjson.JSONEncodeError: all malformed
+        return None, Rejection.message_level("malformed_json", f"malformed JSON: {first_error}")
+    return doc, None
+
+
+def _json_kind(doc: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number", _NoneType: "null"}
+    return names.get(type(doc), type(doc).__name__)
+
+
+def decode_request_messages(values: Sequence[bytes | None], limits: LimitSettings) -> DecodedMessages:
+    """Decode many ``llm.requests`` values (e.g. one poll of a partition) in one vectorised pass.
+
+    Single-event messages are cheap this way: the per-column numpy cost is paid once per poll,
+    not once per message. Never raises on any input.
+    """
+    events: list[dict[str, Any]] = []
+    row_message: list[int] = []
+    row_event: list[int] = []
+    batch_form: list[bool] = []
+    rejects: list[list[Rejection]] = [[] for _ in values]
+    for m, value in enumerate(values):
+        batch_form.append(False)
+        if value is None or len(value) == 0:
+            rejects[m].append(Rejection.message_level("empty", "value is null or zero bytes"))
+            continue
+        if len(value) > limits.max_message_bytes:
+            rejects[m].append(Rejection.message_level(
+                "too_large", f"value is {len(value)} bytes > limit {limits.max_message_bytes} "
+                             "(limits.max_message_bytes)"))
+            continue
+        doc, rejection = _parse_json(value)
+        if rejection is not None:
+            rejects[m].append(rejection)
+            continue
+        if type(doc) is not dict:
+            rejects[m].append(Rejection.message_level(
+                "not_an_object",
+                f'message must be an event object or {{"events": [...]}}, got {_json_kind(doc)}'))
+            continue
+        if "events" in doc:
+            batch_form[m] = True
+            version = doc.get("v")
+            problem = None if version is None else check_version("v", version)
+            if problem is not None:
+                rejects[m].append(Rejection.message_level(*problem))
+                continue
+            batch = doc["events"]
+            if type(batch) is not list:
+                rejects[m].append(Rejection.message_level(
+                    "wrong_type", f"events: must be an array of event objects, got {show_value(batch)}"))
+                continue
+            if len(batch) > limits.max_events_per_message:
+                rejects[m].append(Rejection.message_level(
+                    "too_many_events", f"events: {len(batch)} events > limit {limits.max_events_per_message} "
+                                       "(limits.max_events_per_message)"))
+                continue
+        else:
+            batch = [doc]
+        if set(map(type, batch)) <= {dict}:
+            events.extend(batch)
+            row_message.extend([m] * len(batch))
+            row_event.extend(range(len(batch)))
+            continue
+        for k, event in enumerate(batch):
+            if type(event) is dict:
+                events.append(event)
+                row_message.append(m)
+                row_event.append(k)
+            else:
+                rejects[m].append(Rejection(
+                    "not_an_object", f"events[{k}]: must be an event object, got {show_value(event)}", k))
+
+    if not events:
+        return DecodedMessages(RequestColumns.empty(), np.zeros(0, dtype=np.int64), rejects)
+    message_index = np.array(row_message, dtype=np.int64)
+    bad_rows: list[tuple[int, list[Problem]]] = []
+    if len(events) <= SCALAR_MAX_EVENTS:
+        # A few events: numpy's fixed per-array cost (~14 columns x several ops) exceeds checking
+        # each event in Python, so validate row by row and build the columns from the good rows.
+        problems_by_row = [event_problems(event, limits.max_tokens) for event in events]
+        bad_rows = [(i, problems) for i, problems in enumerate(problems_by_row) if problems]
+        columns = _columns_from_valid_rows([e for e, p in zip(events, problems_by_row, strict=True) if not p])
+        if bad_rows:
+            message_index = message_index[[not p for p in problems_by_row]]
+    else:
+        columns, bad = _validate_columns(events, limits.max_tokens)
+        if bad.any():
+            for i in np.flatnonzero(bad).tolist():
+                problems = event_problems(events[i], limits.max_tokens)
+                if not problems:  # the vectorised and scalar checks disagree: a decoder bug, never silent
+                    problems = [("wrong_type", "event failed validation for a reason the decoder cannot "
+                                               "word (decoder inconsistency; please report)")]
+                bad_rows.append((i, problems))
+            columns = columns.take(~bad)
+            message_index = message_index[~bad]
+    for i, problems in bad_rows:
+        m, k = row_message[i], row_event[i]
+        rejects[m].append(_rejection(problems, f"events[{k}]." if batch_form[m] else "", k))
+    if bad_rows:
+        for message_rejects in rejects:  # not_an_object elements were listed first: restore event order
+            if len(message_rejects) > 1:
+                message_rejects.sort(key=lambda r: -1 if r.event_index is None else r.event_index)
+    return DecodedMessages(columns, message_index, rejects)
+
+
+def decode_request_message(value: bytes | None, limits: LimitSettings) -> DecodedMessage:
+    """Decode one ``llm.requests`` value: the valid events as columns plus every rejection.
+
+    Never raises. A message-level rejection (event_index None) means no event was decoded.
+    """
+    decoded = decode_request_messages([value], limits)
+    return DecodedMessage(decoded.columns, decoded.rejects[0])
+
+
+# --- producers ----------------------------------------------------------------------------------
+
+_ENCODE_OPTIONS: Final = orjson.OPT_SERIALIZE_NUMPY
+
+
+def encode_request_event(event: Mapping[str, Any]) -> bytes:
+    """One event as an ``llm.requests`` value (single-event form). Does not validate: see
+    :func:`check_request_event`. NaN is written as null (then read back as "not reported").
+
+    >>> encode_request_event({"request_id": "a", "latency_ms": 1.5})
+    b'{"request_id":"a","latency_ms":1.5}'
+    """
+    return orjson.dumps(event, option=_ENCODE_OPTIONS)
+
+
+def encode_request_events(events: Sequence[Mapping[str, Any]]) -> bytes:
+    """Many events as one ``llm.requests`` value (batch form ``{"v": 1, "events": [...]}``).
+
+    >>> encode_request_events([{"request_id": "a"}])
+    b'{"v":1,"events":[{"request_id":"a"}]}'
+    """
+    return orjson.dumps({"v": REQUEST_SCHEMA_VERSION, "events": list(events)}, option=_ENCODE_OPTIONS)
+
+
+__all__ = [
+    "EVENT_FIELDS",
+    "REQUEST_SCHEMA_VERSION",
+    "REQUIRED_FIELDS",
+    "DecodedMessage",
+    "DecodedMessages",
+    "check_request_event",
+    "decode_request_message",
+    "decode_request_messages",
+    "encode_request_event",
+    "encode_request_events",
+    "event_problems",
+]
