@@ -1,0 +1,286 @@
+"""The contract every detector keeps, checked over all of them (parametrized).
+
+Each detector gets a scenario: a way to build one step's inputs where its rule holds or not,
+how many steps it needs to open and to resolve. Then, for every detector: it is pure (same
+inputs, same outputs), its state survives a JSON round trip and continues identically, it fires
+on a clear case, stays quiet on a clean one, resolves once the condition clears, and an edge
+sequence (the rule flipping every step) opens one alert and never flaps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from skewwatch.pipeline.detectors.base import Detector, DetectorOutput, Severity
+from skewwatch.pipeline.detectors.registry import DETECTORS
+from skewwatch.pipeline.features import FeatureVector
+from skewwatch.pipeline.telemetry import TelemetrySample
+
+STEP = 5.0
+T0 = 1_000_000.0
+
+
+def base_fv(end: float, **fields: Any) -> FeatureVector:
+    values: dict[str, Any] = {
+        "model": "m",
+        "replica": "r1",
+        "window_start": end - 60.0,
+        "window_end": end,
+        "count": 200,
+        "step_count": 15,
+        "latency_p50": 100.0,
+        "latency_p95": 150.0,
+        "latency_p99": 200.0,
+        "latency_mean": 110.0,
+        "batch_size_mean": 8.0,
+        "batch_size_std": 1.0,
+        "batch_fill_mean": 0.6,
+        "prompt_tokens_mean": 3000.0,
+        "prompt_tokens_var": 10_000.0,
+        "tokens_per_s": 500.0,
+        "kv_cache_hit_rate_mean": 0.75,
+        "queue_length_mean": 4.0,
+    }
+    values.update(fields)
+    return FeatureVector(**values)
+
+
+Inputs = tuple[FeatureVector, TelemetrySample | None]
+
+
+@dataclass
+class Scenario:
+    """Inputs for a pattern of steps: the rule holds at step i iff pattern[i]."""
+
+    build: Callable[[list[bool]], list[Inputs]]
+    severity: Severity
+    action: str | None
+    open_after: int  # consecutive holding steps before the alert opens (persistence)
+    clear_after: int  # consecutive clean steps before it resolves
+
+
+def _simple(
+    holding: Callable[[float], Inputs], clean: Callable[[float], Inputs]
+) -> Callable[[list[bool]], list[Inputs]]:
+    def build(pattern: list[bool]) -> list[Inputs]:
+        return [(holding if h else clean)(T0 + STEP * i) for i, h in enumerate(pattern)]
+
+    return build
+
+
+def _context_burst(pattern: list[bool]) -> list[Inputs]:
+    # 12 warm-up steps (no window 60 s earlier: not evaluated), then each step's variance is
+    # 10x (holds) or 1x (does not) the variance of the window 60 s (12 steps) before it
+    lag = 12
+    variances = [10_000.0] * lag
+    for holds in pattern:
+        variances.append(variances[-lag] * (10.0 if holds else 1.0))
+    # the warm-up steps are part of the inputs: they never fire (no window 60 s earlier)
+    return [(base_fv(T0 + STEP * i, prompt_tokens_var=v), None) for i, v in enumerate(variances)]
+
+
+def _kv_tel(end: float, frag: float) -> TelemetrySample:
+    # fragmentation = 1 - allocated / reserved
+    return TelemetrySample(
+        ts=end, replica="r1", source="simulated", memory_reserved_bytes=10e9, memory_allocated_bytes=10e9 * (1 - frag)
+    )
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "long_tail": Scenario(
+        build=_simple(
+            lambda t: (base_fv(t, latency_p50=100.0, latency_p99=500.0), None),
+            lambda t: (base_fv(t, latency_p50=100.0, latency_p99=200.0), None),
+        ),
+        severity=Severity.WARNING,
+        action="enable_tracing",
+        open_after=3,
+        clear_after=2,
+    ),
+    "batch_collapse": Scenario(
+        build=_simple(
+            lambda t: (base_fv(t, batch_size_std=4.0, batch_fill_mean=0.1), None),
+            lambda t: (base_fv(t, batch_size_std=1.0, batch_fill_mean=0.6), None),
+        ),
+        severity=Severity.CRITICAL,
+        action="adjust_batch_policy",
+        open_after=1,
+        clear_after=2,
+    ),
+    "context_burst": Scenario(
+        build=_context_burst,
+        severity=Severity.INFO,
+        action="prewarm_tokenizer_cache",
+        open_after=1,
+        clear_after=2,
+    ),
+    "kv_pressure": Scenario(
+        build=_simple(
+            lambda t: (base_fv(t, kv_cache_hit_rate_mean=0.5), _kv_tel(t, 0.6)),
+            lambda t: (base_fv(t, kv_cache_hit_rate_mean=0.75), _kv_tel(t, 0.1)),
+        ),
+        severity=Severity.WARNING,
+        action=None,
+        open_after=1,
+        clear_after=2,
+    ),
+    "gpu_health": Scenario(
+        build=_simple(
+            lambda t: (base_fv(t, step_cuda_errors={"cudaErrorMemoryAllocation": 1}), None),
+            lambda t: (base_fv(t), None),
+        ),
+        severity=Severity.WARNING,
+        action="isolate",
+        open_after=1,
+        clear_after=60,  # isolation: 300 s without a new error
+    ),
+}
+
+
+def run(detector: Detector, inputs: list[Inputs]) -> list[DetectorOutput]:
+    return [detector.update(fv, tel, now=fv.window_end) for fv, tel in inputs]
+
+
+def snapshot(outputs: list[DetectorOutput]) -> list[Any]:
+    return [([a.to_dict() for a in o.alerts], [a.to_dict() for a in o.actions]) for o in outputs]
+
+
+def alerts_of(outputs: list[DetectorOutput], state: str) -> list[Any]:
+    return [a for o in outputs for a in o.alerts if a.state == state]
+
+
+def inputs_for(name: str, pattern: list[bool]) -> list[Inputs]:
+    """The scenario's inputs; the pattern is the *tail* (context_burst prepends warm-up steps)."""
+    return SCENARIOS[name].build(pattern)
+
+
+DETECTOR_NAMES = sorted(DETECTORS)
+
+
+def test_every_detector_has_a_scenario() -> None:
+    assert set(SCENARIOS) == set(DETECTORS)
+
+
+@pytest.mark.parametrize("name", DETECTOR_NAMES)
+def test_pure_same_inputs_same_outputs(name: str) -> None:
+    pattern = [False, True, True, True, True, False, False, True] + [False] * 70
+    inputs = inputs_for(name, pattern)
+    first = snapshot(run(DETECTORS[name](), inputs))
+    second = snapshot(run(DETECTORS[name](), inputs))
+    assert first == second
+    assert any(alerts for alerts, _ in first)  # the sequence did something worth comparing
+
+
+@pytest.mark.parametrize("name", DETECTOR_NAMES)
+@pytest.mark.parametrize("split", [3, 16, 30])
+def test_state_round_trips_through_json_and_continues_identically(name: str, split: int) -> None:
+    pattern = [True] * 5 + [False] * 3 + [True] * 4 + [False] * 80
+    inputs = inputs_for(name, pattern)
+    reference = DETECTORS[name]()
+    expected = snapshot(run(reference, inputs))
+
+    before = DETECTORS[name]()
+    head = snapshot(run(before, inputs[:split]))
+    restored = DETECTORS[name]()
+    restored.load_state(json.loads(json.dumps(before.state_dict())))
+    assert restored.state_dict() == before.state_dict()
+    tail = snapshot(run(restored, inputs[split:]))
+    assert head + tail == expected
+    assert restored.state_dict() == reference.state_dict()
+
+
+@pytest.mark.parametrize("name", DETECTOR_NAMES)
+def test_fires_on_a_clear_case(name: str) -> None:
+    scenario = SCENARIOS[name]
+    outputs = run(DETECTORS[name](), inputs_for(name, [True] * (scenario.open_after + 3)))
+    opened = alerts_of(outputs, "open")
+    assert len(opened) == 1
+    alert = opened[0]
+    assert (alert.detector, alert.severity, alert.model, alert.replica) == (name, scenario.severity, "m", "r1")
+    assert alert.evidence  # the numbers that triggered it
+    json.dumps(alert.to_dict())
+    if scenario.action is not None:
+        assert outputs[-1].actions and {a.action for a in outputs[-1].actions} == {scenario.action}
+        assert all(a.replica == "r1" and a.expires_at is not None for a in outputs[-1].actions)
+        json.dumps([a.to_dict() for a in outputs[-1].actions])
+    else:
+        assert not any(o.actions for o in outputs)
+
+
+@pytest.mark.parametrize("name", DETECTOR_NAMES)
+def test_opens_only_after_persistence(name: str) -> None:
+    scenario = SCENARIOS[name]
+    outputs = run(DETECTORS[name](), inputs_for(name, [True] * scenario.open_after))
+    steps = [i for i, o in enumerate(outputs) if o.alerts]
+    assert steps == [len(outputs) - 1]
+
+
+@pytest.mark.parametrize("name", DETECTOR_NAMES)
+def test_silent_on_a_clean_case(name: str) -> None:
+    outputs = run(DETECTORS[name](), inputs_for(name, [False] * 40))
+    assert not any(o.alerts or o.actions for o in outputs)
+    assert DETECTORS[name]().open_alerts() == {}
+
+
+@pytest.mark.parametrize("name", DETECTOR_NAMES)
+def test_resolves_after_the_condition_clears(name: str) -> None:
+    scenario = SCENARIOS[name]
+    n_open = scenario.open_after + 2
+    detector = DETECTORS[name]()
+    outputs = run(detector, inputs_for(name, [True] * n_open + [False] * (scenario.clear_after + 5)))
+    opened, resolved = alerts_of(outputs, "open"), alerts_of(outputs, "resolved")
+    assert len(opened) == 1 and len(resolved) == 1
+    offset = len(outputs) - (n_open + scenario.clear_after + 5)
+    resolved_at = next(i for i, o in enumerate(outputs) if any(a.state == "resolved" for a in o.alerts))
+    assert resolved_at == offset + n_open + scenario.clear_after - 1
+    assert resolved[0].severity == opened[0].severity
+    assert not any(o.actions for o in outputs[resolved_at:])
+    assert detector.open_alerts() == {}
+
+
+@pytest.mark.parametrize("name", DETECTOR_NAMES)
+def test_no_flapping_on_an_edge_sequence(name: str) -> None:
+    scenario = SCENARIOS[name]
+    pattern = [True] * scenario.open_after + [False, True] * 15
+    detector = DETECTORS[name]()
+    outputs = run(detector, inputs_for(name, pattern))
+    assert len(alerts_of(outputs, "open")) == 1
+    assert alerts_of(outputs, "resolved") == []
+    assert len(detector.open_alerts()) == 1
+    if scenario.action is not None:
+        first_open = next(i for i, o in enumerate(outputs) if o.alerts)
+        assert all(o.actions for o in outputs[first_open:])  # the action stays in force throughout
+
+
+@pytest.mark.parametrize("name", DETECTOR_NAMES)
+def test_keys_are_independent(name: str) -> None:
+    detector = DETECTORS[name]()
+    firing = inputs_for(name, [True] * (SCENARIOS[name].open_after + 1))
+    clean = inputs_for(name, [False] * (SCENARIOS[name].open_after + 1))
+    alerts = []
+    for (fv_hot, tel_hot), (fv_cold, tel_cold) in zip(firing, clean, strict=True):
+        fv_cold.replica = "r2"
+        alerts += detector.update(fv_hot, tel_hot, fv_hot.window_end).alerts
+        alerts += detector.update(fv_cold, tel_cold, fv_cold.window_end).alerts
+    assert {a.replica for a in alerts} == {"r1"}
+    detector.forget("m/r1")
+    assert detector.open_alerts() == {}
+
+
+@pytest.mark.parametrize("name", DETECTOR_NAMES)
+def test_config_overrides_accept_env_strings_and_reject_unknown_keys(name: str) -> None:
+    from skewwatch.config import ConfigError
+
+    cls = DETECTORS[name]
+    field_name, value = next(iter(cls.Config().to_dict().items()))
+    config = cls.Config.from_overrides(
+        {field_name: str(value) if not isinstance(value, tuple) else ",".join(map(str, value))}
+    )
+    assert config == cls.Config()
+    with pytest.raises(ConfigError, match=name):
+        cls.Config.from_overrides({"no_such_threshold": "1"})
