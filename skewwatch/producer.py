@@ -63,6 +63,7 @@ class RequestEventProducer:
         linger_ms: int = 200,
         block_timeout_s: float = 0.0,
         send_timeout_s: float = 10.0,
+        close_timeout_s: float = 10.0,
         limits: LimitSettings | None = None,
         start: bool = True,
     ) -> None:
@@ -79,6 +80,7 @@ class RequestEventProducer:
         self.linger_s = linger_ms / 1000.0
         self.block_timeout_s = block_timeout_s
         self.send_timeout_s = send_timeout_s
+        self.close_timeout_s = close_timeout_s  # flush budget of close() / the context manager
         self._limits = limits or LimitSettings()
         self._key = replica.encode()
 
@@ -176,8 +178,10 @@ class RequestEventProducer:
         with self._lock:
             return self._drained.wait_for(lambda: not self._events and not self._in_flight, timeout=timeout_s)
 
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Flush for up to ``timeout_s``, then stop; events still unsent count as dropped."""
+    def close(self, timeout_s: float | None = None) -> None:
+        """Flush for up to ``timeout_s`` (default ``close_timeout_s``), then stop; events still unsent
+        count as dropped."""
+        timeout_s = self.close_timeout_s if timeout_s is None else timeout_s
         if self._thread is not None and self._thread.is_alive():
             self.flush(timeout_s)
         with self._lock:
@@ -185,7 +189,7 @@ class RequestEventProducer:
             self._space.notify_all()
         self._wake()
         if self._thread is not None:
-            self._thread.join(timeout_s + self.send_timeout_s)
+            self._thread.join(self.send_timeout_s + 2.0)  # the sender notices within ~0.5 s, then stops
         with self._lock:
             unsent = len(self._events) + self._in_flight
             self._events.clear()
@@ -199,7 +203,7 @@ class RequestEventProducer:
         """:meth:`flush` for asyncio code (waits in a worker thread, not on the event loop)."""
         return await asyncio.to_thread(self.flush, timeout_s)
 
-    async def aclose(self, timeout_s: float = 10.0) -> None:
+    async def aclose(self, timeout_s: float | None = None) -> None:
         """:meth:`close` for asyncio code."""
         await asyncio.to_thread(self.close, timeout_s)
 
@@ -253,7 +257,8 @@ class RequestEventProducer:
                 if batch:
                     await self._send(broker, batch)
         finally:
-            await broker.close(timeout=1.0)
+            # close() already spent the flush budget waiting: what is left here counts as dropped.
+            await broker.close(timeout=0.1)
 
     def _take_batch(self) -> list[dict[str, Any]]:
         with self._lock:
