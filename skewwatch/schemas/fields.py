@@ -1,4 +1,4 @@
-"""Field specs and the scalar checks every decoder words its reasons with.
+"""Field specs, the scalar checks every decoder words its reasons with, and the tolerant parse.
 
 Seed rule implemented (issue 2, "Bad input"): a rejected input carries a reason a person can act
 on, naming the field and the value ("latency_ms: must be ≥ 0, got -3"). The request and the
@@ -17,12 +17,15 @@ True
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from skewwatch.schemas.rejection import show_value
+import orjson
+
+from skewwatch.schemas.rejection import Rejection, show_value
 
 KNOWN_VERSIONS: Final = frozenset({1})  # schema versions the v1 decoders understand
 INT64_LIMIT: Final = 2**63  # integer fields must fit numpy's int64 (exclusive bound)
@@ -103,3 +106,24 @@ def check_integer(spec: FieldSpec, value: Any, max_tokens: int = 0) -> Problem |
     if value >= INT64_LIMIT:
         return ("out_of_range", f"{name}: must be < 2^63, got {show_value(value)}")
     return None
+
+
+def parse_json(value: bytes) -> tuple[Any, Rejection | None]:
+    """(document, None) or (None, a message-level rejection: empty or malformed_json)."""
+    try:
+        return orjson.loads(value), None
+    except orjson.JSONDecodeError as exc:
+        first_error = exc
+    if not bytes(value).strip():
+        return None, Rejection.message_level("empty", "value holds only whitespace")
+    # Why a second parser: orjson rejects the whole message for the non-standard NaN/Infinity
+    # literals (Python's json.dumps writes them) and for numbers that overflow to infinity (1e999).
+    # The stdlib parser reads those as floats, so only the events holding them are rejected
+    # (out_of_range) and the good events of the batch survive. Anything else it accepts but orjson
+    # cannot write back (lone surrogates) would break every downstream encoder: still malformed.
+    try:
+        doc = json.loads(bytes(value).decode("utf-8"))
+        orjson.dumps(doc)
+    except Exception:  # ValueError, UnicodeError, RecursionError, orjson.JSONEncodeError: all malformed
+        return None, Rejection.message_level("malformed_json", f"malformed JSON: {first_error}")
+    return doc, None

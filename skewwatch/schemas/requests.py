@@ -30,7 +30,6 @@ Contract decisions (docs/contracts.md says the same):
 
 from __future__ import annotations
 
-import json
 import math
 import operator
 import sys
@@ -54,6 +53,7 @@ from skewwatch.schemas.fields import (
     check_string,
     check_version,
     missing_problem,
+    parse_json,
 )
 from skewwatch.schemas.rejection import Rejection, show_value
 
@@ -572,26 +572,6 @@ def _columns_from_valid_rows(rows: list[dict[str, Any]]) -> RequestColumns:
 
 # --- message envelope -------------------------------------------------------------------------------
 
-def _parse_json(value: bytes) -> tuple[Any, Rejection | None]:
-    try:
-        return orjson.loads(value), None
-    except orjson.JSONDecodeError as exc:
-        first_error = exc
-    if not bytes(value).strip():
-        return None, Rejection.message_level("empty", "value holds only whitespace")
-    # Why a second parser: orjson rejects the whole message for the non-standard NaN/Infinity
-    # literals (Python's json.dumps writes them) and for numbers that overflow to infinity (1e999).
-    # The stdlib parser reads those as floats, so only the events holding them are rejected
-    # (out_of_range) and the good events of the batch survive. Anything else it accepts but orjson
-    # cannot write back (lone surrogates) would break every downstream encoder: still malformed.
-    try:
-        doc = json.loads(bytes(value).decode("utf-8"))
-        orjson.dumps(doc)
-    except Exception:  # ValueError, UnicodeError, RecursionError, orjson.JSONEncodeError: all malformed
-        return None, Rejection.message_level("malformed_json", f"malformed JSON: {first_error}")
-    return doc, None
-
-
 def _json_kind(doc: Any) -> str:
     names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
              int: "a number", float: "a number", _NoneType: "null"}
@@ -619,7 +599,7 @@ def decode_request_messages(values: Sequence[bytes | None], limits: LimitSetting
                 "too_large", f"value is {len(value)} bytes > limit {limits.max_message_bytes} "
                              "(limits.max_message_bytes)"))
             continue
-        doc, rejection = _parse_json(value)
+        doc, rejection = parse_json(value)
         if rejection is not None:
             rejects[m].append(rejection)
             continue
