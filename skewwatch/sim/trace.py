@@ -26,6 +26,7 @@ True
 from __future__ import annotations
 
 import csv
+import functools
 import io
 from dataclasses import dataclass
 from importlib import resources
@@ -149,12 +150,22 @@ def read_trace(text: str, mapping: ColumnMapping = ColumnMapping(), source: str 
     )
 
 
+@functools.lru_cache(maxsize=8)
+def _bundled(name: str, mapping: ColumnMapping) -> Trace:
+    # Cached: parsing 20k date-times costs ~0.2 s and the files never change. Callers only read
+    # the arrays (the generator indexes them into new arrays), so sharing one Trace is safe.
+    text = (resources.files("skewwatch") / "data" / BUNDLED_TRACES[name]).read_text(encoding="utf-8")
+    trace = read_trace(text, mapping, source=name)
+    for array in (trace.offset_s, trace.prompt_tokens, trace.completion_tokens):
+        array.flags.writeable = False
+    return trace
+
+
 def load_trace(name_or_path: str | Path = DEFAULT_TRACE, mapping: ColumnMapping | None = None) -> Trace:
     """A bundled trace by name (``conv``, ``code``) or any CSV by path."""
     key = str(name_or_path)
     if key in BUNDLED_TRACES:
-        text = (resources.files("skewwatch") / "data" / BUNDLED_TRACES[key]).read_text(encoding="utf-8")
-        return read_trace(text, mapping or ColumnMapping(), source=key)
+        return _bundled(key, mapping or ColumnMapping())
     path = Path(name_or_path)
     try:
         text = path.read_text(encoding="utf-8")
