@@ -1,0 +1,96 @@
+"""kv_pressure (seed §2.4): fragmentation > 0.4 and hit < 0.65 -> "fragmentation forces KV reloads";
+tokens/s < 120 and hit > 0.85 -> "compute not saturated, check prefill scheduling"; silent when a
+signal is missing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from skewwatch.pipeline.detectors.base import Severity
+from skewwatch.pipeline.detectors.kv_pressure import (
+    FRAGMENTATION_MESSAGE,
+    PREFILL_MESSAGE,
+    KvPressureConfig,
+    KvPressureDetector,
+)
+from skewwatch.pipeline.features import FeatureVector
+from skewwatch.pipeline.telemetry import TelemetrySample
+
+
+def fv(t: float = 60.0, hit: float | None = 0.75, tps: float = 500.0, count: int = 100) -> FeatureVector:
+    return FeatureVector(
+        model="m",
+        replica="r1",
+        window_start=t - 60,
+        window_end=t,
+        count=count,
+        tokens_per_s=tps,
+        kv_cache_hit_rate_mean=hit,
+    )
+
+
+def tel(frag: float | None = None, hit: float | None = None) -> TelemetrySample:
+    kw: dict[str, Any] = {}
+    if frag is not None:
+        kw = {"memory_reserved_bytes": 100.0, "memory_allocated_bytes": 100.0 * (1.0 - frag)}
+    return TelemetrySample(ts=60.0, replica="r1", source="vllm", kv_cache_hit_rate=hit, **kw)
+
+
+def test_fragmentation_rule() -> None:
+    out = KvPressureDetector().update(fv(hit=0.64), tel(frag=0.41), 60.0)
+    (alert,) = out.alerts
+    assert alert.severity == Severity.WARNING and alert.evidence["rule"] == "fragmentation"
+    assert alert.message.startswith(FRAGMENTATION_MESSAGE)
+    assert alert.evidence["fragmentation"] == pytest.approx(0.41)
+    assert out.actions == []  # a diagnosis: the seed names no action
+
+
+@pytest.mark.parametrize(("frag", "hit"), [(0.4, 0.5), (0.39, 0.5), (0.6, 0.65), (0.6, 0.7)])
+def test_fragmentation_rule_not_at_or_below_thresholds(frag: float, hit: float) -> None:
+    assert KvPressureDetector().update(fv(hit=hit), tel(frag=frag), 60.0).alerts == []
+
+
+def test_prefill_rule() -> None:
+    (alert,) = KvPressureDetector().update(fv(hit=0.86, tps=119.0), None, 60.0).alerts
+    assert alert.severity == Severity.INFO and alert.evidence["rule"] == "prefill"
+    assert alert.message.startswith(PREFILL_MESSAGE)
+
+
+@pytest.mark.parametrize(("tps", "hit"), [(120.0, 0.9), (119.0, 0.85), (500.0, 0.99)])
+def test_prefill_rule_not_at_thresholds(tps: float, hit: float) -> None:
+    assert KvPressureDetector().update(fv(hit=hit, tps=tps), None, 60.0).alerts == []
+
+
+def test_hit_rate_from_telemetry_when_events_lack_it_events_preferred() -> None:
+    (alert,) = KvPressureDetector().update(fv(hit=None), tel(frag=0.5, hit=0.5), 60.0).alerts
+    assert alert.evidence["hit_rate_source"] == "telemetry"
+    assert KvPressureDetector().update(fv(hit=0.9), tel(frag=0.5, hit=0.5), 60.0).alerts == []
+
+
+def test_silent_when_a_signal_is_missing() -> None:
+    det = KvPressureDetector()
+    assert det.update(fv(hit=0.3), None, 60.0).alerts == []  # no fragmentation without telemetry
+    assert det.update(fv(hit=0.3), tel(frag=None), 65.0).alerts == []  # telemetry without allocator fields
+    assert det.update(fv(hit=None, tps=10.0), tel(frag=0.9), 70.0).alerts == []  # no hit rate at all
+
+
+def test_no_alert_on_an_empty_window() -> None:
+    det = KvPressureDetector()
+    assert det.update(fv(hit=None, tps=0.0, count=0), tel(frag=0.9, hit=0.95), 60.0).alerts == []
+
+
+def test_rules_have_independent_hysteresis() -> None:
+    det = KvPressureDetector()
+    assert [a.evidence["rule"] for a in det.update(fv(hit=0.5), tel(frag=0.6), 60.0).alerts] == ["fragmentation"]
+    out = det.update(fv(hit=0.9, tps=50.0), tel(frag=0.6), 65.0)
+    assert [(a.evidence["rule"], a.state) for a in out.alerts] == [("prefill", "open")]
+    out = det.update(fv(hit=0.9, tps=50.0), tel(frag=0.6), 70.0)
+    assert [(a.evidence["rule"], a.state) for a in out.alerts] == [("fragmentation", "resolved")]
+    assert set(det.open_alerts()) == {"m/r1#prefill"}
+
+
+def test_thresholds_are_configurable() -> None:
+    det = KvPressureDetector(KvPressureConfig.from_overrides({"throughput_threshold": "1000"}))
+    assert len(det.update(fv(hit=0.9, tps=500.0), None, 60.0).alerts) == 1
