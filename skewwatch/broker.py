@@ -41,7 +41,7 @@ import threading
 import time
 import uuid
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any, TypeVar
@@ -116,9 +116,7 @@ def find_java() -> str:
     major = java_major_version(output)
     if major is None or major < MIN_JAVA:
         found = output.splitlines()[0] if output else "no version"
-        raise BrokerError(
-            f"skewwatch broker needs Java {MIN_JAVA}+ on PATH (found: {java}: {found}); {install}"
-        )
+        raise BrokerError(f"skewwatch broker needs Java {MIN_JAVA}+ on PATH (found: {java}: {found}); {install}")
     return java
 
 
@@ -346,7 +344,8 @@ class EmbeddedBroker:
     ``server.properties`` (rewritten at each start), ``data/`` (Kafka's log.dirs: topics and the
     metadata log, formatted once) and ``logs/server.log`` (the broker's log, see docker/kafka/log4j2.xml).
     With ``echo_console`` the JVM's console (WARN and above) goes to this process's stderr, else to
-    ``logs/console.log``.
+    ``logs/console.log``. ``jvm_options`` (then the env ``SKEWWATCH_KAFKA_JVM_OPTS``) are appended to the
+    JVM's flags, so they override the defaults.
 
     >>> broker = EmbeddedBroker(Path("/tmp/skewwatch-doctest"), port=19092)
     >>> broker.bootstrap, broker.log_path.name, broker.running
@@ -360,6 +359,7 @@ class EmbeddedBroker:
         controller_port: int | None = None,
         heap: str = "512m",
         *,
+        jvm_options: Sequence[str] = (),
         cache_dir: Path | None = None,
         echo_console: bool = False,
         progress: Callable[[str], None] | None = None,
@@ -368,6 +368,8 @@ class EmbeddedBroker:
         self.port = port
         self.controller_port = controller_port
         self.heap = heap
+        # later flags win in HotSpot, so these (then $SKEWWATCH_KAFKA_JVM_OPTS) override the defaults
+        self.jvm_options = [*jvm_options, *os.environ.get("SKEWWATCH_KAFKA_JVM_OPTS", "").split()]
         self.cache_dir = cache_dir
         self.echo_console = echo_console
         self._progress = progress or (lambda message: log.info("%s", message))
@@ -506,12 +508,17 @@ class EmbeddedBroker:
             "-XX:+UseG1GC",
             "-XX:MaxGCPauseMillis=20",
             "-XX:+ExitOnOutOfMemoryError",
+            # C1 only: the broker starts in ~4 s instead of ~10 s on a busy 2-core machine, and C2's
+            # compiler threads stop competing with the pipeline for CPU. A loopback dev broker is
+            # nowhere near CPU-bound; -XX:TieredStopAtLevel=4 in jvm_options restores full C2.
+            "-XX:TieredStopAtLevel=1",
             "-Djava.awt.headless=true",
             # log4j's own shutdown hook would close logging while Kafka's shutdown hook still logs
             # (it then falls back to a console SimpleLogger); the JVM flushes the files at exit anyway
             "-Dlog4j2.shutdownHookEnabled=false",
             f"-Dlog4j2.configurationFile={LOG4J_CONFIG_PATH}",
             f"-Dkafka.logs.dir={self.logs_dir}",
+            *self.jvm_options,
             "-cp",
             f"{libs}/*",
             main_class,
@@ -535,8 +542,7 @@ class EmbeddedBroker:
     def _launch(self, java: str, libs: Path) -> None:
         command = self._java_command(java, libs, "kafka.Kafka", str(self.properties_path))
         self._log_offsets = {
-            path: path.stat().st_size if path.exists() else 0
-            for path in (self.log_path, self.logs_dir / "console.log")
+            path: path.stat().st_size if path.exists() else 0 for path in (self.log_path, self.logs_dir / "console.log")
         }
         if self.echo_console:
             output: IO[bytes] | None = None
@@ -652,12 +658,8 @@ def broker_command(
         try:
             cluster = run_blocking(describe_cluster(bootstrap, timeout=15.0))
         except BrokerError as exc:
-            raise click.ClickException(
-                f"{exc} (from {origin}; unset it to start the embedded broker)"
-            ) from None
-        click.echo(
-            f"cluster {cluster.get('cluster_id')} at {bootstrap} answers: {len(cluster['brokers'])} broker(s)"
-        )
+            raise click.ClickException(f"{exc} (from {origin}; unset it to start the embedded broker)") from None
+        click.echo(f"cluster {cluster.get('cluster_id')} at {bootstrap} answers: {len(cluster['brokers'])} broker(s)")
         return
 
     broker = EmbeddedBroker(
@@ -670,9 +672,7 @@ def broker_command(
             broker.start()
             if topics:
                 _create_topics(broker.bootstrap)
-            click.echo(
-                f"Kafka {kafka_version()} ready: bootstrap {broker.bootstrap} (data {broker.data_dir})"
-            )
+            click.echo(f"Kafka {kafka_version()} ready: bootstrap {broker.bootstrap} (data {broker.data_dir})")
             click.echo(f"KAFKA_BOOTSTRAP={broker.bootstrap}")
             click.echo(f"broker log: {broker.log_path}; Ctrl-C stops it")
             code = broker.wait()
