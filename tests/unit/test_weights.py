@@ -1,0 +1,182 @@
+"""Dynamic weights (seed §1): the formula on hand-computed cases, health, stale, guards."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from skewwatch.pipeline.features import FeatureVector
+from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.pipeline.weights import ReplicaWeight, WeightConfig, WeightInput, compute_weights, load_denominator
+
+GB = 1e9
+
+
+def fv(
+    replica: str = "a", latency: float | None = 1000.0, queue: float | None = 16.0, step_count: int = 5
+) -> FeatureVector:
+    return FeatureVector(
+        model="m",
+        replica=replica,
+        window_start=0.0,
+        window_end=60.0,
+        count=50 if latency is not None else 0,
+        step_count=step_count,
+        latency_mean=latency,
+        queue_length_mean=queue,
+    )
+
+
+def tel(replica: str = "a", used: float = 40 * GB, total: float = 80 * GB, **kw: Any) -> TelemetrySample:
+    return TelemetrySample(
+        ts=59.0, replica=replica, source="nvml", memory_used_bytes=used, memory_total_bytes=total, **kw
+    )
+
+
+def inp(
+    replica: str = "a", *, age: float | None = 1.0, telemetry: TelemetrySample | None = None, **kw: Any
+) -> WeightInput:
+    features = kw.pop("features", None) or fv(
+        replica, **{k: kw.pop(k) for k in list(kw) if k in ("latency", "queue", "step_count")}
+    )
+    return WeightInput(replica=replica, features=features, telemetry=telemetry, telemetry_age_s=age, **kw)
+
+
+def one(w: WeightInput, config: WeightConfig | None = None) -> ReplicaWeight:
+    return compute_weights([w], config)[w.replica]
+
+
+@pytest.mark.parametrize(
+    ("used", "latency", "queue", "denominator"),
+    [
+        (40 * GB, 1000.0, 16.0, 0.5),  # 0.4*0.5 + 0.3*0.5 + 0.3*0.5
+        (80 * GB, 2000.0, 32.0, 1.0),  # everything at its reference
+        (64 * GB, 500.0, 8.0, 0.47),  # 0.4*0.8 + 0.3*0.25 + 0.3*0.25
+        (100 * GB, 5000.0, 100.0, 1.0),  # every term capped at 1
+        (8 * GB, 200.0, 3.2, 0.1),  # 0.4*0.1 + 0.3*0.1 + 0.3*0.1
+    ],
+)
+def test_seed_formula_on_hand_computed_cases(used: float, latency: float, queue: float, denominator: float) -> None:
+    w = one(inp(telemetry=tel(used=used), latency=latency, queue=queue))
+    assert w.components["denominator"] == pytest.approx(denominator)
+    assert w.raw_score == pytest.approx(1.0 / denominator)
+    assert w.weight == 1.0 and w.reason == "ok" and w.health == 1.0
+
+
+def test_normalisation_within_the_pool() -> None:
+    weights = compute_weights(
+        [
+            inp("a", telemetry=tel("a", used=40 * GB), latency=1000.0, queue=16.0),  # raw 2
+            inp("b", telemetry=tel("b", used=80 * GB), latency=2000.0, queue=32.0),
+        ]  # raw 1
+    )
+    assert weights["a"].weight == pytest.approx(2 / 3) and weights["b"].weight == pytest.approx(1 / 3)
+    assert sum(w.weight for w in weights.values()) == pytest.approx(1.0)
+
+
+def test_health_multiplies_before_normalisation() -> None:
+    weights = compute_weights(
+        [
+            inp("a", telemetry=tel("a"), health=0.4, health_note="isolate: cudaErrorMemoryAllocation"),
+            inp("b", telemetry=tel("b")),
+        ]
+    )
+    # raw 2 and 2; effective 0.8 and 2
+    assert weights["a"].weight == pytest.approx(0.8 / 2.8) and weights["b"].weight == pytest.approx(2 / 2.8)
+    assert weights["a"].raw_score == pytest.approx(2.0)
+    assert "health 0.4 (isolate: cudaErrorMemoryAllocation)" in weights["a"].reason
+
+
+def test_drained_replica_gets_zero() -> None:
+    weights = compute_weights([inp("a", telemetry=tel("a"), health=0.0), inp("b", telemetry=tel("b"))])
+    assert weights["a"].weight == 0.0 and weights["b"].weight == 1.0
+
+
+@pytest.mark.parametrize(("silent", "stale"), [(0, False), (2, False), (3, True), (50, True)])
+def test_stale_after_three_silent_steps(silent: int, stale: bool) -> None:
+    weights = compute_weights([inp("a", telemetry=tel("a"), silent_steps=silent), inp("b", telemetry=tel("b"))])
+    if stale:
+        assert weights["a"].weight == 0.0 and weights["a"].reason.startswith("stale")
+        assert weights["a"].raw_score == 0.0 and weights["b"].weight == 1.0
+    else:
+        assert weights["a"].weight == pytest.approx(0.5)
+
+
+def test_fresh_engine_telemetry_can_count_as_liveness() -> None:
+    engine = TelemetrySample(ts=59.0, replica="a", source="vllm", queue_length=0)
+    config = WeightConfig.from_overrides({"liveness_from_telemetry": "true"})
+    assert one(inp("a", telemetry=engine, silent_steps=5), config).weight == 1.0
+    assert one(inp("a", telemetry=engine, silent_steps=5)).reason.startswith("stale")
+    nvml_only = tel("a")
+    assert one(inp("a", telemetry=nvml_only, silent_steps=5), config).reason.startswith("stale")
+
+
+def test_all_idle_pool_is_guarded_and_equal() -> None:
+    weights = compute_weights([inp(r, telemetry=tel(r, used=0.0), latency=0.0, queue=0.0) for r in ("a", "b", "c")])
+    for w in weights.values():
+        assert w.raw_score == pytest.approx(20.0)  # 1 / 0.05
+        assert w.weight == pytest.approx(1 / 3)
+        assert "floored at 0.05" in w.reason
+
+
+def test_no_healthy_replica_gives_all_zero_without_dividing_by_zero() -> None:
+    weights = compute_weights([inp("a", telemetry=tel("a"), health=0.0), inp("b", silent_steps=3)])
+    assert {r: w.weight for r, w in weights.items()} == {"a": 0.0, "b": 0.0}
+    assert "pool has no replica with a positive weight" in weights["a"].reason
+    assert compute_weights([]) == {}
+
+
+def test_missing_telemetry_renormalises_the_coefficients() -> None:
+    w = one(inp("a", telemetry=None, latency=1000.0, queue=8.0))
+    # (0.3*0.25 + 0.3*0.5) / 0.6 * 1.0 = 0.375
+    assert w.components["denominator"] == pytest.approx(0.375)
+    assert w.components["mem"] is None
+    assert "mem missing (no telemetry)" in w.reason
+
+
+def test_stale_telemetry_is_not_used() -> None:
+    w = one(inp("a", telemetry=tel("a", queue_length=32), age=20.0, queue=None, latency=1000.0))
+    assert w.components["mem"] is None and w.components["queue"] is None
+    assert "telemetry stale, age 20 s" in w.reason and "queue missing" in w.reason
+    assert w.components["denominator"] == pytest.approx(0.5)  # latency alone, rescaled
+
+
+def test_queue_from_telemetry_when_events_lack_it() -> None:
+    w = one(inp("a", telemetry=tel("a", queue_length=32), queue=None))
+    assert w.components["queue"] == 1.0
+
+
+def test_no_signal_at_all_counts_as_fully_loaded() -> None:
+    d, _, notes = load_denominator(WeightInput("a", None), WeightConfig())
+    assert d == 1.0 and "treated as fully loaded" in notes[-1]
+
+
+def test_coefficients_are_configurable() -> None:
+    config = WeightConfig.from_overrides({"mem_coef": "1", "queue_coef": "0", "latency_coef": "0"})
+    assert one(inp(telemetry=tel(used=20 * GB)), config).components["denominator"] == pytest.approx(0.25)
+
+
+signal = st.one_of(st.none(), st.floats(min_value=0.0, max_value=1e5, allow_nan=False))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(signal, signal, st.one_of(st.none(), st.floats(0.0, 2.0)), st.floats(0.0, 1.0), st.integers(0, 5)),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_weights_are_a_distribution_or_all_zero(rows: list[tuple[Any, ...]]) -> None:
+    inputs = []
+    for i, (latency, queue, mem_ratio, health, silent) in enumerate(rows):
+        telemetry = None if mem_ratio is None else tel(str(i), used=mem_ratio * 80 * GB)
+        features = fv(str(i), latency=latency, queue=queue)
+        inputs.append(WeightInput(str(i), features, telemetry, 1.0, health=health, silent_steps=silent))
+    weights = compute_weights(inputs)
+    total = sum(w.weight for w in weights.values())
+    assert total == pytest.approx(1.0) or total == 0.0
+    assert all(0.0 <= w.weight <= 1.0 and w.raw_score <= 20.0 + 1e-9 for w in weights.values())
