@@ -195,7 +195,7 @@ def ensure_kafka_jars(cache_dir: Path | None = None, progress: Callable[[str], N
             raise BrokerError(
                 f"Maven could not fetch Kafka {version} (exit {fetched.returncode}): "
                 f"{_last_error_line(fetched.stdout + fetched.stderr)}; check access to Maven Central "
-                f"or run: {' '.join(command[:-1])} -DoutputDirectory={libs}"
+                "(a proxy or mirror goes in ~/.m2/settings.xml)"
             )
         (scratch / _COMPLETE_MARKER).write_text(digest + "\n")
         shutil.rmtree(libs, ignore_errors=True)
