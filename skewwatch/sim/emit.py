@@ -71,9 +71,14 @@ class ReplicaBatcher:
         ready: list[tuple[str, list[Event]]] = []
         if len(group) >= self.batch:
             ready.append((replica, self._groups.pop(replica)))
+        # Groups are created in event-time order (dicts keep insertion order), so the stale ones
+        # are at the front: look only there instead of scanning every replica on every event.
         ts = float(event["ts"])
-        stale = [r for r, g in self._groups.items() if ts - float(g[0]["ts"]) >= self.max_delay_s]
-        ready.extend((r, self._groups.pop(r)) for r in stale)
+        while self._groups:
+            oldest = next(iter(self._groups))
+            if ts - float(self._groups[oldest][0]["ts"]) < self.max_delay_s:
+                break
+            ready.append((oldest, self._groups.pop(oldest)))
         return ready
 
     def flush(self) -> list[tuple[str, list[Event]]]:
