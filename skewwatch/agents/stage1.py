@@ -34,6 +34,7 @@ from skewwatch.config import Settings
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.window import PartitionWindows, ReplicaStep
 from skewwatch.schemas.dead_letter import dead_letter_record
+from skewwatch.schemas.features import encode_features
 from skewwatch.schemas.requests import Rejection, decode_request_messages
 from skewwatch.schemas.telemetry import decode_telemetry
 
@@ -221,7 +222,7 @@ class RequestStage:
         for step in steps:
             fv = step.features
             pending.append(await self.producer.send(topics.features, key=fv.key.encode(),
-                                                    value=orjson.dumps(fv.to_dict())))
+                                                    value=encode_features(fv)))
             sample = self.telemetry.get(fv.replica or "")
             body = {"summary": step.summary.to_dict(), "features": fv.to_dict(),
                     "telemetry": sample.to_dict() if sample is not None else None}

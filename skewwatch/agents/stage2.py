@@ -23,11 +23,12 @@ from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.config import Settings
 from skewwatch.pipeline.assembler import ModelStep, StepAssembler
 from skewwatch.pipeline.corrections import RoutingCorrection
-from skewwatch.pipeline.decide import DetectorSettings, ModelDecider, StepDecision
+from skewwatch.pipeline.decide import DetectorSettings, ModelDecider
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.model_merge import merge_model_features
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.window import WindowSummary
+from skewwatch.schemas.features import encode_features
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,6 @@ class ModelStage:
         self.checkpoints = CheckpointStore(producer, bootstrap, settings.topics.checkpoints, self.stage)
         self.consumer: AIOKafkaConsumer | None = None
         self.corrections: dict[str, RoutingCorrection] = {}  # latest published, per model
-        self.last_decisions: dict[str, StepDecision] = {}
         self._lock = asyncio.Lock()
         self._to_commit: dict[TopicPartition, int] = {}
         self._stopping = asyncio.Event()
@@ -175,11 +175,12 @@ class ModelStage:
                 telemetry[replica] = (sample, step.window_end - sample.ts)
         decider = state.deciders.get(step.model)
         if decider is None:
-            decider = state.deciders[step.model] = ModelDecider(self.detector_settings)
+            decider = state.deciders[step.model] = ModelDecider(self.detector_settings, model=step.model)
         decision = decider.step(step.model, step.window_end, replica_features, model_fv, telemetry)
-        self.last_decisions[step.model] = decision
+        if decision.current is not None:
+            self.corrections[step.model] = decision.current
         sends = [await self.producer.send(topics.features, key=model_fv.key.encode(),
-                                          value=orjson.dumps(model_fv.to_dict()))]
+                                          value=encode_features(model_fv))]
         self.metrics.features_out.labels("model").inc()
         for alert in decision.alerts:
             key = f"{alert.model}/{alert.replica}" if alert.replica else alert.model
@@ -204,8 +205,8 @@ class ModelStage:
         counts: dict[tuple[str, str], int] = {}
         for state in self.partitions.values():
             for decider in state.deciders.values():
-                for detector, severity in decider.open_alerts():
-                    counts[(detector, str(severity))] = counts.get((detector, str(severity)), 0) + 1
+                for key, n in decider.open_alerts().items():
+                    counts[key] = counts.get(key, 0) + n
         self.metrics.open_alerts.clear()
         for (detector, severity), n in counts.items():
             self.metrics.open_alerts.labels(detector, severity).set(n)
@@ -217,7 +218,7 @@ class ModelStage:
             sends = []
             for state in self.partitions.values():
                 for model, decider in state.deciders.items():
-                    correction = decider.recompute(time.time())
+                    correction = decider.force_publish(time.time())
                     if correction is None:
                         continue
                     sends.append(await self._publish_correction(correction))
