@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.telemetry import decode_telemetry
 from skewwatch.telemetry.bridges import ScrapeError, Scraper, run_bridge, scrape_command
 from skewwatch.telemetry.engine_maps import (
     ENGINE_MAPS,
@@ -29,6 +30,7 @@ from skewwatch.telemetry.engine_maps import (
     map_exposition,
     normalize_name,
 )
+from skewwatch.telemetry.publish import encode_sample
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -118,6 +120,7 @@ async def test_engine_fixture_maps_to_expected_sample(server: ExpositionServer, 
     for name, value in expected.items():
         assert measured[name] == pytest.approx(value), name
     assert (sample.ts, sample.replica, sample.source) == (1234.5, "replica-a", kind)
+    assert decode_telemetry(encode_sample(sample)) == sample  # the wire form passes the worker's contract
     for name in ("queue_length", "running_requests", "preemptions_total"):
         if name in wire:
             assert isinstance(wire[name], int)
@@ -138,6 +141,7 @@ async def test_dcgm_fixture_gives_one_sample_per_gpu_with_units_and_join_labels(
     assert (gpu1.xid_last, gpu1.xid_count_5m, gpu1.ecc_uncorrected_total) == (79, 1, 2)
     assert gpu1.throttle_reasons == 32 and gpu1.memory_ratio == pytest.approx(78770 / 81559)
     assert gpu1.kv_cache_usage is None and gpu1.queue_length is None
+    assert [decode_telemetry(encode_sample(s)) for s in (gpu0, gpu1)] == [gpu0, gpu1]
 
 
 async def test_dcgm_replica_from_flag_or_host_and_index(server: ExpositionServer) -> None:

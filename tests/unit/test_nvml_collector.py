@@ -26,8 +26,10 @@ import pytest
 from click.testing import CliRunner
 
 from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.telemetry import decode_telemetry
 from skewwatch.telemetry.collector import collect_gpu_command, run_collector
 from skewwatch.telemetry.nvml_collector import NvmlReader, NvmlUnavailable, SimulatedReader
+from skewwatch.telemetry.publish import encode_sample
 from skewwatch.telemetry.replica_map import ReplicaMapError, load_replica_map
 
 REPO = Path(__file__).resolve().parents[2]
@@ -183,6 +185,7 @@ def test_samples_carry_the_right_fields_and_units(nvml: FakeNvml) -> None:
     assert partial.throttle_reasons == 0x1  # through the deprecated call on an old driver
     assert partial.memory_ratio == pytest.approx(3 / 24) and partial.utilization_gpu == pytest.approx(0.05)
     assert {"power_w", "ecc_uncorrected_total", "xid_last", "xid_count_5m"}.isdisjoint(partial.to_dict())
+    assert [decode_telemetry(encode_sample(s)) for s in (full, partial)] == [full, partial]  # the contract holds
     reader.close()
     assert not nvml.initialised
 
