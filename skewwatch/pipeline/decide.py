@@ -9,7 +9,8 @@ the step's ``window_end``), no I/O; the whole state is JSON-able (``state_dict``
 Per step, for every replica known to the model (seen in this step or an earlier one):
 
 1. a replica without a summary this step is given an empty vector (count 0), so its alerts
-   resolve and its silence is counted, instead of it being forgotten;
+   resolve and its silence is counted, instead of it being forgotten; with no load signal its
+   weight counts it as fully loaded (it gets less traffic at once, and 0 once stale);
 2. every enabled detector updates that replica's state; its telemetry is passed only when
    fresh (age <= ``[detectors.weights] telemetry_max_age_s``, 15 s), else None;
 3. health comes from the ``gpu_health`` detector, weights from :mod:`skewwatch.pipeline.weights`;

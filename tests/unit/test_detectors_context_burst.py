@@ -3,6 +3,7 @@ variance 0: current > 1000) and the mean prompt length is > 2048 tokens -> INFO,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ def fv(t: float, var: float | None, mean: float | None = 3000.0, **kw: Any) -> F
 
 
 def run(
-    det: ContextBurstDetector, variances: list[float | None], means: list[float] | None = None
+    det: ContextBurstDetector, variances: Sequence[float | None], means: list[float] | None = None
 ) -> list[list[Alert]]:
     means = means or [3000.0] * len(variances)
     return [
