@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import os
+import signal
+import socket
+import subprocess
+import sys
 import time
 import uuid
 from typing import Any
@@ -118,3 +123,51 @@ async def test_worker_decoder_accepts_what_the_receiver_publishes(kafka_settings
     with_batch = [{**e, "batch_size": 1, "batch_capacity": 8} for e in events]
     decoded = decode_request_message(orjson.dumps({"events": with_batch}), kafka_settings.limits)
     assert decoded.rejects == [] and len(decoded.columns) == 5
+
+
+def emit_vllm_v1_spans(endpoint: str, n: int) -> None:
+    """vLLM V1: no model on the span; the replica named through OTEL_RESOURCE_ATTRIBUTES semantics."""
+    provider = TracerProvider(resource=Resource.create({"service.name": "vllm", "service.instance.id": "pod-a"}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, timeout=20)))
+    tracer = provider.get_tracer("vllm.llm_engine")
+    now_ns = time.time_ns()
+    for i in range(n):
+        span = tracer.start_span("llm_request", kind=SpanKind.SERVER, start_time=now_ns - 10**9,
+                                 attributes=vllm_attributes(i))
+        span.end(end_time=now_ns)
+    assert provider.force_flush(timeout_millis=30_000)
+    provider.shutdown()
+
+
+def test_the_otlp_receiver_command(kafka_settings: Settings, tmp_path: Any) -> None:
+    """Recipe 2 of docs/connect.md as a user runs it: `skewwatch otlp-receiver --model ...`."""
+    assert kafka_settings.kafka.bootstrap
+    port = free_port()
+    log = (tmp_path / "receiver.log").open("wb")
+    env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "skewwatch", "otlp-receiver", "--port", str(port), "--bootstrap",
+         kafka_settings.kafka.bootstrap, "--topic", kafka_settings.topics.requests, "--model", "served-model"],
+        stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # until it listens
+            assert proc.poll() is None, (tmp_path / "receiver.log").read_text()
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        # The SDK exporter retries the 503s the receiver answers until its Kafka producer is connected.
+        emit_vllm_v1_spans(f"http://127.0.0.1:{port}/v1/traces", 12)
+        got = asyncio.run(consume_events(kafka_settings.kafka.bootstrap, kafka_settings.topics.requests, 12))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    assert sorted(e["request_id"] for _k, e in got) == sorted(f"cmpl-{i}" for i in range(12))
+    assert {(k, e["replica"], e["model"]) for k, e in got} == {(b"pod-a", "pod-a", "served-model")}
+    assert proc.returncode == 0, (tmp_path / "receiver.log").read_text()

@@ -4,7 +4,6 @@ decode to the right contract-v1 events; other spans are skipped and counted; bad
 from __future__ import annotations
 
 import base64
-import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -159,18 +158,36 @@ def test_collector_otlp_json_with_semconv_names() -> None:
     }
 
 
-def test_kafka_exporter_framing_one_request_per_record_split_by_trace() -> None:
+def collector_kafka_records(request: ExportTraceServiceRequest, encoding: str = "otlp_proto",
+                            partition_traces_by_id: bool = False) -> list[tuple[bytes | None, bytes]]:
+    """(key, value) records exactly as the Collector's Kafka exporter writes ``request``: one whole
+    ExportTraceServiceRequest per record, no envelope; key nil, or with ``partition_traces_by_id`` one
+    record per trace keyed by the trace id in hex. (For the worker's tests too.)"""
+    def encode(part: ExportTraceServiceRequest) -> bytes:
+        return to_otlp_json(part) if encoding == "otlp_json" else part.SerializeToString()
+
+    if not partition_traces_by_id:
+        return [(None, encode(request))]
+    traces: dict[bytes, ExportTraceServiceRequest] = {}
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                part = traces.setdefault(span.trace_id, ExportTraceServiceRequest())
+                rs = part.resource_spans.add(resource=resource_spans.resource, schema_url=resource_spans.schema_url)
+                rs.scope_spans.add(scope=scope_spans.scope, schema_url=scope_spans.schema_url).spans.append(span)
+    return [(trace_id.hex().encode(), encode(part)) for trace_id, part in traces.items()]
+
+
+@pytest.mark.parametrize("encoding", ["otlp_proto", "otlp_json"])
+def test_kafka_exporter_framing_one_request_per_record_split_by_trace(encoding: Encoding) -> None:
     """With partition_traces_by_id the Collector writes one ExportTraceServiceRequest per trace, keyed by
     the trace id: each record decodes on its own, and none of them is keyed by replica."""
-    whole = vllm_request(3)
-    records = []
-    for span in whole.resource_spans[0].scope_spans[0].spans:
-        part = copy.deepcopy(whole)
-        del part.resource_spans[0].scope_spans[0].spans[:]
-        part.resource_spans[0].scope_spans[0].spans.append(span)
-        records.append((span.trace_id.hex().encode(), part.SerializeToString()))
-    events = [e for _key, value in records for e in decode_otlp_traces(value, "otlp_proto").events]
+    records = collector_kafka_records(vllm_request(3), encoding, partition_traces_by_id=True)
+    assert len(records) == 3 and all(key is not None and len(key) == 32 for key, _ in records)
+    events = [e for _key, value in records for e in decode_otlp_traces(value, encoding).events]
     assert sorted(e["request_id"] for e in events) == ["cmpl-0", "cmpl-1", "cmpl-2"]
+    [(key, whole)] = collector_kafka_records(vllm_request(3), encoding)
+    assert key is None and len(decode_otlp_traces(whole, encoding).events) == 3
 
 
 def test_non_request_spans_are_skipped_and_counted_not_rejected() -> None:
