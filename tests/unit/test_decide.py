@@ -251,14 +251,47 @@ def test_replaying_a_step_after_restore_gives_the_same_seq() -> None:
 
 def test_settings_from_env_and_toml(tmp_path: Path) -> None:
     toml = tmp_path / "skewwatch.toml"
-    toml.write_text("[detectors.long_tail]\nratio = 3.5\npersistence = 4\n[detectors.weights]\nstale_steps = 5\n")
+    toml.write_text(
+        "[detectors.long_tail]\nratio = 3.5\npersistence = 4\n[detectors.weights]\nstale_steps = 5\n"
+        '[detectors.gpu_health]\nreclassify = ["cudaErrorLaunchTimeout=hardware"]\nhardware_xids = [79, 48]\n'
+    )
     settings = load_settings(
         toml, env={"SKEWWATCH_DETECTORS__LONG_TAIL__RATIO": "4", "SKEWWATCH_DETECTORS__GPU_HEALTH__ISOLATE_S": "120"}
     )
     ds = DetectorSettings.from_settings(settings)
     assert ds.detectors["long_tail"].ratio == 4.0 and ds.detectors["long_tail"].persistence == 4
     assert ds.detectors["gpu_health"].isolate_s == 120.0 and ds.weights.stale_steps == 5
+    assert ds.detectors["gpu_health"].reclassify == ("cudaErrorLaunchTimeout=hardware",)
+    assert ds.detectors["gpu_health"].hardware_xids == (79, 48)
     assert ModelDecider(ds).detectors["long_tail"].config.to_dict()["ratio"] == 4.0
+    env_only = load_settings(env={"SKEWWATCH_DETECTORS__DECIDER__DISABLED": "kv_pressure,context_burst"})
+    assert DetectorSettings.from_settings(env_only).decider.disabled == ("kv_pressure", "context_burst")
+
+
+MODULES = [
+    "skewwatch.pipeline.cuda_errors",
+    "skewwatch.pipeline.health",
+    "skewwatch.pipeline.batch_controller",
+    "skewwatch.pipeline.weights",
+    "skewwatch.pipeline.corrections",
+    "skewwatch.pipeline.decide",
+    "skewwatch.pipeline.detectors.base",
+    "skewwatch.pipeline.detectors.registry",
+    "skewwatch.pipeline.detectors.long_tail",
+    "skewwatch.pipeline.detectors.batch_collapse",
+    "skewwatch.pipeline.detectors.context_burst",
+    "skewwatch.pipeline.detectors.kv_pressure",
+    "skewwatch.pipeline.detectors.gpu_health",
+]
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_docstring_examples_run(module: str) -> None:
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0
 
 
 def test_defaults_are_the_seeds() -> None:
