@@ -1,0 +1,417 @@
+"""The llm.requests decoder: every bad-input case of issue 2, good events surviving bad ones,
+the vectorised path agreeing with the per-event reference, and no input ever raising."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from skewwatch.config import LimitSettings
+from skewwatch.pipeline.events import RequestColumns
+from skewwatch.schemas.rejection import REASON_CODES, Rejection
+from skewwatch.schemas.requests import (
+    EVENT_FIELDS,
+    REQUIRED_FIELDS,
+    SCALAR_MAX_EVENTS,
+    _validate_columns,
+    check_request_event,
+    decode_request_message,
+    decode_request_messages,
+    encode_request_event,
+    encode_request_events,
+    event_problems,
+)
+
+LIMITS = LimitSettings()
+
+
+def good_event(i: int = 0, **changes: Any) -> dict[str, Any]:
+    event: dict[str, Any] = {
+        "request_id": f"req-{i}", "ts": 1_700_000_000.0 + i, "model": "llama", "replica": f"r{i % 3}",
+        "latency_ms": 100.0 + i, "prompt_tokens": 10 + i, "completion_tokens": 20 + i,
+        "batch_size": 4, "batch_capacity": 32,
+    }
+    event.update(changes)
+    return {k: v for k, v in event.items() if v is not _DROP}
+
+
+_DROP = object()  # good_event(field=_DROP) leaves the field out
+
+# (changes to a good event, expected reason_code, text the reason must contain)
+BAD_EVENTS: list[tuple[dict[str, Any], str, str]] = [
+    ({"latency_ms": -3}, "out_of_range", "latency_ms: must be ≥ 0, got -3"),
+    ({"latency_ms": "12"}, "wrong_type", 'latency_ms: must be a number, got "12"'),
+    ({"latency_ms": True}, "wrong_type", "latency_ms: must be a number, got true"),
+    ({"latency_ms": _DROP}, "missing_field", "latency_ms: required field is missing"),
+    ({"latency_ms": None}, "missing_field", "latency_ms: required, got null"),
+    ({"request_id": _DROP}, "missing_field", "request_id: required field is missing"),
+    ({"request_id": 17}, "wrong_type", "request_id: must be a string, got 17"),
+    ({"model": ""}, "out_of_range", 'model: must be a non-empty string, got ""'),
+    ({"replica": ["r1"]}, "wrong_type", 'replica: must be a string, got ["r1"]'),
+    ({"ts": -1.0}, "out_of_range", "ts: must be ≥ 0, got -1.0"),
+    ({"ts": 1_700_000_000_000}, "out_of_range", "ts: 1700000000000 is not epoch seconds"),
+    ({"ts": "2024-01-01T00:00:00Z"}, "wrong_type", "ts: must be a number"),
+    ({"prompt_tokens": True}, "wrong_type", "prompt_tokens: must be an integer, got true"),
+    ({"prompt_tokens": 12.5}, "wrong_type", "prompt_tokens: must be an integer, got 12.5"),
+    ({"prompt_tokens": -1}, "out_of_range", "prompt_tokens: must be ≥ 0, got -1"),
+    ({"prompt_tokens": 10_000_001}, "too_many_tokens", "prompt_tokens: 10000001 > limit 10000000"),
+    ({"completion_tokens": 2**40}, "too_many_tokens", "completion_tokens: 1099511627776 > limit"),
+    ({"completion_tokens": 1e30}, "too_many_tokens", "completion_tokens: 1e+30 > limit"),
+    ({"batch_size": 40, "batch_capacity": 32}, "batch_over_capacity", "batch_size: 40 > batch_capacity 32"),
+    ({"batch_size": 0}, "out_of_range", "batch_size: must be ≥ 1, got 0"),
+    ({"batch_capacity": 2**63}, "out_of_range", "batch_capacity: must be < 2^63"),
+    ({"batch_capacity": "32"}, "wrong_type", 'batch_capacity: must be an integer, got "32"'),
+    ({"ttft_ms": -1}, "out_of_range", "ttft_ms: must be ≥ 0, got -1"),
+    ({"queue_length": 1.5}, "wrong_type", "queue_length: must be an integer, got 1.5"),
+    ({"queue_length": -2}, "out_of_range", "queue_length: must be ≥ 0, got -2"),
+    ({"kv_cache_hit_rate": 1.2}, "out_of_range", "kv_cache_hit_rate: must be ≤ 1, got 1.2"),
+    ({"kv_cache_hit_rate": "high"}, "wrong_type", "kv_cache_hit_rate: must be a number"),
+    ({"status": "failed"}, "out_of_range", 'status: must be "ok" or "error", got "failed"'),
+    ({"status": 0}, "wrong_type", 'status: must be "ok" or "error", got 0'),
+    ({"cuda_error": True}, "wrong_type", "cuda_error: must be a cudaError_t name (string) or code"),
+    ({"cuda_error": -2}, "out_of_range", "cuda_error: code must be ≥ 0, got -2"),
+    ({"cuda_error": ""}, "out_of_range", "cuda_error: must be a non-empty cudaError_t name"),
+    ({"v": 2}, "unsupported_version", "v: unsupported schema version 2 (this decoder knows 1)"),
+    ({"v": "1"}, "wrong_type", 'v: must be an integer schema version, got "1"'),
+]
+
+
+@pytest.mark.parametrize(("changes", "code", "text"), BAD_EVENTS,
+                         ids=[f"{c}-{'/'.join(ch)}" for ch, c, _ in BAD_EVENTS])
+def test_a_bad_single_event_is_rejected_with_an_actionable_reason(changes: dict[str, Any], code: str,
+                                                                  text: str) -> None:
+    decoded = decode_request_message(encode_request_event(good_event(**changes)), LIMITS)
+    assert len(decoded.columns) == 0
+    assert len(decoded.rejects) == 1
+    rejection = decoded.rejects[0]
+    assert rejection.reason_code == code
+    assert text in rejection.reason
+    assert rejection.reason.startswith(text.split(":")[0])  # single-event form: no "events[i]." prefix
+    assert rejection.event_index == 0 and not decoded.rejected_whole_message
+
+
+@pytest.mark.parametrize("size", [3, SCALAR_MAX_EVENTS + 1, 60], ids=["scalar", "vector-small", "vector"])
+@pytest.mark.parametrize(("changes", "code", "text"), BAD_EVENTS,
+                         ids=[f"{c}-{'/'.join(ch)}" for ch, c, _ in BAD_EVENTS])
+def test_in_a_batch_only_the_bad_event_is_rejected(changes: dict[str, Any], code: str, text: str,
+                                                   size: int) -> None:
+    bad_at = size // 2
+    events = [good_event(i, **(changes if i == bad_at else {})) for i in range(size)]
+    decoded = decode_request_message(encode_request_events(events), LIMITS)
+    assert [(r.reason_code, r.event_index) for r in decoded.rejects] == [(code, bad_at)]
+    assert f"events[{bad_at}].{text}" in decoded.rejects[0].reason
+    kept = [e for i, e in enumerate(events) if i != bad_at]
+    assert list(decoded.columns.request_id) == [e["request_id"] for e in kept]
+    assert decoded.columns.latency_ms.tolist() == [e["latency_ms"] for e in kept]
+
+
+def test_a_mixed_batch_keeps_every_good_event_with_its_values() -> None:
+    events: list[Any] = [
+        good_event(0, ttft_ms=12.5, queue_length=3, kv_cache_hit_rate=0.5, status="error",
+                   cuda_error="cudaErrorMemoryAllocation", extra_field={"ignored": True}),
+        good_event(1, latency_ms=-3),
+        good_event(2, prompt_tokens=12.0, batch_size=32.0, cuda_error=700.0, v=1),
+        "not an event",
+        good_event(4, batch_size=40, batch_capacity=32),
+        good_event(5),
+    ]
+    decoded = decode_request_message(encode_request_events(events), LIMITS)
+    assert [(r.reason_code, r.event_index) for r in decoded.rejects] == [
+        ("out_of_range", 1), ("not_an_object", 3), ("batch_over_capacity", 4)]
+    assert decoded.rejects[1].reason == 'events[3]: must be an event object, got "not an event"'
+    cols = decoded.columns
+    assert list(cols.request_id) == ["req-0", "req-2", "req-5"]
+    assert cols.prompt_tokens.dtype == np.int64 and cols.prompt_tokens.tolist() == [10, 12, 15]
+    assert cols.batch_size.tolist() == [4, 32, 4]
+    assert cols.batch_capacity.tolist() == [32, 32, 32]
+    assert cols.ts.tolist() == [1_700_000_000.0, 1_700_000_002.0, 1_700_000_005.0]
+    assert cols.ttft_ms[0] == 12.5 and np.isnan(cols.ttft_ms[1:]).all()  # absent = NaN, never 0
+    assert cols.queue_length[0] == 3 and np.isnan(cols.queue_length[1:]).all()
+    assert cols.kv_cache_hit_rate[0] == 0.5 and np.isnan(cols.kv_cache_hit_rate[1:]).all()
+    assert cols.is_error.tolist() == [True, False, False]
+    assert list(cols.cuda_error) == ["cudaErrorMemoryAllocation", 700, None]
+    assert type(cols.cuda_error[1]) is int  # integral float codes are normalised
+
+
+@pytest.mark.parametrize(("value", "code", "text"), [
+    (None, "empty", "null"),
+    (b"", "empty", "zero bytes"),
+    (b" \n\t ", "empty", "whitespace"),
+    (b"{oops", "malformed_json", "malformed JSON"),
+    (b'{"latency_ms": 1', "malformed_json", "malformed JSON"),
+    (b'{"request_id": "\xff\xfe"}', "malformed_json", "UTF-8"),
+    (b'{"request_id": "\\ud800"}', "malformed_json", "malformed JSON"),  # lone surrogate
+    (b"[" * 5000 + b"]" * 5000, "malformed_json", "malformed JSON"),  # nesting bomb
+    (b"[1, 2]", "not_an_object", "got an array"),
+    (b'"an event"', "not_an_object", "got a string"),
+    (b"null", "not_an_object", "got null"),
+    (b"42", "not_an_object", "got a number"),
+    (b'{"events": {"request_id": "a"}}', "wrong_type", "events: must be an array of event objects"),
+    (b'{"v": 2, "events": []}', "unsupported_version", "v: unsupported schema version 2"),
+    (b'{"v": true, "events": []}', "wrong_type", "v: must be an integer schema version, got true"),
+])
+def test_message_level_rejections(value: bytes | None, code: str, text: str) -> None:
+    decoded = decode_request_message(value, LIMITS)
+    assert len(decoded.columns) == 0
+    assert [r.reason_code for r in decoded.rejects] == [code]
+    assert text in decoded.rejects[0].reason
+    assert decoded.rejects[0].event_index is None and decoded.rejected_whole_message
+
+
+def test_a_value_over_the_size_limit_is_rejected_before_parsing() -> None:
+    value = encode_request_events([good_event(i, pad="x" * 1000) for i in range(1100)])
+    assert len(value) > 1 << 20
+    decoded = decode_request_message(value, LIMITS)
+    assert [(r.reason_code, r.event_index) for r in decoded.rejects] == [("too_large", None)]
+    assert f"value is {len(value)} bytes > limit 1048576 (limits.max_message_bytes)" == decoded.rejects[0].reason
+    assert len(decode_request_message(value, LimitSettings(max_message_bytes=2 << 20)).columns) == 1100
+
+
+def test_too_many_events_in_one_message() -> None:
+    limits = LimitSettings(max_events_per_message=5)
+    decoded = decode_request_message(encode_request_events([good_event(i) for i in range(6)]), limits)
+    assert [(r.reason_code, r.event_index) for r in decoded.rejects] == [("too_many_events", None)]
+    assert "events: 6 events > limit 5" in decoded.rejects[0].reason
+    assert len(decode_request_message(encode_request_events([good_event()] * 5), limits).columns) == 5
+
+
+def test_the_token_limit_is_configurable() -> None:
+    limits = LimitSettings(max_tokens=100)
+    decoded = decode_request_message(encode_request_event(good_event(prompt_tokens=101)), limits)
+    assert decoded.rejects[0].reason == "prompt_tokens: 101 > limit 100 (limits.max_tokens)"
+    assert len(decode_request_message(encode_request_event(good_event(prompt_tokens=100)), limits).columns) == 1
+
+
+@pytest.mark.parametrize("size", [1, 20])
+@pytest.mark.parametrize(("literal", "shown"), [("1e999", "inf"), ("-1e999", "-inf"), ("NaN", "NaN"),
+                                                ("Infinity", "inf")])
+def test_non_finite_numbers_reject_only_their_event(literal: str, shown: str, size: int) -> None:
+    # JSON has no NaN, and orjson refuses 'NaN' and 1e999 (overflow to inf) for the whole message;
+    # Python's json.dumps writes NaN/Infinity by default, so producers do send them.
+    events = [good_event(i) for i in range(size)]
+    text = orjson.dumps({"events": events}).decode()
+    text = text.replace('"latency_ms":100.0', f'"latency_ms":{literal}', 1)
+    decoded = decode_request_message(text.encode(), LIMITS)
+    assert [(r.reason_code, r.event_index) for r in decoded.rejects] == [("out_of_range", 0)]
+    assert f"events[0].latency_ms: must be a finite number, got {shown}" == decoded.rejects[0].reason
+    assert len(decoded.columns) == size - 1
+
+
+def test_nan_in_an_optional_field_is_not_mistaken_for_absent() -> None:
+    events = [good_event(i, ttft_ms=5.0) for i in range(20)] + [good_event(20)]
+    text = orjson.dumps({"events": events}).decode().replace('"ttft_ms":5.0', '"ttft_ms":NaN', 1)
+    decoded = decode_request_message(text.encode(), LIMITS)
+    assert [(r.reason_code, r.event_index) for r in decoded.rejects] == [("out_of_range", 0)]
+    assert "ttft_ms: must be a finite number, got NaN" in decoded.rejects[0].reason
+
+
+def test_several_problems_are_all_named_and_missing_fields_grouped() -> None:
+    decoded = decode_request_message(b'{"events": [{"latency_ms": -1, "ts": 5, "status": "x"}]}', LIMITS)
+    (rejection,) = decoded.rejects
+    assert rejection.reason_code == "missing_field"
+    assert rejection.reason == (
+        "events[0]: required fields are missing: request_id, model, replica, prompt_tokens, "
+        "completion_tokens, batch_size, batch_capacity; events[0].latency_ms: must be ≥ 0, got -1; "
+        'events[0].status: must be "ok" or "error", got "x"')
+
+
+def test_unknown_fields_are_ignored_and_an_empty_batch_is_fine() -> None:
+    event = good_event(0, future_field=[1, 2, {"x": None}], gpu="h100")
+    assert len(decode_request_message(encode_request_event(event), LIMITS).columns) == 1
+    empty = decode_request_message(b'{"v": 1, "events": []}', LIMITS)
+    assert len(empty.columns) == 0 and empty.rejects == []
+
+
+def test_single_and_batch_forms_decode_to_the_same_columns() -> None:
+    events = [good_event(i, ttft_ms=float(i), status="error" if i % 3 == 0 else "ok") for i in range(30)]
+    batch = decode_request_message(encode_request_events(events), LIMITS).columns
+    singles = RequestColumns.concat([decode_request_message(encode_request_event(e), LIMITS).columns
+                                     for e in events])
+    polled = decode_request_messages([encode_request_event(e) for e in events], LIMITS).columns
+    reference = RequestColumns.from_rows(events)
+    for columns in (batch, singles, polled):
+        assert_columns_equal(columns, reference)
+
+
+def test_decoding_many_messages_maps_rows_and_rejects_to_their_message() -> None:
+    values = [
+        encode_request_events([good_event(0), good_event(1, latency_ms=-1), good_event(2)]),
+        b"not json",
+        encode_request_event(good_event(3)),
+        None,
+        encode_request_event(good_event(4, batch_size=99)),
+    ]
+    decoded = decode_request_messages(values, LIMITS)
+    assert list(decoded.columns.request_id) == ["req-0", "req-2", "req-3"]
+    assert decoded.message_index.tolist() == [0, 0, 2]
+    assert [[r.reason_code for r in rs] for rs in decoded.rejects] == [
+        ["out_of_range"], ["malformed_json"], [], ["empty"], ["batch_over_capacity"]]
+    assert decoded.rejects[0][0].reason.startswith("events[1].latency_ms")
+    assert decoded.rejects[4][0].reason.startswith("batch_size: 99")  # single-event form: no prefix
+
+
+def test_check_request_event_is_the_decoders_verdict() -> None:
+    assert check_request_event(good_event()) is None
+    rejection = check_request_event(good_event(latency_ms=-3))
+    assert rejection == Rejection("out_of_range", "latency_ms: must be ≥ 0, got -3", 0)
+    assert check_request_event(good_event(prompt_tokens=101), LimitSettings(max_tokens=100)) is not None
+
+
+def test_every_reason_code_the_decoder_emits_is_a_known_label() -> None:
+    for changes, code, _ in BAD_EVENTS:
+        assert code in REASON_CODES, changes
+
+
+def test_encoders_write_what_the_decoder_reads() -> None:
+    event = good_event(0, ttft_ms=np.float64(3.5), prompt_tokens=np.int64(7))
+    assert orjson.loads(encode_request_event(event))["prompt_tokens"] == 7
+    assert orjson.loads(encode_request_events([event])) == {"v": 1, "events": [orjson.loads(
+        encode_request_event(event))]}
+    assert decode_request_message(encode_request_events([event]), LIMITS).columns.ttft_ms.tolist() == [3.5]
+
+
+# --- the vectorised paths must agree with the per-event reference ---------------------------------
+
+def assert_columns_equal(actual: RequestColumns, expected: RequestColumns) -> None:
+    assert len(actual) == len(expected)
+    for name in ("ts", "latency_ms", "ttft_ms", "queue_length", "kv_cache_hit_rate"):
+        np.testing.assert_array_equal(getattr(actual, name), getattr(expected, name), err_msg=name)
+    for name in ("prompt_tokens", "completion_tokens", "batch_size", "batch_capacity"):
+        assert getattr(actual, name).dtype == np.int64, name
+        assert getattr(actual, name).tolist() == getattr(expected, name).tolist(), name
+    for name in ("request_id", "model", "replica", "cuda_error", "is_error"):
+        assert list(getattr(actual, name)) == list(getattr(expected, name)), name
+
+
+# Per field: values that are valid and values that are not (including the nasty ones: booleans,
+# integral floats, numeric strings, non-finite, beyond int64, beyond float). _DROP = absent.
+_ABSENT_OK = [_DROP, None]
+VALUE_POOLS: dict[str, list[Any]] = {
+    "request_id": ["a", "req-7", "模型", "", 1, True, None, _DROP, ["a"]],
+    "model": ["m", "llama-3", "", 0, None, _DROP],
+    "replica": ["r1", "r2", "", {}, None, _DROP],
+    "ts": [1.7e9, 0, 1_700_000_000, 99_999_999_999.0, 1e11, -1, "1", True, math.inf, math.nan, None,
+           _DROP, 10**400],
+    "latency_ms": [0, 0.5, 120, 1e6, -3, -0.0, "5", False, math.inf, -math.inf, math.nan, None, _DROP,
+                   10**30, 10**400],
+    "prompt_tokens": [0, 12, 12.0, 10_000_000, 10_000_000.0, -1, 12.5, 10_000_001, True, "12", 1e30,
+                      2**63, 2**64 - 1, math.inf, math.nan, None, _DROP],
+    "completion_tokens": [0, 7, 7.0, -7, 0.5, False, None],
+    "batch_size": [1, 4, 32.0, 64, 0, -1, 2.5, False, 2**63, 2**63 - 1, -2**63, math.nan, None],
+    "batch_capacity": [32, 64, 64.0, 2**63 - 1, 2**63, 0, "32", 9.3e18, None, _DROP],
+    "ttft_ms": [*_ABSENT_OK, 0, 12.5, 3, -1, "x", True, math.inf, math.nan, 10**400],
+    "queue_length": [*_ABSENT_OK, 0, 7, 7.0, 2**63 - 1, -1, 1.5, True, 2**63, "3", math.inf],
+    "kv_cache_hit_rate": [*_ABSENT_OK, 0, 1, 0.5, 1.0, 1.01, -0.1, "0.5", True, math.nan],
+    "status": [*_ABSENT_OK, "ok", "error", "fail", "OK", 1, True, [], ""],
+    "cuda_error": [*_ABSENT_OK, "cudaErrorMemoryAllocation", 2, 2.0, 0, "", -1, True, 2.5, [1], {}, 2**63,
+                   math.inf],
+    "v": [*_ABSENT_OK, 1, 1.0, 2, 0, "1", True, 1.5],
+}
+VALID_POOLS: dict[str, list[Any]] = {
+    "request_id": ["a", "req-7"], "model": ["m", "llama-3"], "replica": ["r1", "r2"],
+    "ts": [1.7e9, 1_700_000_000], "latency_ms": [0, 0.5, 120], "prompt_tokens": [0, 12, 12.0],
+    "completion_tokens": [0, 7], "batch_size": [1, 4, 32], "batch_capacity": [32, 64],
+    "ttft_ms": [*_ABSENT_OK, 12.5], "queue_length": [*_ABSENT_OK, 7], "kv_cache_hit_rate": [*_ABSENT_OK, 0.5],
+    "status": [*_ABSENT_OK, "ok", "error"], "cuda_error": [*_ABSENT_OK, "cudaErrorLaunchTimeout"],
+    "v": [*_ABSENT_OK, 1],
+}
+
+
+@st.composite
+def events_from(draw: st.DrawFn, pools: dict[str, list[Any]]) -> dict[str, Any]:
+    event = {name: draw(st.sampled_from(pool)) for name, pool in pools.items()}
+    return {k: v for k, v in event.items() if v is not _DROP}
+
+
+@st.composite
+def event_batches(draw: st.DrawFn) -> list[dict[str, Any]]:
+    # mostly-valid batches reach the fast path; one field of a few events drawn from the full pool
+    base = draw(st.lists(events_from(VALID_POOLS), min_size=SCALAR_MAX_EVENTS + 1, max_size=24))
+    spoil = draw(st.lists(st.tuples(st.integers(0, len(base) - 1), st.sampled_from(sorted(VALUE_POOLS))),
+                          max_size=4))
+    for index, name in spoil:
+        value = draw(st.sampled_from(VALUE_POOLS[name]))
+        if value is _DROP:
+            base[index].pop(name, None)
+        else:
+            base[index][name] = value
+    if draw(st.booleans()):  # an uncommon shape: every event with exactly the same keys
+        keys = set(base[0])
+        base = [e for e in base if set(e) == keys] or base[:1]
+    return base
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(event_batches())
+def test_fast_and_generic_vector_paths_agree_with_the_per_event_reference(events: list[dict[str, Any]]) -> None:
+    expected_bad = [bool(event_problems(e, LIMITS.max_tokens)) for e in events]
+    for fast in (True, False):
+        columns, bad = _validate_columns(events, LIMITS.max_tokens, fast=fast)
+        assert bad.tolist() == expected_bad, f"fast={fast}"
+        good = [e for e, b in zip(events, expected_bad, strict=True) if not b]
+        assert_columns_equal(columns.take(~bad), RequestColumns.from_rows(good) if good else RequestColumns.empty())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(events_from(VALUE_POOLS), min_size=1, max_size=20))
+def test_every_event_is_either_decoded_or_rejected_with_one_reason(events: list[dict[str, Any]]) -> None:
+    value = json.dumps({"events": events}).encode()  # stdlib: writes NaN/Infinity, big ints
+    decoded = decode_request_message(value, LIMITS)
+    if decoded.rejected_whole_message:  # only when orjson cannot write the document back
+        assert decoded.rejects[0].reason_code == "malformed_json"
+        return
+    rejected = [r.event_index for r in decoded.rejects if r.event_index is not None]
+    assert rejected == sorted(set(rejected)) and len(rejected) == len(decoded.rejects)
+    assert len(decoded.columns) + len(rejected) == len(events)
+    for r in decoded.rejects:
+        assert r.reason_code in REASON_CODES
+        assert r.reason.startswith(f"events[{r.event_index}]")
+        assert r.reason_code == event_problems(events[r.event_index or 0], LIMITS.max_tokens)[0][0]
+
+
+# --- fuzz: nothing ever raises ----------------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+field_names = st.sampled_from([f.name for f in EVENT_FIELDS] + ["v", "events", "x"])
+event_like = st.dictionaries(field_names, json_values, max_size=16)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=512))
+def test_arbitrary_bytes_never_raise(value: bytes) -> None:
+    decoded = decode_request_message(value, LIMITS)
+    assert isinstance(decoded.columns, RequestColumns)
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_values)
+def test_arbitrary_json_never_raises(doc: Any) -> None:
+    decoded = decode_request_message(orjson.dumps(doc), LIMITS)
+    assert len(decoded.columns) == 0 or not decoded.rejected_whole_message
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.one_of(event_like, st.fixed_dictionaries({"events": st.lists(event_like | json_values, max_size=12)})))
+def test_arbitrary_event_shaped_json_never_raises(doc: dict[str, Any]) -> None:
+    for value in (orjson.dumps(doc), json.dumps(doc).encode()):
+        decoded = decode_request_message(value, LIMITS)
+        if not decoded.rejected_whole_message:
+            count = len(doc["events"]) if "events" in doc else 1
+            assert len(decoded.columns) + len(decoded.rejects) == count
+
+
+def test_required_fields_are_the_contracts() -> None:
+    assert REQUIRED_FIELDS == ("request_id", "ts", "model", "replica", "latency_ms", "prompt_tokens",
+                               "completion_tokens", "batch_size", "batch_capacity")
