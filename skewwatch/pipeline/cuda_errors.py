@@ -270,9 +270,7 @@ class CudaErrorInfo:
     known: bool  # False: not in the table, classified conservatively (UNKNOWN_CLASS)
 
 
-def classify_cuda_error(
-    value: str | int | None, reclassify: Mapping[str, ErrorClass] | None = None
-) -> CudaErrorInfo:
+def classify_cuda_error(value: str | int | None, reclassify: Mapping[str, ErrorClass] | None = None) -> CudaErrorInfo:
     """Classify a ``cuda_error`` as sent on a request event: a name, an integer, or its string.
 
     Names match case-insensitively, with or without the ``cudaError`` prefix. ``None``, ``""``

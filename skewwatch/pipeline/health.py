@@ -166,9 +166,7 @@ class HealthAssessment:
     active: dict[str, float] = field(default_factory=dict)  # active class -> until
 
 
-HEALTHY = HealthAssessment(
-    score=1.0, error_class=ErrorClass.SUCCESS, action=None, expires_at=None, cause=None
-)
+HEALTHY = HealthAssessment(score=1.0, error_class=ErrorClass.SUCCESS, action=None, expires_at=None, cause=None)
 
 Observation = tuple[str, str, int]  # (class, cause, count)
 

@@ -284,3 +284,18 @@ def test_config_overrides_accept_env_strings_and_reject_unknown_keys(name: str) 
     assert config == cls.Config()
     with pytest.raises(ConfigError, match=name):
         cls.Config.from_overrides({"no_such_threshold": "1"})
+
+
+def test_alert_and_action_round_trip_and_identity() -> None:
+    from skewwatch.pipeline.detectors.base import Action, Alert
+
+    alert = Alert(1.0, "m", "r1", "kv_pressure", Severity.INFO, "open", "msg", {"rule": "prefill", "x": 1.5})
+    assert Alert.from_dict(json.loads(json.dumps(alert.to_dict()))) == alert
+    assert alert.key == "m/r1/kv_pressure#prefill"
+    assert Alert(1.0, "m", None, "long_tail", Severity.WARNING, "resolved", "", {}).key == "m/*/long_tail"
+    with pytest.raises(ValueError, match="open or resolved"):
+        Alert.from_dict({**alert.to_dict(), "state": "closed"})
+    action = Action("r1", "isolate", Severity.WARNING, "reason", {"health": 0.4}, 300.0)
+    assert Action.from_dict(json.loads(json.dumps(action.to_dict()))) == action
+    renewed = Action("r1", "isolate", Severity.WARNING, "reason", {"health": 0.4}, 600.0)
+    assert renewed.identity == action.identity and renewed != action

@@ -71,8 +71,13 @@ class Alert:
 
     @property
     def key(self) -> str:
-        """Identity of the alert: one open alert per (model, replica, detector)."""
-        return f"{self.model}/{self.replica or '*'}/{self.detector}"
+        """Identity of the alert: one open alert per (model, replica, detector[, rule]).
+
+        Detectors with several rules (kv_pressure) name the rule in ``evidence["rule"]``.
+        """
+        rule = self.evidence.get("rule")
+        base = f"{self.model}/{self.replica or '*'}/{self.detector}"
+        return base if rule is None else f"{base}#{rule}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -229,9 +234,7 @@ class OverridableConfig:
         for key, value in overrides.items():
             name = key.strip().lower()
             if name not in names:
-                raise ConfigError(
-                    f"detectors.{cls.section}.{key}: unknown setting (known: {', '.join(sorted(names))})"
-                )
+                raise ConfigError(f"detectors.{cls.section}.{key}: unknown setting (known: {', '.join(sorted(names))})")
             values[name] = _coerce(value, hints[name], f"detectors.{cls.section}.{name}")
         return cls(**values)
 
@@ -276,9 +279,7 @@ class Hysteresis:
     is_open: bool = False
     opened_at: float | None = None
 
-    def observe(
-        self, holds: bool | None, *, persistence: int, clear_steps: int, now: float = 0.0
-    ) -> Transition:
+    def observe(self, holds: bool | None, *, persistence: int, clear_steps: int, now: float = 0.0) -> Transition:
         if holds:
             self.hits += 1
             self.misses = 0
@@ -325,9 +326,7 @@ class Detector(ABC):
     def __init__(self, config: OverridableConfig | None = None) -> None:
         self.config = config if config is not None else self.Config()
         if not isinstance(self.config, self.Config):
-            raise TypeError(
-                f"{self.name}: config must be {self.Config.__name__}, got {type(config).__name__}"
-            )
+            raise TypeError(f"{self.name}: config must be {self.Config.__name__}, got {type(config).__name__}")
 
     @abstractmethod
     def update(self, fv: FeatureVector, telemetry: TelemetrySample | None, now: float) -> DetectorOutput:
@@ -403,9 +402,7 @@ class ThresholdDetector(Detector):
             finding = findings.get(rule, Finding(holds=None))
             rstate = key_state["rules"].setdefault(rule, {"h": Hysteresis().to_dict()})
             hyst = Hysteresis.from_dict(rstate["h"])
-            transition = hyst.observe(
-                finding.holds, persistence=cfg.persistence, clear_steps=cfg.clear_steps, now=now
-            )
+            transition = hyst.observe(finding.holds, persistence=cfg.persistence, clear_steps=cfg.clear_steps, now=now)
             rstate["h"] = hyst.to_dict()
             severity, action, reason = self.rule_meta(rule)
             if finding.holds:
@@ -414,15 +411,9 @@ class ThresholdDetector(Detector):
                 rstate["message"] = finding.message
                 rstate["params"] = dict(finding.params)
             if transition == "open":
-                out.alerts.append(
-                    self._alert(fv, now, severity, "open", finding.message, finding.evidence, rule)
-                )
+                out.alerts.append(self._alert(fv, now, severity, "open", finding.message, finding.evidence, rule))
             elif transition == "resolve":
-                why = (
-                    "condition cleared"
-                    if finding.holds is False
-                    else "signal missing, condition not observed"
-                )
+                why = "condition cleared" if finding.holds is False else "signal missing, condition not observed"
                 message = f"resolved ({why}): {rstate.get('message', reason)}"
                 out.alerts.append(self._alert(fv, now, severity, "resolved", message, finding.evidence, rule))
                 rstate.pop("params", None)

@@ -126,6 +126,4 @@ class ContextBurstDetector(ThresholdDetector):
             f"{cfg.lookback_s:g} s earlier, mean length {fmt(mean, 0)} tokens (> {cfg.min_mean_tokens:g})"
         )
         params = {"tokens_mean": round(mean), "tokens_std": round(math.sqrt(max(var, 0.0)))}
-        return {
-            "main": Finding(holds=grew and long_enough, message=message, evidence=evidence, params=params)
-        }
+        return {"main": Finding(holds=grew and long_enough, message=message, evidence=evidence, params=params)}
