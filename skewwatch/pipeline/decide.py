@@ -45,7 +45,7 @@ Configuration: ``Settings.detectors`` (``[detectors.<name>]`` in TOML,
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from skewwatch.config import ConfigError, Settings
@@ -178,6 +178,9 @@ class ModelDecider:
         self._tracks: dict[str, _Track] = {}
         self._last_seq: int | None = None
         self._last_published: RoutingCorrection | None = None
+        # event time of the step the last published correction reflects: the heartbeat counts
+        # from here even when a forced publish was stamped with the wall clock
+        self._last_published_step: float | None = None
         self._current: RoutingCorrection | None = None
         self._last_window_end: float | None = None
         self._last_weights: dict[str, ReplicaWeight] = {}
@@ -286,9 +289,12 @@ class ModelDecider:
         self._last_weights = weights
         self._last_health = {r: h for r, (h, _) in health.items()}
         cfg = self.settings.corrections
-        reason = publish_reason(self._last_published, correction, now, cfg.heartbeat_s, cfg.weight_epsilon)
+        prev = self._last_published
+        if prev is not None and self._last_published_step is not None:
+            prev = replace(prev, ts=self._last_published_step)
+        reason = publish_reason(prev, correction, now, cfg.heartbeat_s, cfg.weight_epsilon)
         if reason is not None:
-            self._published(correction)
+            self._published(correction, now)
         return StepDecision(
             model=model,
             window_end=window_end,
@@ -304,7 +310,9 @@ class ModelDecider:
         """``POST /api/v1/update_weights``: re-issue the latest correction with ``last_seq + 1``.
 
         The weights are those of the latest step (at most one step old); None before any step.
-        The returned correction is assumed published; its ``seq`` is the answer to the caller.
+        ``now`` stamps the record's ``ts`` (default: the latest step's event time); the heartbeat
+        keeps counting in event time either way. The returned correction is assumed published;
+        its ``seq`` is the answer to the caller.
         """
         if self._current is None:
             return None
@@ -317,11 +325,12 @@ class ModelDecider:
             actions=list(current.actions),
         )
         self._current = forced
-        self._published(forced)
+        self._published(forced, current.ts)
         return forced
 
-    def _published(self, correction: RoutingCorrection) -> None:
+    def _published(self, correction: RoutingCorrection, step_time: float) -> None:
         self._last_published = correction
+        self._last_published_step = step_time
         self._last_seq = correction.seq
 
     def _health(self, now: float) -> dict[str, tuple[float, str | None]]:
@@ -376,6 +385,7 @@ class ModelDecider:
             "replicas": {r: t.to_dict() for r, t in self._tracks.items()},
             "last_seq": self._last_seq,
             "last_published": None if self._last_published is None else self._last_published.to_dict(),
+            "last_published_step": self._last_published_step,
             "current": None if self._current is None else self._current.to_dict(),
             "last_window_end": self._last_window_end,
             "last_weights": {r: w.to_dict() for r, w in self._last_weights.items()},
@@ -395,6 +405,7 @@ class ModelDecider:
         decider._last_seq = state.get("last_seq")
         published = state.get("last_published")
         decider._last_published = None if published is None else RoutingCorrection.from_dict(published)
+        decider._last_published_step = state.get("last_published_step")
         current = state.get("current")
         decider._current = None if current is None else RoutingCorrection.from_dict(current)
         decider._last_window_end = state.get("last_window_end")

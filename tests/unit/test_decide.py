@@ -106,6 +106,14 @@ def test_seq_is_event_time_and_strictly_increasing_across_forced_publishes() -> 
     assert seqs == [round((T0 + 5.0 * i) * 1000) for i in range(1, 20)]
 
 
+def test_a_wall_clock_forced_publish_does_not_suppress_event_time_heartbeats() -> None:
+    decider = ModelDecider()
+    step(decider, 0)
+    decider.force_publish(now=T0 + 10_000.0)  # a replay: the wall clock is far ahead of event time
+    reasons = [step(decider, i).publish_reason for i in range(1, 8)]
+    assert reasons == [None] * 5 + ["heartbeat", None]
+
+
 def test_publishes_on_change_and_heartbeat_only() -> None:
     decider = ModelDecider()
     reasons = [step(decider, i).publish_reason for i in range(14)]
