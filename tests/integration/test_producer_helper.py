@@ -12,6 +12,8 @@ import contextlib
 import time
 import tracemalloc
 import uuid
+from pathlib import Path
+from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer
@@ -54,7 +56,8 @@ class Forwarder:
                 await asyncio.wait_for(self.server.wait_closed(), 2)
 
 
-async def consume_request_ids(bootstrap: str, topic: str, count: int, timeout: float = 30.0) -> list[str]:
+async def consume_request_ids(bootstrap: str, topic: str, count: int, timeout: float = 30.0,
+                              key: bytes = b"r1") -> list[str]:
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"producer-test-{uuid.uuid4().hex[:8]}",
                                 auto_offset_reset="earliest")
     await consumer.start()
@@ -66,7 +69,7 @@ async def consume_request_ids(bootstrap: str, topic: str, count: int, timeout: f
                     for records in (await consumer.getmany(timeout_ms=500)).values():
                         for record in records:
                             message = orjson.loads(record.value)
-                            assert record.key == b"r1" and message["v"] == 1
+                            assert record.key == key and message["v"] == 1
                             ids.extend(e["request_id"] for e in message["events"])
             await asyncio.sleep(1.0)  # and nothing more than that
             for records in (await consumer.getmany(timeout_ms=500)).values():
@@ -162,3 +165,20 @@ async def test_events_recorded_after_the_broker_returns_arrive(kafka_settings: S
     # kept from the outage: the newest buffer-full (drop-oldest) plus at most the one batch in flight
     assert set(range(1_000 - 300, 1_000)) <= before and len(before) <= 300 + 50
     assert producer.dropped_total == 1_000 - len(before)
+
+
+def test_the_docs_sample_runs(kafka_settings: Settings, capsys: Any) -> None:
+    """Recipe 3 of docs/connect.md, executed as written (broker address and topic swapped for the test's)."""
+    assert kafka_settings.kafka.bootstrap
+    doc = (Path(__file__).parents[2] / "docs" / "connect.md").read_text()
+    section = doc[doc.index("## 3. The producer helper"):]
+    code = section[section.index("```python") + len("```python"):]
+    code = code[:code.index("```")]
+    code = code.replace('"localhost:9092"', repr(kafka_settings.kafka.bootstrap))
+    code = code.replace('"llm.requests"', repr(kafka_settings.topics.requests))
+    exec(compile(code, "docs/connect.md", "exec"), {"__name__": "docs_sample"})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == ["latency_ms: must be ≥ 0, got -1", "1 0"]  # the reason, then sent_total dropped_total
+    ids = asyncio.run(consume_request_ids(kafka_settings.kafka.bootstrap, kafka_settings.topics.requests, 1,
+                                          key=b"vllm-0"))
+    assert len(ids) == 1

@@ -299,3 +299,14 @@ def test_detect_encoding_and_unknown_encoding() -> None:
     assert detect_encoding(b'\n  {"resourceSpans": []}') == "otlp_json"
     with pytest.raises(ValueError, match="unknown OTLP encoding"):
         decode_otlp_traces(b"x", "otlp_yaml")  # type: ignore[arg-type]
+
+
+def test_docs_table_matches_the_attribute_map() -> None:
+    """docs/connect.md lists every rule of the default map with its attributes in priority order."""
+    from pathlib import Path
+
+    from skewwatch.otlp.attribute_map import attribute_table
+
+    doc = (Path(__file__).parents[2] / "docs" / "connect.md").read_text()
+    for field, keys, _conversion in attribute_table():
+        assert f"| `{field}` | `{keys}` |" in doc, f"docs/connect.md: row for {field} should list `{keys}`"
