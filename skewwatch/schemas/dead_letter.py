@@ -7,11 +7,12 @@ included), so a fixed copy can be replayed.
 
 Size policy (docs/contracts.md): base64 grows bytes by 4/3, so even a valid-sized 1 MiB request
 message does not fit a default (1 MiB) topic once wrapped. The original value is kept whole up to
-``DEAD_LETTER_MAX_VALUE_BYTES`` (2 MiB, twice the default request limit, so a too_large message is
-usually kept whole too); longer values keep their first 2 MiB with ``value_truncated: true``; keys
-are capped at 64 KiB the same way; at most 100 rejections are listed (``rejects_total`` counts
-all). A record is then at most ~2.9 MiB: the dead-letter topic is created with
-``max.message.bytes = DEAD_LETTER_TOPIC_MAX_MESSAGE_BYTES`` (4 MiB) and its producer needs
+``DEAD_LETTER_MAX_VALUE_BYTES`` (4 MiB: what ``llm.requests`` itself accepts, 4 x the 1 MiB
+request limit, so every message the broker took is kept whole, too_large ones included); longer
+values keep their first 4 MiB with ``value_truncated: true``; keys are capped at 64 KiB the same
+way; at most 100 rejections are listed (``rejects_total`` counts all, ``rejects_by_code`` sums
+the rest). A record is then at most ~5.6 MiB: the dead-letter topic is created with
+``max.message.bytes = DEAD_LETTER_TOPIC_MAX_MESSAGE_BYTES`` (8 MiB) and its producer needs
 ``max_request_size`` at least that.
 
 >>> from skewwatch.schemas.rejection import Rejection
@@ -36,11 +37,11 @@ import orjson
 from skewwatch.schemas.rejection import Rejection
 
 DEAD_LETTER_SCHEMA_VERSION: Final = 1
-DEAD_LETTER_MAX_VALUE_BYTES: Final = 2 << 20  # original values kept whole up to 2 MiB
+DEAD_LETTER_MAX_VALUE_BYTES: Final = 4 << 20  # original values kept whole up to 4 MiB (llm.requests' max)
 DEAD_LETTER_MAX_KEY_BYTES: Final = 64 << 10
 DEAD_LETTER_MAX_REJECTS: Final = 100
 DEAD_LETTER_MAX_REASON_CHARS: Final = 1000
-DEAD_LETTER_TOPIC_MAX_MESSAGE_BYTES: Final = 4 << 20  # the topic's max.message.bytes (> 4/3 x 2 MiB + rest)
+DEAD_LETTER_TOPIC_MAX_MESSAGE_BYTES: Final = 8 << 20  # the topic's max.message.bytes (> 4/3 x 4 MiB + rest)
 
 
 def _b64(data: bytes | None, cap: int) -> tuple[str | None, bool]:
