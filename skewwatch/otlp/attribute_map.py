@@ -185,13 +185,13 @@ class AttributeMap:
         changed: dict[str, Any] = {}
         for name, value in overrides.items():
             if name in ("replica_keys", "model_resource_keys"):
-                changed[name] = tuple(str(v) for v in value)
+                changed[name] = as_sequence(value)  # a TOML list or an env/CLI "a,b,c" string
             elif name == "default_model":
                 changed[name] = str(value) if value else None
             elif name == "span_kinds":
                 try:
                     changed[name] = frozenset(SPAN_KINDS[str(k).upper().removeprefix("SPAN_KIND_")]
-                                              for k in value)
+                                              for k in as_sequence(value))
                 except KeyError as exc:
                     raise ValueError(f"otlp span_kinds: unknown kind {exc.args[0]!r} "
                                      f"(known: {', '.join(SPAN_KINDS)})") from None
@@ -201,7 +201,7 @@ class AttributeMap:
                     if field_name not in rules:
                         raise ValueError(f"otlp fields.{field_name}: not a mapped field "
                                          f"(known: {', '.join(rules)})")
-                    rules[field_name] = replace(rules[field_name], keys=tuple(str(k) for k in keys))
+                    rules[field_name] = replace(rules[field_name], keys=as_sequence(keys))
                 changed[name] = tuple(rules.values())
             else:
                 raise ValueError(f"otlp.{name}: unknown setting (known: replica_keys, model_resource_keys,"
@@ -281,7 +281,11 @@ def attribute_table(amap: AttributeMap = DEFAULT_ATTRIBUTE_MAP) -> list[tuple[st
 
 
 def as_sequence(value: str | Sequence[str]) -> tuple[str, ...]:
-    """A comma-separated string (env/CLI) or a list (TOML) as a tuple of names."""
+    """A comma-separated string (env/CLI) or a list (TOML) as a tuple of names.
+
+    >>> as_sequence("k8s.pod.name, host.name"), as_sequence(["a"])
+    (('k8s.pod.name', 'host.name'), ('a',))
+    """
     if isinstance(value, str):
         return tuple(v.strip() for v in value.split(",") if v.strip())
-    return tuple(value)
+    return tuple(str(v) for v in value)

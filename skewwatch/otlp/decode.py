@@ -42,6 +42,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from skewwatch.otlp.attribute_map import DEFAULT_ATTRIBUTE_MAP, AttributeMap, SpanView
 from skewwatch.schemas.rejection import Rejection
+from skewwatch.schemas.requests import encode_request_events
 
 Encoding = Literal["otlp_proto", "otlp_json", "auto"]
 ENCODINGS: tuple[str, ...] = ("otlp_proto", "otlp_json", "auto")
@@ -182,6 +183,21 @@ def request_to_events(request: ExportTraceServiceRequest,
                 index += 1
     result.spans_total = index
     return result
+
+
+def encode_by_replica(events: list[dict[str, Any]]) -> list[tuple[bytes, bytes]]:
+    """Events -> ``llm.requests`` messages ``(replica key, {"v": 1, "events": [...]})``, one per replica.
+
+    OTLP records are not keyed by replica (nil or trace-id keys), so a consumer of an OTLP topic must
+    re-key before per-replica windows see the events: this is that step, shared with the receiver.
+
+    >>> [key for key, _ in encode_by_replica([{"replica": "b"}, {"replica": "a"}, {"replica": "b"}])]
+    [b'b', b'a']
+    """
+    by_replica: dict[str, list[dict[str, Any]]] = {}
+    for event in events:
+        by_replica.setdefault(str(event["replica"]), []).append(event)
+    return [(replica.encode(), encode_request_events(group)) for replica, group in by_replica.items()]
 
 
 def decode_otlp_traces(value: bytes | None, encoding: Encoding = "auto",

@@ -28,7 +28,7 @@ import contextlib
 import gzip
 import logging
 import zlib
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Any, Protocol
 
 import click
@@ -42,8 +42,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from skewwatch.config import LimitSettings, load_settings
 from skewwatch.otlp.attribute_map import DEFAULT_ATTRIBUTE_MAP, AttributeMap, as_sequence
-from skewwatch.otlp.decode import decode_otlp_traces
-from skewwatch.schemas.requests import check_request_event, encode_request_events
+from skewwatch.otlp.decode import decode_otlp_traces, encode_by_replica
+from skewwatch.schemas.requests import check_request_event
 
 log = logging.getLogger(__name__)
 
@@ -188,19 +188,19 @@ class OtlpReceiver:
             return self._error(400, result.rejections[0].reason, media_type)
 
         reasons = [r.reason for r in result.rejections]
-        by_replica: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        valid: list[dict[str, Any]] = []
         for event in result.events:
             rejection = check_request_event(_with_batch_placeholders(event), self.limits)
             if rejection is not None:
                 reasons.append(f"request {event.get('request_id')}: {rejection.reason}")
                 self.stats[f"rejected_{rejection.reason_code}"] += 1
-                continue
-            by_replica[event["replica"]].append(event)
+            else:
+                valid.append(event)
         for rejection in result.rejections:
             self.stats[f"rejected_{rejection.reason_code}"] += 1
-        for replica, events in by_replica.items():
-            self.publisher.publish(replica.encode(), encode_request_events(events))
-            self.stats["events_published"] += len(events)
+        for key, value in encode_by_replica(valid):
+            self.publisher.publish(key, value)
+        self.stats["events_published"] += len(valid)
 
         self.stats["spans_total"] += result.spans_total
         for reason, count in result.skipped.items():

@@ -19,8 +19,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from skewwatch.otlp.attribute_map import DEFAULT_ATTRIBUTE_MAP
-from skewwatch.otlp.decode import MALFORMED_OTLP, Encoding, decode_otlp_traces, detect_encoding
+from skewwatch.otlp.attribute_map import DEFAULT_ATTRIBUTE_MAP, SpanView
+from skewwatch.otlp.decode import MALFORMED_OTLP, Encoding, decode_otlp_traces, detect_encoding, encode_by_replica
 
 T0_NS = 1_700_000_000_000_000_000  # a fixed epoch in nanoseconds
 
@@ -310,3 +310,27 @@ def test_docs_table_matches_the_attribute_map() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "connect.md").read_text()
     for field, keys, _conversion in attribute_table():
         assert f"| `{field}` | `{keys}` |" in doc, f"docs/connect.md: row for {field} should list `{keys}`"
+
+
+def test_attribute_map_overrides_from_config_strings_and_lists() -> None:
+    amap = DEFAULT_ATTRIBUTE_MAP.with_overrides({
+        "replica_keys": "k8s.pod.name, host.name",  # an env var / CLI value
+        "span_kinds": ["SERVER", "SPAN_KIND_CLIENT"],  # a TOML list, either spelling
+        "fields": {"prompt_tokens": "my.in", "completion_tokens": ["my.out"]},
+    })
+    assert amap.replica_keys == ("k8s.pod.name", "host.name")
+    view = SpanView(attributes={"my.in": 3, "my.out": 4, "gen_ai.request.model": "m"},
+                    resource={"host.name": "h1"}, start_ns=T0_NS, end_ns=T0_NS + 10**6, kind=3)  # CLIENT
+    out = amap.map_span(view)
+    assert out.event is not None and (out.event["prompt_tokens"], out.event["replica"]) == (3, "h1")
+    for bad in ({"span_kinds": ["SEVER"]}, {"fields": {"tokens": ["x"]}}, {"replica_key": ["x"]}):
+        with pytest.raises(ValueError):
+            DEFAULT_ATTRIBUTE_MAP.with_overrides(bad)
+
+
+def test_encode_by_replica_makes_one_contract_message_per_replica() -> None:
+    events = decode_otlp_traces(vllm_request(2, replica="a").SerializeToString()).events
+    events += decode_otlp_traces(vllm_request(3, replica="b").SerializeToString()).events
+    messages = dict(encode_by_replica(events))
+    assert sorted(messages) == [b"a", b"b"]
+    assert [e["replica"] for e in orjson.loads(messages[b"b"])["events"]] == ["b", "b", "b"]
