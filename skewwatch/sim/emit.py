@@ -165,34 +165,75 @@ async def _aiter(items: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any
             yield item
 
 
-async def _produce(sender: _Sender, stream: AsyncIterator[Event | TelemetrySample], requests_topic: str,
-                   telemetry_topic: str | None, batch: int, speed: float | None,
-                   max_batch_delay_s: float, stats: ProduceStats) -> ProduceStats:
-    pacer = EventTimePacer(speed)
-    batcher = ReplicaBatcher(min(batch, MAX_EVENTS_PER_MESSAGE), max_batch_delay_s)
+class TrafficProducer:
+    """Requests (single or batched per replica) and telemetry to Kafka, paced by event time.
 
-    async def send_groups(groups: list[tuple[str, list[Event]]]) -> None:
+    An async context manager; :meth:`send_chunk` for generator/simulator chunks, :meth:`send`
+    for one item, :meth:`flush` to release partial batches and wait for the broker's acks (a
+    closed loop does this at every step, before it waits for the step's routing correction).
+    """
+
+    def __init__(self, bootstrap: str, *, requests_topic: str, telemetry_topic: str | None = None,
+                 batch: int = 1, speed: float | None = None, max_batch_delay_s: float = 1.0,
+                 acks: str | int = "all", linger_ms: int = 5, topic_wait_s: float = 10.0,
+                 stats: ProduceStats | None = None) -> None:
+        self.requests_topic = requests_topic
+        self.telemetry_topic = telemetry_topic
+        self.batch = batch
+        self.stats = ProduceStats() if stats is None else stats
+        self._sender = _Sender(bootstrap, acks, linger_ms)
+        self._topic_wait_s = topic_wait_s
+        self._pacer = EventTimePacer(speed)
+        self._batcher = ReplicaBatcher(min(batch, MAX_EVENTS_PER_MESSAGE), max_batch_delay_s)
+
+    async def start(self) -> None:
+        topics = [self.requests_topic] + ([self.telemetry_topic] if self.telemetry_topic else [])
+        await self._sender.start(topics, self._topic_wait_s)
+
+    async def stop(self) -> None:
+        try:
+            await self._send_groups(self._batcher.flush())
+        finally:
+            await self._sender.stop()
+
+    async def __aenter__(self) -> TrafficProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def _send_groups(self, groups: list[tuple[str, list[Event]]]) -> None:
         for replica, group in groups:
-            value = encode_request_event(group[0]) if batch == 1 else encode_request_events(group)
-            await sender.send(requests_topic, replica, value)
-            stats.messages += 1
+            value = encode_request_event(group[0]) if self.batch == 1 else encode_request_events(group)
+            await self._sender.send(self.requests_topic, replica, value)
+            self.stats.messages += 1
 
-    async for item in stream:
+    async def send(self, item: Event | TelemetrySample) -> None:
+        stats = self.stats
         ts = float(item.ts if isinstance(item, TelemetrySample) else item["ts"])
-        wait = pacer.delay(ts)
+        wait = self._pacer.delay(ts)
         if wait > 0.001:  # sub-millisecond sleeps cost more than they pace
             await asyncio.sleep(wait)
         stats.first_ts = ts if stats.first_ts is None else stats.first_ts
         stats.last_ts = ts
         if isinstance(item, TelemetrySample):
-            if telemetry_topic is not None:
-                await sender.send(telemetry_topic, item.replica, orjson.dumps(item.to_dict()))
+            if self.telemetry_topic is not None:
+                await self._sender.send(self.telemetry_topic, item.replica, orjson.dumps(item.to_dict()))
                 stats.telemetry += 1
-            continue
+            return
         stats.events += 1
-        await send_groups(batcher.add(item))
-    await send_groups(batcher.flush())
-    return stats
+        await self._send_groups(self._batcher.add(item))
+
+    async def send_chunk(self, chunk: TrafficChunk) -> None:
+        for item in merged_items(chunk):
+            await self.send(item)
+        await asyncio.sleep(0)  # let deliveries and Ctrl-C in between chunks at speed=max
+
+    async def flush(self) -> None:
+        await self._send_groups(self._batcher.flush())
+        await self._sender.producer.flush()
+        await self._sender.drain()
 
 
 async def produce_events(bootstrap: str, topic: str, events: Iterable[Event] | AsyncIterable[Event], *,
@@ -204,16 +245,15 @@ async def produce_events(bootstrap: str, topic: str, events: Iterable[Event] | A
     ``stats`` (optional) is updated as messages go out, so a caller still has the counts when
     the run is cancelled.
     """
-    stats = ProduceStats() if stats is None else stats
-    sender = _Sender(bootstrap, acks, linger_ms)
-    await sender.start([topic], topic_wait_s)
-    try:
-        return await _produce(sender, _aiter(events), topic, None, batch, speed, max_batch_delay_s, stats)
-    finally:
-        await sender.stop()
+    async with TrafficProducer(bootstrap, requests_topic=topic, batch=batch, speed=speed,
+                               max_batch_delay_s=max_batch_delay_s, acks=acks, linger_ms=linger_ms,
+                               topic_wait_s=topic_wait_s, stats=stats) as producer:
+        async for event in _aiter(events):
+            await producer.send(event)
+    return producer.stats
 
 
-def _merged(chunk: TrafficChunk) -> Iterable[Event | TelemetrySample]:
+def merged_items(chunk: TrafficChunk) -> Iterable[Event | TelemetrySample]:
     """A chunk's requests and telemetry in one nondecreasing ``ts`` order."""
     rows: Iterable[Event] = event_rows(chunk.requests)
     return heapq.merge(rows, chunk.telemetry,
@@ -226,19 +266,9 @@ async def produce_traffic(bootstrap: str, chunks: Iterable[TrafficChunk], *, req
                           topic_wait_s: float = 10.0, stats: ProduceStats | None = None) -> ProduceStats:
     """Produce a generator run: requests (single or batched) and, unless ``telemetry_topic`` is
     None, its telemetry samples, interleaved in event time."""
-    stats = ProduceStats() if stats is None else stats
-
-    async def items() -> AsyncIterator[Event | TelemetrySample]:
+    async with TrafficProducer(bootstrap, requests_topic=requests_topic, telemetry_topic=telemetry_topic,
+                               batch=batch, speed=speed, max_batch_delay_s=max_batch_delay_s, acks=acks,
+                               linger_ms=linger_ms, topic_wait_s=topic_wait_s, stats=stats) as producer:
         for chunk in chunks:
-            for item in _merged(chunk):
-                yield item
-            await asyncio.sleep(0)  # let deliveries and Ctrl-C in between chunks at speed=max
-
-    sender = _Sender(bootstrap, acks, linger_ms)
-    topics = [requests_topic] + ([telemetry_topic] if telemetry_topic else [])
-    await sender.start(topics, topic_wait_s)
-    try:
-        return await _produce(sender, items(), requests_topic, telemetry_topic, batch, speed,
-                              max_batch_delay_s, stats)
-    finally:
-        await sender.stop()
+            await producer.send_chunk(chunk)
+    return producer.stats

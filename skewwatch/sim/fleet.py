@@ -1,0 +1,515 @@
+"""Discrete-event fleet simulator: continuous batching per replica, a router in front (issue 5).
+
+Where :mod:`skewwatch.sim.generator` draws latencies from distributions, this module derives
+them: requests from a real trace (arrival times and token lengths, scaled to a target share of
+the fleet's capacity) are routed to replicas that serve them the way vLLM-style engines do.
+
+The engine model, per replica (every constant in :class:`FleetConfig`, defaults for a
+70B-class model with FP8 weights and KV cache on one 80 GB H100-class GPU):
+
+- **Iterations.** The engine runs one iteration after another while it has work. At the start
+  of an iteration it admits waiting requests (FIFO) while the running batch is below
+  ``max_batch`` and the KV cache can hold the request's prompt and completion (reserved at
+  admission, so KV usage never exceeds capacity and nothing is preempted). The iteration takes
+  ``prefill_ms_per_token`` x the admitted prompts' uncached tokens (prefix-cache hits skip
+  prefill) plus one decode step of ``decode_base_ms + decode_per_seq_ms x batch +
+  decode_per_context_token_ms x context tokens`` (weights read once per step, KV read per
+  token). Every running request gains one token per iteration; an admitted request has its first
+  token at the end of its first iteration (TTFT) and finishes after ``completion_tokens``
+  iterations.
+- **Events.** A finished request becomes one contract-v1 event: ``ts`` the finish time,
+  ``batch_size`` the running batch right after it was admitted, ``queue_length`` the waiting
+  queue at its finish, ``kv_cache_hit_rate`` its prefix-cache hit share.
+- **Telemetry** every 5 s of event time per replica: an SM-activity-like GPU utilisation
+  (prefill time counts fully, decode steps in proportion to batch fill), KV usage, memory =
+  weights + runtime + KV in use, power and temperature from utilisation, queue and running batch.
+- **Faults** (:mod:`skewwatch.sim.faults`): ``slow_replica`` multiplies the decode step,
+  ``batch_collapse`` makes the scheduler admit up to 1-2 requests (``stuck_share`` of
+  iterations) or 4..``max_batch``, ``context_burst`` gives requests routed to the replica long
+  prompts, ``gpu_fault`` fails a ``share`` of its requests with CUDA errors (XID in telemetry for
+  hardware faults), ``kv_pressure`` lowers the prefix-cache hit rate (more prefill) and shrinks
+  the usable KV cache by the fragmentation, ``replica_silence`` keeps the replica serving but
+  hides its events and telemetry. ``long_tail`` slows a ``share`` of its requests' decode.
+
+Runs are deterministic under a seed and as fast as the machine allows (an hour of 4 replicas in
+seconds). :meth:`FleetSimulator.chunks` yields one :class:`~skewwatch.sim.generator.TrafficChunk`
+per 5 s step, the same type the generator yields, so producing to Kafka is shared. Between two
+chunks a caller may apply routing corrections (``simulator.router``): the generator does not run
+past the next step before it is asked to, which is the lockstep a closed loop needs.
+
+>>> sim = FleetSimulator(FleetConfig(replicas=2, load=0.5, seed=1), start_ts=1_700_000_000.0, duration_s=30)
+>>> chunks = list(sim.chunks())
+>>> s = sim.stats()
+>>> s["arrivals"] == s["finished"] + s["failed"] and s["in_flight"] == 0
+True
+>>> bool(max(c.requests.batch_size.max() for c in chunks if len(c.requests)) <= 32)
+True
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from skewwatch.pipeline.events import RequestColumns
+from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.sim.faults import CUDA_ERRORS, Injection
+from skewwatch.sim.generator import STEP_S, TrafficChunk
+from skewwatch.sim.router import POLICIES, DynamicWeightRouter, make_router
+from skewwatch.sim.trace import Trace, load_trace
+
+GIB = float(1 << 30)
+# Event kinds, in the order they are handled at equal times: a step closes before anything
+# that happens at its boundary, so a chunk holds exactly the requests with ts < its end.
+_STEP, _ITER_END, _ARRIVAL = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """Every constant of the simulated fleet; defaults: a 70B-class model, FP8, one H100 80 GB each."""
+
+    models: tuple[str, ...] = ("llama-3-70b",)
+    replicas: int = 4  # per model
+    replica_prefix: str = "r"
+    policy: str = "round_robin"  # round_robin | least_connections | dynamic
+    # -- engine (per replica)
+    max_batch: int = 32  # batch_capacity: max running sequences
+    kv_capacity_tokens: int = 52_000  # ~8 GiB of FP8 KV at 160 KiB/token (80 layers x 8 KV heads x 128 x 2)
+    kv_bytes_per_token: float = 160.0 * 1024
+    prefill_ms_per_token: float = 0.2  # ~5k prompt tokens/s: 140 GFLOP/token at ~700 TFLOP/s effective
+    decode_base_ms: float = 22.0  # one pass over ~66 GiB of weights at ~3.3 TB/s
+    decode_per_seq_ms: float = 0.15  # per running sequence (sampling, scheduling, small GEMM growth)
+    decode_per_context_token_ms: float = 5e-5  # KV read: 160 KiB per context token at ~3.3 TB/s
+    kv_hit_rate_mean: float = 0.75  # prefix-cache hit share of prompt tokens ~ Beta(mean, concentration)
+    kv_hit_rate_concentration: float = 40.0
+    gpu_memory_total_bytes: float = 80.0 * GIB
+    model_memory_bytes: float = 66.0 * GIB
+    runtime_memory_bytes: float = 4.0 * GIB  # activations, CUDA graphs, allocator slack
+    idle_power_w: float = 90.0
+    max_power_w: float = 700.0
+    # -- traffic
+    load: float = 0.8  # target share of the fleet's estimated capacity (ignored when rate is set)
+    rate: float | None = None  # fleet requests/s; None: load x capacity
+    trace: Trace | None = field(default=None, compare=False)  # None: the bundled "conv" trace
+    seed: int = 0
+    injections: tuple[Injection, ...] = ()
+    telemetry: bool = True
+    drain_s: float = 600.0  # after the end, in-flight requests get this long to finish, then fail
+
+    def __post_init__(self) -> None:
+        if not self.models or len(set(self.models)) != len(self.models):
+            raise ValueError(f"models: give one or more distinct names, got {self.models!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown routing policy {self.policy!r} (known: {', '.join(POLICIES)})")
+        if self.replicas < 1 or self.max_batch < 1 or self.kv_capacity_tokens < 1:
+            raise ValueError("replicas, max_batch and kv_capacity_tokens must be positive")
+        if self.rate is None and not self.load > 0:
+            raise ValueError(f"load must be > 0, got {self.load}")
+        names = {name for _, name in fleet_replicas(self)}
+        for inj in self.injections:
+            if inj.replica not in names:
+                raise ValueError(f"--inject {inj.kind}: no replica {inj.replica!r} "
+                                 f"(replicas: {', '.join(sorted(names))})")
+
+
+def fleet_replicas(config: FleetConfig) -> list[tuple[str, str]]:
+    """``(model, replica)`` pairs, numbered across models like the generator's."""
+    return [(model, f"{config.replica_prefix}{m * config.replicas + i}")
+            for m, model in enumerate(config.models) for i in range(config.replicas)]
+
+
+def replica_capacity_rps(config: FleetConfig, trace: Trace) -> float:
+    """Requests/s one replica sustains on this trace's mean lengths with a full batch (estimate).
+
+    >>> round(replica_capacity_rps(FleetConfig(), load_trace("conv")), 2)
+    4.03
+    """
+    prompt = float(trace.prompt_tokens.mean())
+    completion = max(float(trace.completion_tokens.mean()), 1.0)
+    batch = max(min(float(config.max_batch), config.kv_capacity_tokens / max(prompt + completion, 1.0)), 1.0)
+    step_ms = (config.decode_base_ms + config.decode_per_seq_ms * batch
+               + config.decode_per_context_token_ms * batch * (prompt + completion / 2))
+    service_ms = prompt * (1 - config.kv_hit_rate_mean) * config.prefill_ms_per_token + completion * step_ms / batch
+    return 1000.0 / service_ms
+
+
+class _Request:
+    __slots__ = ("rid", "model", "arrival", "prompt", "completion", "hit", "kv", "ctx",
+                 "first_token", "batch", "finish_iter", "slow")
+
+    def __init__(self, rid: int, model: str, arrival: float, prompt: int, completion: int) -> None:
+        self.rid = rid
+        self.model = model
+        self.arrival = arrival
+        self.prompt = prompt
+        self.completion = max(completion, 1)  # an engine always produces at least one token
+        self.hit = 0.0
+        self.kv = prompt + self.completion  # KV tokens reserved at admission
+        self.ctx = prompt + self.completion // 2  # mean context over its decode, for step cost
+        self.first_token = math.nan
+        self.batch = 0
+        self.finish_iter = 0
+        self.slow = 1.0  # long_tail: this request's decode factor
+
+
+class _Replica:
+    def __init__(self, index: int, model: str, name: str, injections: list[Injection], start_ts: float,
+                 seed: int) -> None:
+        self.index, self.model, self.name = index, model, name
+        self.waiting: deque[_Request] = deque()
+        self.finishing: list[tuple[int, int, _Request]] = []  # (finish_iter, rid, request)
+        self.prefilling: list[_Request] = []
+        self.running = 0
+        self.iteration = 0
+        self.kv_used = 0
+        self.ctx_tokens = 0
+        self.busy = False
+        self.busy_s = 0.0  # busy seconds inside the current telemetry interval
+        self.busy_carry_s = 0.0  # of an iteration that runs past the interval's end
+        self.faults = [(inj, *inj.window(start_ts)) for inj in injections]
+        self.rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(10, index)))
+        self.fault_rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(11, index)))
+        self.telemetry_rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(12, index)))
+        self.xid_count = 0
+        # invariants and totals, for tests and reports
+        self.arrivals = self.finished = self.failed = 0
+        self.max_running = 0
+        self.max_kv = 0
+
+    @property
+    def inflight(self) -> int:
+        return len(self.waiting) + self.running
+
+    def active(self, kind: str, t: float) -> Injection | None:
+        for inj, start, end in self.faults:
+            if inj.kind == kind and start <= t < end:
+                return inj
+        return None
+
+    def overlapping(self, t0: float, t1: float) -> list[Injection]:
+        return [inj for inj, start, end in self.faults if start < t1 and end > t0]
+
+
+class FleetSimulator:
+    """One simulated run; iterate :meth:`chunks` to advance it 5 s of event time at a time."""
+
+    def __init__(self, config: FleetConfig, start_ts: float, duration_s: float,
+                 on_step: Callable[[FleetSimulator, TrafficChunk], None] | None = None) -> None:
+        if not duration_s > 0:
+            raise ValueError(f"duration_s must be > 0, got {duration_s}")
+        self.config = config
+        self.start_ts = float(start_ts)
+        self.end_ts = self.start_ts + float(duration_s)
+        self.trace = config.trace if config.trace is not None else load_trace()
+        self.router = make_router(config.policy)
+        self.on_step = on_step  # called after each chunk is built, before it is yielded
+        pairs = fleet_replicas(config)
+        self.replicas = [
+            _Replica(i, model, name, [inj for inj in config.injections if inj.replica == name],
+                     self.start_ts, config.seed)
+            for i, (model, name) in enumerate(pairs)
+        ]
+        self.pools: dict[str, list[_Replica]] = {}
+        for r in self.replicas:
+            self.pools.setdefault(r.model, []).append(r)
+        per_replica = replica_capacity_rps(config, self.trace)
+        self.capacity_rps = per_replica * len(self.replicas)
+        self.rate = config.rate if config.rate is not None else config.load * self.capacity_rps
+        self._arrival_rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(13,)))
+        self._events: list[tuple[float, int, int, int]] = []  # (time, kind, seq, replica index)
+        self._seq = 0
+        self._done: list[dict[str, Any]] = []  # finished rows not yet released in a chunk
+        self._rid = 0
+        self._arrivals = self._arrival_times()
+        self._step_end = self.start_ts + STEP_S  # end of the telemetry interval being accumulated
+
+    # -- traffic -------------------------------------------------------------------------------
+    def _arrival_times(self) -> Iterator[tuple[float, int]]:
+        """Trace arrivals (time-scaled to the target rate, looping) as (event time, trace row)."""
+        trace = self.trace
+        span = trace.duration_s
+        n = len(trace)
+        if n < 2 or span <= 0:  # no usable timing: Poisson at the target rate over the rows
+            t = self.start_ts
+            while True:
+                t += float(self._arrival_rng.exponential(1.0 / self.rate))
+                yield t, int(self._arrival_rng.integers(0, n))
+        scale = trace.mean_rate / self.rate  # trace seconds -> event seconds
+        period = span * n / (n - 1)  # one lap of the trace, keeping its mean gap at the seam
+        first = int(self._arrival_rng.integers(0, n))  # start somewhere in the trace, per seed
+        base = float(trace.offset_s[first])
+        lap, i = 0, first
+        while True:
+            offset = float(trace.offset_s[i]) - base + lap * period
+            yield self.start_ts + offset * scale, i
+            i += 1
+            if i == n:  # wrap: the next lap continues after this one, keeping time increasing
+                i, lap = 0, lap + 1
+
+    def _push(self, t: float, kind: int, replica: int = -1) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, kind, self._seq, replica))
+
+    # -- engine --------------------------------------------------------------------------------
+    def _admit_and_run(self, r: _Replica, t: float) -> None:
+        """Start an iteration on ``r`` at ``t``: admit what fits, schedule its end."""
+        cfg = self.config
+        cap = cfg.max_batch
+        collapse = r.active("batch_collapse", t)
+        if collapse is not None:
+            top = max(min(int(collapse.param("max_batch")), cfg.max_batch), 1)
+            if r.fault_rng.random() < float(collapse.param("stuck_share")):
+                cap = int(r.fault_rng.integers(1, 3))
+            else:
+                cap = int(r.fault_rng.integers(min(4, top), top + 1))
+        kv_cap = cfg.kv_capacity_tokens
+        pressure = r.active("kv_pressure", t)
+        if pressure is not None and pressure.param("mode") == "fragmentation":
+            kv_cap = int(kv_cap * (1.0 - float(pressure.param("fragmentation"))))
+        prefill_tokens = 0.0
+        while r.waiting and r.running < cap:
+            req = r.waiting[0]
+            if req.kv > kv_cap:  # can never fit: fail it rather than block the queue forever
+                r.waiting.popleft()
+                self._finish(r, req, t, failed=True)
+                continue
+            if r.kv_used + req.kv > kv_cap:
+                break
+            r.waiting.popleft()
+            r.running += 1
+            r.kv_used += req.kv
+            r.ctx_tokens += req.ctx
+            req.batch = r.running
+            req.finish_iter = r.iteration + req.completion
+            heapq.heappush(r.finishing, (req.finish_iter, req.rid, req))
+            r.prefilling.append(req)
+            prefill_tokens += req.prompt * (1.0 - req.hit)
+        r.max_running = max(r.max_running, r.running)
+        r.max_kv = max(r.max_kv, r.kv_used)
+        if r.running == 0:
+            r.busy = False
+            return
+        step_ms = (cfg.decode_base_ms + cfg.decode_per_seq_ms * r.running
+                   + cfg.decode_per_context_token_ms * r.ctx_tokens)
+        slow = r.active("slow_replica", t)
+        if slow is not None:
+            step_ms *= float(slow.param("factor"))
+        prefill_ms = prefill_tokens * cfg.prefill_ms_per_token
+        duration_s = (prefill_ms + step_ms) / 1000.0
+        r.busy = True
+        # SM-activity-like utilisation: prefill keeps the GPU's compute busy; a decode step is
+        # memory-bound and busy in proportion to its batch fill. (NVML's utilization.gpu would
+        # read ~100 % whenever anything runs, which says nothing about spread across replicas.)
+        active_ms = prefill_ms + step_ms * min(r.running / cfg.max_batch, 1.0)
+        self._account_busy(r, t, duration_s, active_ms / 1000.0)
+        self._push(t + duration_s, _ITER_END, r.index)
+
+    def _account_busy(self, r: _Replica, t: float, duration_s: float, active_s: float) -> None:
+        """Add the iteration's active time to this interval, the part past its end to the next."""
+        share = active_s / duration_s if duration_s > 0 else 0.0
+        inside = max(min(t + duration_s, self._step_end) - t, 0.0)
+        r.busy_s += inside * share
+        r.busy_carry_s += (duration_s - inside) * share
+
+    def _iteration_end(self, r: _Replica, t: float) -> None:
+        r.iteration += 1
+        for req in r.prefilling:
+            req.first_token = t
+        r.prefilling.clear()
+        while r.finishing and r.finishing[0][0] <= r.iteration:
+            _, _, req = heapq.heappop(r.finishing)
+            r.running -= 1
+            r.kv_used -= req.kv
+            r.ctx_tokens -= req.ctx
+            if req.slow > 1.0:  # long_tail: this request's remaining decode runs slower
+                extra = (t - req.first_token) * (req.slow - 1.0)
+                self._finish(r, req, t + extra)
+            else:
+                self._finish(r, req, t)
+        self._admit_and_run(r, t)
+
+    def _finish(self, r: _Replica, req: _Request, t: float, failed: bool = False) -> None:
+        cfg = self.config
+        status, cuda_error = "ok", None
+        if failed:
+            status = "error"
+            r.failed += 1
+        else:
+            r.finished += 1
+            fault = r.active("gpu_fault", t)
+            if fault is not None and r.fault_rng.random() < float(fault.param("share")):
+                status = "error"
+                names = fault.cuda_error_choices()
+                name = names[int(r.fault_rng.integers(0, len(names)))]
+                cuda_error = CUDA_ERRORS[name] if float(fault.param("codes")) else name
+        latency_ms = max((t - req.arrival) * 1000.0, 0.001)
+        ttft_ms = latency_ms if math.isnan(req.first_token) else (req.first_token - req.arrival) * 1000.0
+        row: dict[str, Any] = {
+            "request_id": f"s{cfg.seed}-{r.name}-{req.rid}", "ts": round(t, 6), "model": r.model,
+            "replica": r.name, "latency_ms": round(latency_ms, 3), "prompt_tokens": req.prompt,
+            "completion_tokens": req.completion if not failed else 0,
+            "batch_size": max(req.batch, 1), "batch_capacity": cfg.max_batch,
+            "ttft_ms": round(min(ttft_ms, latency_ms), 3), "queue_length": len(r.waiting),
+            "kv_cache_hit_rate": round(req.hit, 4), "status": status,
+        }
+        if cuda_error is not None:
+            row["cuda_error"] = cuda_error
+        if not self._silenced(r, req.arrival, t):
+            self._done.append(row)
+
+    def _silenced(self, r: _Replica, arrival: float, t: float) -> bool:
+        for inj, start, end in r.faults:
+            if inj.kind == "replica_silence" and (start <= arrival < end or start <= t < end):
+                return True
+        return False
+
+    def _arrive(self, t: float, row: int) -> None:
+        cfg = self.config
+        model = cfg.models[int(self._arrival_rng.integers(0, len(cfg.models)))] if len(cfg.models) > 1 \
+            else cfg.models[0]
+        pool = self.pools[model]
+        pick = self.router.choose(model, [r.name for r in pool], [r.inflight for r in pool], t)
+        r = pool[pick]
+        self._rid += 1
+        req = _Request(self._rid, model, t, int(self.trace.prompt_tokens[row]),
+                       int(self.trace.completion_tokens[row]))
+        burst = r.active("context_burst", t)
+        if burst is not None:
+            mean, cv = float(burst.param("mean_tokens")), float(burst.param("cv"))
+            sigma = math.sqrt(math.log1p(cv * cv))
+            prompt = r.fault_rng.lognormal(math.log(mean) - sigma * sigma / 2.0, sigma)
+            req.prompt = int(min(max(round(prompt), 1), float(burst.param("max_tokens"))))
+            req.kv = req.prompt + req.completion
+            req.ctx = req.prompt + req.completion // 2
+        target = cfg.kv_hit_rate_mean
+        pressure = r.active("kv_pressure", t)
+        if pressure is not None:
+            target = float(pressure.param("hit_rate")) if pressure.param("mode") == "fragmentation" else 0.95
+        conc = cfg.kv_hit_rate_concentration
+        req.hit = float(r.rng.beta(target * conc, (1.0 - target) * conc))
+        tail = r.active("long_tail", t)
+        if tail is not None and r.fault_rng.random() < float(tail.param("share")):
+            req.slow = float(r.fault_rng.uniform(float(tail.param("factor_min")), float(tail.param("factor_max"))))
+        r.arrivals += 1
+        r.waiting.append(req)
+        if not r.busy:
+            self._admit_and_run(r, t)
+
+    # -- telemetry -----------------------------------------------------------------------------
+    def _telemetry(self, r: _Replica, t: float) -> TelemetrySample | None:
+        cfg = self.config
+        noise = r.telemetry_rng.standard_normal(2).tolist()
+        frag = float(r.telemetry_rng.uniform(0.05, 0.15))
+        overlapping = r.overlapping(t - STEP_S, t)
+        if any(inj.kind == "replica_silence" for inj in overlapping):
+            return None
+        xid: int | None = None
+        for inj in overlapping:
+            if inj.kind == "kv_pressure" and inj.param("mode") == "fragmentation":
+                frag = float(inj.param("fragmentation"))
+            if inj.xid() is not None:
+                xid = inj.xid()
+                r.xid_count += 1
+        util = min(r.busy_s / STEP_S, 1.0)
+        kv_used_bytes = r.kv_used * cfg.kv_bytes_per_token
+        used = min(cfg.model_memory_bytes + cfg.runtime_memory_bytes + kv_used_bytes, cfg.gpu_memory_total_bytes)
+        kv_bytes = cfg.kv_capacity_tokens * cfg.kv_bytes_per_token
+        reserved = cfg.runtime_memory_bytes + kv_bytes  # torch allocator: what it holds beyond weights
+        return TelemetrySample(
+            ts=round(t, 6), replica=r.name, source="simulated", node=f"sim-node-{r.index}", gpu_index=0,
+            memory_used_bytes=float(round(used)), memory_total_bytes=cfg.gpu_memory_total_bytes,
+            utilization_gpu=round(util, 4),
+            power_w=round(cfg.idle_power_w + (cfg.max_power_w - cfg.idle_power_w) * util + 5.0 * noise[0], 1),
+            temperature_c=round(35.0 + 40.0 * util + noise[1], 1),
+            xid_last=xid, xid_count_5m=r.xid_count if xid is not None else None,
+            queue_length=len(r.waiting), running_requests=r.running,
+            kv_cache_usage=round(r.kv_used / cfg.kv_capacity_tokens, 4),
+            kv_cache_hit_rate=None,
+            memory_reserved_bytes=float(round(reserved)),
+            memory_allocated_bytes=float(round(reserved * (1.0 - frag))),
+        )
+
+    # -- the run -------------------------------------------------------------------------------
+    def chunks(self) -> Iterator[TrafficChunk]:
+        self._step_end = self.start_ts + STEP_S
+        self._push(self._step_end, _STEP)
+        t_next, row_next = next(self._arrivals)
+        if t_next < self.end_ts:
+            self._push(t_next, _ARRIVAL, row_next)
+        hard_stop = self.end_ts + self.config.drain_s
+        while self._events:
+            t, kind, _, data = heapq.heappop(self._events)
+            if kind == _ARRIVAL:
+                self._arrive(t, data)
+                t_next, row_next = next(self._arrivals)
+                if t_next < self.end_ts:
+                    self._push(t_next, _ARRIVAL, row_next)
+            elif kind == _ITER_END:
+                self._iteration_end(self.replicas[data], t)
+            else:
+                chunk = self._close_step(t)
+                idle = all(not r.busy and not r.waiting for r in self.replicas)
+                last = t >= self.end_ts and (idle or t >= hard_stop)
+                if last:
+                    self._fail_in_flight(t)
+                    chunk.requests = RequestColumns.concat([chunk.requests, self._release(math.inf)])
+                if self.on_step is not None:
+                    self.on_step(self, chunk)
+                yield chunk
+                if last:
+                    return
+                self._step_end = t + STEP_S
+                self._push(self._step_end, _STEP)
+
+    def _release(self, before: float) -> RequestColumns:
+        ready = [row for row in self._done if row["ts"] < before]
+        self._done = [row for row in self._done if row["ts"] >= before]
+        ready.sort(key=lambda row: row["ts"])
+        return RequestColumns.from_rows(ready)
+
+    def _close_step(self, t: float) -> TrafficChunk:
+        telemetry: list[TelemetrySample] = []
+        for r in self.replicas:
+            if self.config.telemetry:
+                sample = self._telemetry(r, t)
+                if sample is not None:
+                    telemetry.append(sample)
+            r.busy_s, r.busy_carry_s = min(r.busy_carry_s, STEP_S), max(r.busy_carry_s - STEP_S, 0.0)
+        return TrafficChunk(end_ts=t, requests=self._release(t), telemetry=telemetry)
+
+    def _fail_in_flight(self, t: float) -> None:
+        """Past the drain limit: whatever is still queued or running fails (conservation holds)."""
+        for r in self.replicas:
+            while r.waiting:
+                self._finish(r, r.waiting.popleft(), t, failed=True)
+            while r.finishing:
+                _, _, req = heapq.heappop(r.finishing)
+                r.running -= 1
+                r.kv_used -= req.kv
+                self._finish(r, req, t, failed=True)
+            r.busy = False
+        self._events = [e for e in self._events if e[1] != _ITER_END]
+        heapq.heapify(self._events)
+
+    # -- reports -------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Totals and invariants: arrivals, finished, failed, in flight, max batch and KV seen."""
+        per = {r.name: {"arrivals": r.arrivals, "finished": r.finished, "failed": r.failed,
+                        "in_flight": r.inflight, "max_running": r.max_running, "max_kv_tokens": r.max_kv}
+               for r in self.replicas}
+        total = {k: sum(int(p[k]) for p in per.values()) for k in ("arrivals", "finished", "failed", "in_flight")}
+        router = self.router
+        return {**total, "replicas": per, "capacity_rps": self.capacity_rps, "rate_rps": self.rate,
+                "fallbacks": router.fallbacks if isinstance(router, DynamicWeightRouter) else 0}
+
+    def apply_correction(self, record: Mapping[str, Any], now: float) -> None:
+        """Hand a routing-corrections record to the router (``dynamic`` policy only)."""
+        if not isinstance(self.router, DynamicWeightRouter):
+            raise ValueError(f"routing corrections need policy 'dynamic', not {self.config.policy!r}")
+        self.router.apply_correction(record, now)

@@ -1,0 +1,133 @@
+"""The simulator's router: round robin, least connections, or the pipeline's dynamic weights.
+
+Issue 5 reproduces the seed's routing table (DESIGN.md item 1: round robin, least connections,
+multi-signal dynamic weights) with a router inside the fleet simulator. Each policy picks one
+replica of a model's pool per arriving request:
+
+- ``round_robin``: the pool in turn.
+- ``least_connections``: fewest requests in flight (waiting + running); ties go to the replica
+  after the last one picked, so equal replicas share evenly.
+- ``dynamic``: smooth weighted round robin (nginx's algorithm: deterministic, and any window of
+  picks follows the weights closely, unlike random sampling) over the weights last applied with
+  :meth:`DynamicWeightRouter.apply_correction`, i.e. a ``llm.routing-corrections`` record
+  (``weights`` per replica and ``actions``; ``drain`` and ``isolate`` take a replica out until the
+  action expires, ``throttle`` halves its weight). Before the first correction, or when every
+  weight of the pool is 0, it falls back to least connections and counts the fallback, so no
+  request is dropped for want of a weight.
+
+Pure and deterministic: no clock (the caller passes event time), no randomness.
+
+>>> r = DynamicWeightRouter()
+>>> r.apply_correction({"model": "m", "weights": {"a": 0.75, "b": 0.25}, "actions": []}, now=0.0)
+>>> "".join(["ab"[r.choose("m", ["a", "b"], [0, 0], now=1.0)] for _ in range(8)])
+'aabaaaba'
+>>> RoundRobinRouter().choose("m", ["a", "b"], [5, 0], now=0.0)
+0
+>>> LeastConnectionsRouter().choose("m", ["a", "b"], [5, 0], now=0.0)
+1
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+POLICIES = ("round_robin", "least_connections", "dynamic")
+THROTTLE_FACTOR = 0.5  # a throttled replica keeps half its weight (seed §4.3: "throttle and retry")
+
+
+class Router(Protocol):
+    def choose(self, model: str, pool: Sequence[str], inflight: Sequence[int], now: float) -> int:
+        """Index into ``pool`` of the replica that gets the next request."""
+        ...
+
+
+class RoundRobinRouter:
+    def __init__(self) -> None:
+        self._next: dict[str, int] = {}
+
+    def choose(self, model: str, pool: Sequence[str], inflight: Sequence[int], now: float) -> int:
+        i = self._next.get(model, 0) % len(pool)
+        self._next[model] = i + 1
+        return i
+
+
+class LeastConnectionsRouter:
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+
+    def choose(self, model: str, pool: Sequence[str], inflight: Sequence[int], now: float) -> int:
+        n = len(pool)
+        start = (self._last.get(model, -1) + 1) % n
+        best = min(range(n), key=lambda k: (inflight[(start + k) % n], k))
+        picked = (start + best) % n
+        self._last[model] = picked
+        return picked
+
+
+class DynamicWeightRouter:
+    """Smooth weighted round robin over the latest routing correction per model."""
+
+    def __init__(self) -> None:
+        self._weights: dict[str, dict[str, float]] = {}  # model -> replica -> weight
+        self._blocked: dict[str, float] = {}  # replica -> event time its drain/isolate ends
+        self._throttled: dict[str, float] = {}  # replica -> event time its throttle ends
+        self._current: dict[str, dict[str, float]] = {}  # smooth-WRR state per model
+        self._fallback = LeastConnectionsRouter()
+        self.fallbacks = 0  # picks made without a usable weight
+        self.corrections = 0
+
+    def apply_correction(self, record: Mapping[str, Any], now: float) -> None:
+        """Take a ``llm.routing-corrections`` value: ``{model, weights, actions, ...}``."""
+        model = str(record["model"])
+        self._weights[model] = {str(k): max(float(v), 0.0) for k, v in dict(record.get("weights") or {}).items()}
+        for action in record.get("actions") or []:
+            replica = str(action.get("replica"))
+            expires = action.get("expires_at")
+            until = math.inf if expires is None else float(expires)
+            kind = action.get("action")
+            if kind in ("drain", "isolate"):
+                self._blocked[replica] = max(until, self._blocked.get(replica, -math.inf))
+            elif kind == "throttle":
+                self._throttled[replica] = max(until, self._throttled.get(replica, -math.inf))
+        self.corrections += 1
+
+    def weights(self, model: str, pool: Sequence[str], now: float) -> list[float]:
+        """The effective weight of each replica of ``pool`` at ``now`` (after actions)."""
+        given = self._weights.get(model, {})
+        out = []
+        for replica in pool:
+            w = given.get(replica, 0.0)
+            if self._blocked.get(replica, -math.inf) > now:
+                w = 0.0
+            elif self._throttled.get(replica, -math.inf) > now:
+                w *= THROTTLE_FACTOR
+            out.append(w)
+        return out
+
+    def choose(self, model: str, pool: Sequence[str], inflight: Sequence[int], now: float) -> int:
+        weights = self.weights(model, pool, now)
+        total = sum(weights)
+        if total <= 0.0:
+            self.fallbacks += 1
+            return self._fallback.choose(model, pool, inflight, now)
+        current = self._current.setdefault(model, {})
+        best, best_value = 0, -math.inf
+        for i, (replica, w) in enumerate(zip(pool, weights, strict=True)):
+            value = current.get(replica, 0.0) + w
+            current[replica] = value
+            if value > best_value:
+                best, best_value = i, value
+        current[pool[best]] -= total
+        return best
+
+
+def make_router(policy: str) -> RoundRobinRouter | LeastConnectionsRouter | DynamicWeightRouter:
+    if policy == "round_robin":
+        return RoundRobinRouter()
+    if policy == "least_connections":
+        return LeastConnectionsRouter()
+    if policy == "dynamic":
+        return DynamicWeightRouter()
+    raise ValueError(f"unknown routing policy {policy!r} (known: {', '.join(POLICIES)})")
