@@ -57,7 +57,6 @@ class WindowSettings:
     allowed_lateness_s: float = 5.0  # events older than watermark are late: counted, not folded in
     idle_release_s: float = 90.0  # a replica silent this long (past window + grace) is released
     partition_idle_s: float = 10.0  # wall seconds without input before an idle partition follows the others
-    model_grace_steps: int = 1  # stage 2 waits this many later steps for a missing replica's summary
     sketch_relative_accuracy: float = 0.01  # quantile sketch: <= 1 % relative error
 
 

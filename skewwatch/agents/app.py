@@ -58,6 +58,7 @@ class PipelineService(mode.Service):
             client_id=f"{self.settings.kafka.client_id}-out",
             acks="all",
             linger_ms=5,
+            enable_idempotence=True,  # keeps per-partition order: progress markers follow summaries
             max_request_size=PRODUCER_MAX_REQUEST_BYTES,
         )
         await self.producer.start()

@@ -47,6 +47,7 @@ _ENVELOPE = struct.Struct(">I")  # length of the JSON header that precedes the w
 class PartitionState:
     windows: PartitionWindows
     next_offset: int | None = None  # first input offset not yet reflected in `windows`
+    announced_end: float | None = None  # progress last announced to stage 2
     last_input_wall: float = field(default_factory=time.monotonic)
 
 
@@ -207,14 +208,39 @@ class RequestStage:
         steps = state.windows.close_steps()
         if state.windows.watermark is not None:
             self.metrics.watermark.labels(str(tp.partition)).set(state.windows.watermark)
-        if not steps:
+        progress = self._progress(state)
+        if not steps and progress == state.announced_end:
             return
         await self._publish_steps(steps)
-        if state.next_offset is not None:
+        if progress is not None and progress != state.announced_end:
+            await self._announce_progress(tp.partition, progress)
+            state.announced_end = progress
+        if steps and state.next_offset is not None:
             await self.checkpoints.write(tp.topic, tp.partition, state.next_offset, encode_snapshot(state))
             self.metrics.checkpoints.labels(self.stage).inc()
             self._to_commit[tp] = state.next_offset
         self.metrics.step_duration.labels(self.stage).observe(time.perf_counter() - started)
+
+    def _progress(self, state: PartitionState) -> float | None:
+        """End of the newest step this partition has closed (for stage 2's completion rule)."""
+        windows = state.windows
+        if windows.last_closed_end is not None:
+            return windows.last_closed_end
+        if windows.watermark is not None and not windows.keys:  # nothing to report yet: only time passes
+            step = self.settings.window.step_s
+            return float((windows.watermark // step) * step)
+        return None
+
+    async def _announce_progress(self, partition: int, closed_end: float) -> None:
+        """Tell every stage 2 partition that this input partition has closed every step up to
+        ``closed_end``; on each stage 2 partition this follows the summaries it covers."""
+        assert self.consumer is not None
+        topics = self.settings.topics
+        sources = len(self.consumer.partitions_for_topic(topics.requests) or ()) or 1
+        targets = await self.producer.partitions_for(topics.replica_steps)
+        body = orjson.dumps({"progress": {"source": partition, "closed_end": closed_end, "sources": sources}})
+        await asyncio.gather(*[await self.producer.send(topics.replica_steps, value=body, partition=target)
+                               for target in sorted(targets)])
 
     async def _publish_steps(self, steps: list[ReplicaStep]) -> None:
         topics = self.settings.topics

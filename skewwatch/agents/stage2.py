@@ -37,8 +37,7 @@ class PartitionModels:
     """Everything stage 2 keeps for one partition of the replica-steps topic."""
 
     def __init__(self, settings: Settings) -> None:
-        w = settings.window
-        self.assembler = StepAssembler(w.step_s, w.model_grace_steps, w.idle_release_s)
+        self.assembler = StepAssembler()
         self.deciders: dict[str, ModelDecider] = {}
         self.next_offset: int | None = None
         self.last_input_wall = time.monotonic()
@@ -134,6 +133,11 @@ class ModelStage:
             return
         for message in messages:
             body = orjson.loads(message.value)
+            progress = body.get("progress")
+            if progress is not None:
+                state.assembler.progress(int(progress["source"]), float(progress["closed_end"]),
+                                         int(progress["sources"]))
+                continue
             fv = body["features"]
             state.assembler.add(fv["model"], float(fv["window_end"]), fv["replica"], body)
         state.next_offset = messages[-1].offset + 1

@@ -51,15 +51,19 @@ def advance_events(replicas: list[str], ts: float, model: str = "m") -> list[dic
 
 
 def as_messages(events: list[dict[str, Any]], batch: int) -> list[tuple[bytes | None, bytes]]:
+    """Kafka messages keyed by replica, in event-time order as a real producer sends them: with
+    ``batch > 1``, each run of consecutive events is grouped per replica into ``{"events": [...]}``."""
+    events = sorted(events, key=lambda e: e["ts"])
     if batch == 1:
         return [(e["replica"].encode(), orjson.dumps(e)) for e in events]
-    by_replica: dict[str, list[dict[str, Any]]] = {}
-    for e in events:
-        by_replica.setdefault(e["replica"], []).append(e)
+    n_replicas = len({e["replica"] for e in events})
     out: list[tuple[bytes | None, bytes]] = []
-    for replica, evs in by_replica.items():
-        for i in range(0, len(evs), batch):
-            out.append((replica.encode(), orjson.dumps({"events": evs[i:i + batch]})))
+    run = batch * n_replicas
+    for i in range(0, len(events), run):
+        by_replica: dict[str, list[dict[str, Any]]] = {}
+        for e in events[i:i + run]:
+            by_replica.setdefault(e["replica"], []).append(e)
+        out.extend((r.encode(), orjson.dumps({"events": evs})) for r, evs in by_replica.items())
     return out
 
 
@@ -156,7 +160,10 @@ def test_replay_speed_does_not_change_features(kafka_settings: Settings, tmp_pat
             results.append({k: v for k, v in got.items() if k in keys})
         finally:
             proc.stop()
-    assert results[0] == results[1]
+    # identical up to float rounding: batch boundaries change the order of the moment merges
+    assert results[0].keys() == results[1].keys()
+    for key, fv in results[0].items():
+        assert results[1][key] == pytest.approx(fv, rel=1e-9), key
     assert sum(v["count"] for k, v in results[0].items() if k[1] == T0 + 15) == len(events) - len(replicas)
 
 

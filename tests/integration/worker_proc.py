@@ -99,7 +99,7 @@ class WorkerProcess:
 
 
 async def produce(bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=2)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=2, max_request_size=8 << 20)
     await producer.start()
     try:
         for key, value in messages:
