@@ -114,3 +114,23 @@ def test_generate_command_with_injection_and_labels(kafka_settings: Settings, tm
     assert errors and {e["replica"] for e in errors} == {"r1"}
     assert {e["cuda_error"] for e in errors} <= {"cudaErrorMemoryAllocation", "cudaErrorInvalidValue"}
     assert all(T0 + 10 <= e["ts"] - e["latency_ms"] / 1000 < T0 + 20 + 1e-3 for e in errors)
+
+
+def test_simulate_command_produces_the_fleet_to_kafka(kafka_settings: Settings) -> None:
+    from skewwatch.sim.cli import simulate_command
+
+    result = CliRunner().invoke(simulate_command, [
+        "--bootstrap", str(kafka_settings.kafka.bootstrap), "--topic", kafka_settings.topics.requests,
+        "--telemetry-topic", kafka_settings.topics.gpu_telemetry, "--replicas", "2", "--duration", "30",
+        "--start-ts", str(T0), "--batch", "50", "--seed", "2",
+    ])
+    assert result.exit_code == 0, result.output
+    summary = orjson.loads(result.stdout)
+    back = asyncio.run(consume(str(kafka_settings.kafka.bootstrap), kafka_settings.topics.requests,
+                               10**9, timeout=8.0))
+    events = events_of(back)
+    assert len(events) == summary["arrivals"] > 50
+    assert len(back) < len(events)  # batched
+    samples = asyncio.run(consume(str(kafka_settings.kafka.bootstrap), kafka_settings.topics.gpu_telemetry,
+                                  10**9, timeout=5.0))
+    assert len(samples) >= 2 * 6 and {k for k, _ in samples} == {"r0", "r1"}

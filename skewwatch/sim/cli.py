@@ -1,0 +1,219 @@
+"""``skewwatch simulate``: the fleet simulator from the command line (issue 5).
+
+Runs :class:`~skewwatch.sim.fleet.FleetSimulator` for ``--duration`` seconds of event time, as
+fast as the machine allows (or paced with ``--speed``), and sends what the fleet reports:
+
+- to Kafka (``--bootstrap``, or the config's / ``KAFKA_BOOTSTRAP``): ``llm.requests`` events,
+  single or batched (``--batch``), and ``llm.gpu-telemetry`` samples, exactly as ``skewwatch
+  generate`` does;
+- or to a JSON-lines file (``--output PATH``): one ``{"topic": ..., "key": ..., "value": ...}``
+  per message, for offline analysis;
+- or nowhere (neither given): only the summary.
+
+It always prints a summary (JSON on stdout): arrivals, finished, failed, throughput, fleet P99,
+and per replica its share of requests, P99 latency and mean GPU utilisation, with the two
+spreads of the seed's routing table (std across replicas of per-replica P99, in ms, and of mean
+utilisation, in percentage points). ``--policy dynamic`` closes the routing loop in-process with
+the pipeline's pure weights (:class:`~skewwatch.sim.loop.LocalWeightsLoop`), in lockstep on
+event time.
+
+    skewwatch simulate --policy least_connections --load 0.8 --duration 3600 \\
+        --inject slow_replica --replica r1 --at 600 --for 1200 --labels labels.json
+
+>>> summary = summarize([], [], start_ts=0.0, end_ts=60.0)
+>>> summary["requests"], summary["p99_deviation_ms"]
+(0, None)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO, Any
+
+import click
+import numpy as np
+import orjson
+
+from skewwatch.config import ConfigError, load_settings
+from skewwatch.generate import build_injections, parse_speed, parse_start_ts
+from skewwatch.pipeline.events import RequestColumns
+from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.sim.faults import FAULT_KINDS, FaultError, write_labels
+from skewwatch.sim.fleet import FleetConfig, FleetSimulator, fleet_replicas
+from skewwatch.sim.generator import TrafficChunk, event_rows
+from skewwatch.sim.loop import LocalWeightsLoop
+from skewwatch.sim.router import POLICIES
+from skewwatch.sim.trace import ColumnMapping, TraceError, load_trace
+
+
+def summarize(requests: list[RequestColumns], telemetry: list[TelemetrySample], start_ts: float,
+              end_ts: float) -> dict[str, Any]:
+    """The run's numbers; spreads are population std across replicas (P99 in ms, utilisation in pp)."""
+    cols = RequestColumns.concat(requests)
+    arrival = cols.ts - cols.latency_ms / 1000.0
+    in_run = (arrival >= start_ts) & (arrival < end_ts)
+    cols = cols.take(in_run)
+    replicas = sorted(set(cols.replica.tolist()) | {s.replica for s in telemetry})
+    per: dict[str, dict[str, Any]] = {}
+    for replica in replicas:
+        mine = cols.replica == replica
+        ok = mine & ~cols.is_error
+        util = [s.utilization_gpu for s in telemetry
+                if s.replica == replica and s.utilization_gpu is not None and start_ts < s.ts <= end_ts]
+        per[replica] = {
+            "requests": int(mine.sum()),
+            "share": float(mine.mean()) if len(cols) else 0.0,
+            "errors": int((mine & cols.is_error).sum()),
+            "latency_p50_ms": float(np.percentile(cols.latency_ms[ok], 50)) if ok.any() else None,
+            "latency_p99_ms": float(np.percentile(cols.latency_ms[ok], 99)) if ok.any() else None,
+            "utilization_mean": float(np.mean(util)) if util else None,
+        }
+    p99s = [p["latency_p99_ms"] for p in per.values() if p["latency_p99_ms"] is not None]
+    utils = [p["utilization_mean"] for p in per.values() if p["utilization_mean"] is not None]
+    ok = ~cols.is_error
+    return {
+        "requests": len(cols),
+        "errors": int(cols.is_error.sum()),
+        "throughput_rps": len(cols) / (end_ts - start_ts),
+        "fleet_latency_p99_ms": float(np.percentile(cols.latency_ms[ok], 99)) if ok.any() else None,
+        "p99_deviation_ms": float(np.std(p99s)) if len(p99s) > 1 else None,
+        "utilization_spread_pp": 100.0 * float(np.std(utils)) if len(utils) > 1 else None,
+        "replicas": per,
+    }
+
+
+def _jsonl_lines(chunk: TrafficChunk, requests_topic: str, telemetry_topic: str) -> Iterable[bytes]:
+    for event in event_rows(chunk.requests):
+        yield orjson.dumps({"topic": requests_topic, "key": event["replica"], "value": event})
+    for sample in chunk.telemetry:
+        yield orjson.dumps({"topic": telemetry_topic, "key": sample.replica, "value": sample.to_dict()})
+
+
+@click.command("simulate")
+@click.option("--models", default="llama-3-70b", show_default=True, help="Model names, comma separated.")
+@click.option("--replicas", default=4, show_default=True, type=click.IntRange(min=1), help="Replicas per model.")
+@click.option("--policy", type=click.Choice(POLICIES), default="round_robin", show_default=True,
+              help="Routing policy; 'dynamic' closes the loop with the pipeline's weights.")
+@click.option("--load", default=0.8, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Target share of the fleet's estimated capacity.")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True),
+              help="Fleet requests/s instead of --load.")
+@click.option("--duration", default=300.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds of event time with arrivals (in-flight requests then drain).")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--start-ts", default="now", show_default=True, help="Event time of the start: 'now' or epoch s.")
+@click.option("--trace", "trace_name", default="conv", show_default=True,
+              help="Arrivals and lengths from 'conv' or 'code' (bundled Azure 2023 traces) or a CSV path.")
+@click.option("--columns", help="CSV column mapping, e.g. ts=time,prompt=input_tokens,completion=output_tokens.")
+@click.option("--max-batch", default=32, show_default=True, type=click.IntRange(min=1))
+@click.option("--kv-capacity-tokens", default=52_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--inject", "inject_kinds", multiple=True, metavar="KIND[:name=value,...]",
+              help=f"Inject a fault (repeatable): {', '.join(FAULT_KINDS)}.")
+@click.option("--replica", "inject_replicas", multiple=True, help="Replica of each --inject (r0, r1, ...).")
+@click.option("--at", "inject_at", multiple=True, type=float, help="Seconds after the start each fault begins.")
+@click.option("--for", "inject_for", multiple=True, type=float, help="Seconds each fault lasts.")
+@click.option("--param", "inject_params", multiple=True, metavar="NAME=VALUE",
+              help="Fault parameter for every --inject that has it.")
+@click.option("--labels", "labels_path", type=click.Path(dir_okay=False),
+              help="Write the injected faults' ground truth here (JSON list of {replica, kind, start, end}).")
+@click.option("--bootstrap", help="Produce to this Kafka (default: config kafka.bootstrap / KAFKA_BOOTSTRAP).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="skewwatch TOML config file.")
+@click.option("--topic", help="Request events topic (default: config topics.requests).")
+@click.option("--telemetry-topic", help="GPU telemetry topic (default: config topics.gpu_telemetry).")
+@click.option("--no-telemetry", is_flag=True, help="Do not emit simulated GPU telemetry.")
+@click.option("--batch", default=100, show_default=True, type=click.IntRange(min=1), help="Events per message.")
+@click.option("--speed", default="max", show_default=True, help="Pace by event time: 'max', 1.0, 10, ...")
+@click.option("--output", "output_path", type=click.Path(dir_okay=False),
+              help="Write messages as JSON lines to this file instead of Kafka.")
+@click.option("--summary", "summary_path", type=click.Path(dir_okay=False), help="Also write the summary here.")
+def simulate_command(models: str, replicas: int, policy: str, load: float, rate: float | None, duration: float,
+                     seed: int, start_ts: str, trace_name: str, columns: str | None, max_batch: int,
+                     kv_capacity_tokens: int, inject_kinds: tuple[str, ...], inject_replicas: tuple[str, ...],
+                     inject_at: tuple[float, ...], inject_for: tuple[float, ...], inject_params: tuple[str, ...],
+                     labels_path: str | None, bootstrap: str | None, config_path: str | None, topic: str | None,
+                     telemetry_topic: str | None, no_telemetry: bool, batch: int, speed: str,
+                     output_path: str | None, summary_path: str | None) -> None:
+    """Simulate an inference fleet (continuous batching, a router, faults) and emit what it reports."""
+    try:
+        settings = load_settings(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    start = parse_start_ts(start_ts)
+    pace = parse_speed(speed)
+    try:
+        trace = load_trace(trace_name, ColumnMapping.parse(columns) if columns else None)
+        injections = build_injections(inject_kinds, inject_replicas, inject_at, inject_for, inject_params)
+        config = FleetConfig(models=tuple(m.strip() for m in models.split(",") if m.strip()), replicas=replicas,
+                             policy=policy, load=load, rate=rate, seed=seed, trace=trace, max_batch=max_batch,
+                             kv_capacity_tokens=kv_capacity_tokens, injections=tuple(injections),
+                             telemetry=not no_telemetry)
+    except (TraceError, FaultError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if labels_path:
+        model_of = {r: m for m, r in fleet_replicas(config)}
+        write_labels(labels_path, [inj.label(start, model_of[inj.replica]) for inj in config.injections])
+    loop = LocalWeightsLoop() if policy == "dynamic" else None
+    sim = FleetSimulator(config, start, duration, on_step=loop)
+    requests_topic = topic or settings.topics.requests
+    tel_topic = telemetry_topic or settings.topics.gpu_telemetry
+    kept_requests: list[RequestColumns] = []
+    kept_telemetry: list[TelemetrySample] = []
+
+    def chunks() -> Iterable[TrafficChunk]:
+        for chunk in sim.chunks():
+            kept_requests.append(chunk.requests)
+            kept_telemetry.extend(chunk.telemetry)
+            yield chunk
+
+    began = time.monotonic()
+    target = output_path or bootstrap or settings.kafka.bootstrap
+    try:
+        if output_path:
+            with Path(output_path).open("wb") as out:
+                _write_jsonl(out, chunks(), requests_topic, tel_topic)
+        elif target:
+            _produce(str(target), chunks(), requests_topic, None if no_telemetry else tel_topic, batch, pace)
+        else:
+            click.echo("no --output and no Kafka bootstrap: simulating for the summary only", err=True)
+            for _ in chunks():
+                pass
+    except KeyboardInterrupt:
+        click.echo("interrupted: the summary covers what was simulated", err=True)
+    summary = {"policy": policy, "load": load, "seed": seed, "start_ts": start, "duration_s": duration,
+               "wall_s": round(time.monotonic() - began, 2), **sim.stats(),
+               **{"results": summarize(kept_requests, kept_telemetry, start, start + duration)}}
+    text = orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+    if summary_path:
+        Path(summary_path).write_bytes(text)
+    sys.stdout.write(text.decode() + "\n")
+
+
+def _write_jsonl(out: IO[bytes], chunks: Iterable[TrafficChunk], requests_topic: str, telemetry_topic: str) -> None:
+    for chunk in chunks:
+        for line in _jsonl_lines(chunk, requests_topic, telemetry_topic):
+            out.write(line + b"\n")
+
+
+def _produce(bootstrap: str, chunks: Iterable[TrafficChunk], requests_topic: str, telemetry_topic: str | None,
+             batch: int, speed: float | None) -> None:
+    from skewwatch.sim.emit import TopicMissingError, produce_traffic
+
+    async def run() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        with contextlib.suppress(NotImplementedError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await produce_traffic(bootstrap, chunks, requests_topic=requests_topic,
+                                  telemetry_topic=telemetry_topic, batch=batch, speed=speed)
+
+    try:
+        asyncio.run(run())
+    except TopicMissingError as exc:
+        raise click.ClickException(str(exc)) from exc
