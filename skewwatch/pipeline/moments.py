@@ -35,7 +35,8 @@ FloatArray = npt.NDArray[np.float64]
 
 @dataclass(frozen=True, slots=True)
 class Moments:
-    """count, mean and M2 arrays of one shape (count is float64: exact up to 2**53)."""
+    """count, mean and M2 arrays (count is float64: exact up to 2**53; it may be broadcastable
+    against mean/m2, e.g. one count per part for several fields)."""
 
     count: FloatArray
     mean: FloatArray
@@ -98,12 +99,29 @@ def merge_many(m: Moments, axis: int = 0) -> Moments:
 
     ``mean = sum(n_i * mean_i) / n`` and ``m2 = sum(m2_i) + sum(n_i * (mean_i - mean)**2)``:
     the between-part term is computed from deviations, not raw squares, so it stays stable.
+    ``count`` may be broadcastable against ``mean`` (e.g. ``(p, 1)`` for p parts of k fields).
     """
     n = m.count.sum(axis=axis)
-    safe = np.where(n > 0, n, 1.0)
-    mean = (m.count * m.mean).sum(axis=axis) / safe
+    weights = m.count / np.where(n > 0, n, 1.0)  # each part's share of the total
+    mean = (weights * m.mean).sum(axis=axis)
     between = (m.count * np.square(m.mean - np.expand_dims(mean, axis))).sum(axis=axis)
     return Moments(n, mean, m.m2.sum(axis=axis) + between)
+
+
+def merge_rows(count: FloatArray, mean: FloatArray, m2: FloatArray) -> Moments:
+    """:func:`merge_many` over axis 0 for p parts (rows) of k fields sharing one count per part.
+
+    Same formula, written with dot products: on a 12 x 5 window this runs in a few microseconds,
+    where the generic broadcasting form pays numpy's per-call overhead a dozen times.
+    """
+    n = float(np.add.reduce(count))
+    k = mean.shape[1]
+    if n == 0.0:
+        return Moments(np.zeros(k), np.zeros(k), np.zeros(k))
+    merged_mean = (count / n) @ mean
+    deviation = mean - merged_mean
+    merged_m2 = np.add.reduce(m2, axis=0) + count @ (deviation * deviation)
+    return Moments(np.full(k, n), merged_mean, merged_m2)
 
 
 def variance(m: Moments) -> FloatArray:

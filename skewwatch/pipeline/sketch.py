@@ -59,6 +59,7 @@ SparseCounts = npt.NDArray[np.int32]  # shape (2, k): row 0 sorted slots, row 1 
 
 EMPTY_SPARSE: SparseCounts = np.zeros((2, 0), dtype=np.int32)
 EMPTY_SPARSE.flags.writeable = False
+_INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 class LogBins:
@@ -77,9 +78,10 @@ class LogBins:
         # Log bin i maps to slot i - _offset; chosen so that any value > min_value lands in slot >= 1.
         self._offset = math.floor(math.log(min_value) / self._ln_gamma)
         self.n_slots = math.ceil(math.log(max_value) / self._ln_gamma) - self._offset + 1
-        if self.n_slots > np.iinfo(np.int32).max:
+        if self.n_slots > _INT32_MAX:
             raise ValueError("too many bins for int32 slots; use a coarser accuracy or range")
         self._top_slot = self.n_slots - 1
+        self._scale = 2.0 / (self.gamma + 1.0)  # slot value = 2 gamma**i / (gamma + 1)
 
     def index(self, values: npt.ArrayLike) -> SlotArray:
         """The slot of each value: 0 for values <= min_value, clamped to the top slot above max_value."""
@@ -98,7 +100,7 @@ class LogBins:
     def value(self, slot: int | npt.NDArray[np.integer]) -> float | FloatArray:
         """The value a slot answers: ``2 * gamma**i / (gamma + 1)`` (DDSketch), 0 for the zero bin."""
         s = np.asarray(slot, dtype=np.float64)
-        out = np.where(s == 0, 0.0, 2.0 * np.exp((s + self._offset) * self._ln_gamma) / (self.gamma + 1.0))
+        out = np.where(s == 0, 0.0, self._scale * np.exp((s + self._offset) * self._ln_gamma))
         return float(out) if out.ndim == 0 else out
 
     def sparse_counts(self, values: npt.ArrayLike) -> SparseCounts:
@@ -129,16 +131,17 @@ class LogBins:
         n = int(cumulative[-1]) if cumulative.size else 0
         if n == 0:
             return None
-        qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
-        if np.any((qs < 0.0) | (qs > 1.0)):
+        qs = [float(q)] if isinstance(q, (int, float)) else [float(x) for x in q]
+        if any(not 0.0 <= x <= 1.0 for x in qs):
             raise ValueError(f"quantiles must be in [0, 1], got {q}")
-        ranks = np.floor((n - 1) * qs).astype(np.int64)  # numpy's "lower" virtual index, verbatim
+        # numpy's "lower" virtual index, verbatim: floor((n - 1) * q) in float64
+        ranks = [math.floor((n - 1) * x) for x in qs]
         positions = np.searchsorted(cumulative, ranks, side="right")  # first slot whose cumsum > rank
-        chosen = positions if slots is None else np.asarray(slots)[positions]
-        answers = self.value(np.asarray(chosen))
-        if np.ndim(q) == 0:
-            return float(answers[0])
-        return [float(a) for a in answers]
+        chosen = (positions if slots is None else np.asarray(slots)[positions]).tolist()
+        # plain Python per answer: a handful of values, cheaper than numpy's per-call overhead
+        answers = [0.0 if slot == 0 else self._scale * math.exp((slot + self._offset) * self._ln_gamma)
+                   for slot in chosen]
+        return answers[0] if isinstance(q, (int, float)) else answers
 
 
 @functools.lru_cache(maxsize=8)
@@ -155,13 +158,13 @@ def add_sparse(parts: Sequence[SparseCounts]) -> SparseCounts:
     if len(parts) == 1:
         return parts[0]
     stacked = np.concatenate(parts, axis=1)
-    slots, where = np.unique(stacked[0], return_inverse=True)
-    # int64 while summing: a per-model merge of many replicas must not wrap int32
-    counts = np.bincount(where, weights=stacked[1], minlength=slots.size).astype(np.int64)
-    keep = counts > 0
-    if counts.max(initial=0) > np.iinfo(np.int32).max:
+    # a dense bincount over the (few hundred) slots beats sorting; float64 counts are exact here
+    dense = np.bincount(stacked[0], weights=stacked[1])
+    slots = np.flatnonzero(dense)
+    counts = dense[slots]
+    if counts.max() > _INT32_MAX:  # a per-model merge of many replicas must not wrap int32
         raise OverflowError("sketch count exceeds int32")
-    return np.stack([slots[keep].astype(np.int32), counts[keep].astype(np.int32)])
+    return np.stack([slots.astype(np.int32), counts.astype(np.int32)])
 
 
 class SketchTotal:

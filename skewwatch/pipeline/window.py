@@ -71,13 +71,18 @@ MOMENT_FIELDS: tuple[str, ...] = (
 # Optional fields (NaN = not reported): kept as (reported count, sum), so missing never reads as 0.
 OPTIONAL_FIELDS: tuple[str, ...] = ("ttft_ms", "queue_length", "kv_cache_hit_rate")
 _M, _O = len(MOMENT_FIELDS), len(OPTIONAL_FIELDS)
-# A bucket's float statistics live in ONE small array (one numpy object per bucket, not four:
-# each numpy array costs ~100 bytes of header, and memory per replica matters). Layout:
-_MEAN = slice(0, _M)
-_M2 = slice(_M, 2 * _M)
-_OPT_N = slice(2 * _M, 2 * _M + _O)
-_OPT_SUM = slice(2 * _M + _O, 2 * _M + 2 * _O)
-_STATS_LEN = 2 * _M + 2 * _O
+# All numbers of a bucket live in ONE float64 row: one numpy object per bucket instead of several
+# (each array costs ~100 bytes of header and memory per replica matters); counts are exact in
+# float64 up to 2**53. Layout of a row:
+_COUNT, _ERRORS, _COMPLETION = 0, 1, 2  # events; events with status "error"; completion tokens
+_MEAN = slice(3, 3 + _M)  # mean of each MOMENT_FIELDS
+_M2 = slice(3 + _M, 3 + 2 * _M)  # sum of squared deviations of each MOMENT_FIELDS
+_OPT_N = slice(3 + 2 * _M, 3 + 2 * _M + _O)  # events that reported each OPTIONAL_FIELDS
+_OPT_SUM = slice(3 + 2 * _M + _O, 3 + 2 * _M + 2 * _O)  # their sum
+_STATS_LEN = 3 + 2 * _M + 2 * _O
+# Merge an open bucket's parts once this many have piled up (bounds memory for a key that
+# shows up in every small poll).
+_MAX_OPEN_PARTS = 4
 
 SUMMARY_VERSION = 1
 SNAPSHOT_FORMAT = "skewwatch.partition-windows"
@@ -138,12 +143,12 @@ class WindowSummary:
         mean: dict[str, float | None] = dict.fromkeys(MOMENT_FIELDS)
         var: dict[str, float | None] = dict.fromkeys(MOMENT_FIELDS)
         if n > 0:
-            mean = {f: float(v) for f, v in zip(MOMENT_FIELDS, self.mean, strict=True)}
-            var = {f: float(v) / n for f, v in zip(MOMENT_FIELDS, self.m2, strict=True)}  # population
-        reported = {f: int(c) for f, c in zip(OPTIONAL_FIELDS, self.optional_count, strict=True)}
+            mean = dict(zip(MOMENT_FIELDS, self.mean.tolist(), strict=True))
+            var = {f: m2 / n for f, m2 in zip(MOMENT_FIELDS, self.m2.tolist(), strict=True)}  # population
         optional_mean = {
-            f: (float(s) / reported[f] if reported[f] else None)
-            for f, s in zip(OPTIONAL_FIELDS, self.optional_sum, strict=True)
+            f: (total / reported if reported else None)
+            for f, reported, total in zip(OPTIONAL_FIELDS, self.optional_count.tolist(),
+                                          self.optional_sum.tolist(), strict=True)
         }
         batch_var = var["batch_size"]
         return FeatureVector(
@@ -253,112 +258,138 @@ class ApplyResult(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------------------
-# One bucket, one key
+# Buckets and the window of one key
 # ---------------------------------------------------------------------------------------------
 
-class _Bucket:
-    """Statistics of the events of one key in one step-long bucket ``[id*step, (id+1)*step)``."""
+def _combine(rows: FloatArray) -> FloatArray:
+    """Merge p bucket rows (or p parts of one bucket) into one row: sums added, moments by Chan.
 
-    __slots__ = ("id", "count", "errors", "completion_tokens", "stats", "latency", "ttft", "cuda_errors")
+    The same function merges an open bucket's parts when it is sealed and a window's 12 sealed
+    buckets at every step.
+    """
+    merged = moments.merge_rows(rows[:, _COUNT], rows[:, _MEAN], rows[:, _M2])
+    out = np.add.reduce(rows, axis=0)  # right for the counts and optional sums; moments replaced
+    out[_MEAN] = merged.mean
+    out[_M2] = merged.m2
+    return out
 
-    def __init__(self, bucket_id: int) -> None:
-        self.id = bucket_id
-        self.count = 0
-        self.errors = 0
-        self.completion_tokens = 0
-        self.stats: FloatArray = np.zeros(_STATS_LEN)  # layout: _MEAN, _M2, _OPT_N, _OPT_SUM
-        self.latency: SparseCounts = EMPTY_SPARSE
-        self.ttft: SparseCounts = EMPTY_SPARSE
-        self.cuda_errors: dict[str, int] | None = None  # None while empty: most buckets have none
 
-    def absorb(self, count: int, errors: int, completion_tokens: int, group_stats: FloatArray,
-               latency: SparseCounts, ttft: SparseCounts, cuda_errors: Counter[str] | None) -> None:
-        """Fold in the statistics of a group of new events (same layout as ``stats``)."""
-        if self.count == 0:
-            self.stats = group_stats.copy()
-        else:
-            old = moments.Moments(np.full(_M, float(self.count)), self.stats[_MEAN], self.stats[_M2])
-            new = moments.Moments(np.full(_M, float(count)), group_stats[_MEAN], group_stats[_M2])
-            merged = moments.merge(old, new)
-            self.stats[_MEAN] = merged.mean
-            self.stats[_M2] = merged.m2
-            self.stats[_OPT_N] += group_stats[_OPT_N]
-            self.stats[_OPT_SUM] += group_stats[_OPT_SUM]
-        self.count += count
-        self.errors += errors
-        self.completion_tokens += completion_tokens
-        self.latency = add_sparse([self.latency, latency])
-        self.ttft = add_sparse([self.ttft, ttft])
+class _Bucket(NamedTuple):
+    """The merged statistics of one key's events in one bucket ``[id*step, (id+1)*step)``."""
+
+    stats: FloatArray  # (_STATS_LEN,) row, layout above
+    sketch: SparseCounts  # latency slots s and ttft slots n_slots + s, in one array (see WindowState)
+    cuda_errors: dict[str, int]
+
+
+class _OpenBucket:
+    """A bucket still collecting events, as a list of per-batch parts merged when sealed.
+
+    Appending a part is O(1); merging (a sketch addition and Chan's formula) on every batch would
+    cost tens of microseconds per (key, bucket) group and dominate a poll that touches many
+    replicas. Parts are merged when sealed, or early once ``_MAX_OPEN_PARTS`` pile up.
+    """
+
+    __slots__ = ("stats", "sketches", "cuda_errors")
+
+    def __init__(self) -> None:
+        self.stats: list[FloatArray] = []
+        self.sketches: list[SparseCounts] = []
+        self.cuda_errors: Counter[str] | None = None
+
+    def add(self, stats: FloatArray, sketch: SparseCounts, cuda_errors: Counter[str] | None) -> None:
+        """Append one part. Copies: a row or slice of a batch-wide array would keep it alive."""
+        self.stats.append(stats.copy())
+        self.sketches.append(sketch.copy())
         if cuda_errors:
-            merged_errors = Counter(self.cuda_errors or {})
-            merged_errors.update(cuda_errors)
-            self.cuda_errors = dict(merged_errors)
+            if self.cuda_errors is None:
+                self.cuda_errors = Counter()
+            self.cuda_errors.update(cuda_errors)
+        if len(self.stats) >= _MAX_OPEN_PARTS:
+            self.consolidate()
+
+    def consolidate(self) -> _Bucket:
+        """Merge the parts, and keep the merged form as the only part (so merging twice is exact)."""
+        stats = self.stats[0] if len(self.stats) == 1 else _combine(np.stack(self.stats))
+        bucket = _Bucket(stats, add_sparse(self.sketches), dict(self.cuda_errors or {}))
+        self.stats, self.sketches = [bucket.stats], [bucket.sketch]
+        return bucket
 
 
 class WindowState:
-    """The window of ONE (model, replica): a ring of sealed buckets, open buckets, sketch totals."""
+    """The window of ONE (model, replica): a ring of sealed buckets, open buckets, sketch totals.
 
-    __slots__ = ("model", "replica", "ring", "open", "latency_total", "ttft_total", "last_event_ts")
+    Sealed bucket ``b`` lives in row ``b % n_buckets`` of ``stats`` (one 2-D array, not 12 row
+    objects) and of ``sketches``. To halve the number of small arrays per replica, a bucket keeps
+    its latency and TTFT sketches in ONE sparse array: latency in slots ``[0, n_slots)``, TTFT in
+    ``[n_slots, 2 * n_slots)``. The two running totals are split apart again.
+    """
 
-    def __init__(self, model: str, replica: str, n_buckets: int) -> None:
+    __slots__ = ("model", "replica", "n_slots", "stats", "sketches", "open",
+                 "latency_total", "ttft_total", "last_event_ts")
+
+    def __init__(self, model: str, replica: str, n_buckets: int, n_slots: int) -> None:
         self.model = model
         self.replica = replica
-        self.ring: list[_Bucket | None] = [None] * n_buckets  # sealed bucket b lives at b % n_buckets
-        self.open: dict[int, _Bucket] = {}  # bucket id -> bucket not sealed yet
-        self.latency_total = SketchTotal()  # sum of the ring's latency sketches
-        self.ttft_total = SketchTotal()
+        self.n_slots = n_slots
+        self.stats: FloatArray = np.zeros((n_buckets, _STATS_LEN))
+        self.sketches: list[SparseCounts] = [EMPTY_SPARSE] * n_buckets
+        self.open: dict[int, _OpenBucket] = {}  # bucket id -> bucket not sealed yet
+        self.latency_total = SketchTotal()  # always the sum of the ring's latency sketches
+        self.ttft_total = SketchTotal()  # ... and of its TTFT sketches (slots n_slots + s)
         self.last_event_ts = -math.inf
 
-    def open_bucket(self, bucket_id: int) -> _Bucket:
+    def open_bucket(self, bucket_id: int) -> _OpenBucket:
         bucket = self.open.get(bucket_id)
         if bucket is None:
-            bucket = self.open[bucket_id] = _Bucket(bucket_id)
+            bucket = self.open[bucket_id] = _OpenBucket()
         return bucket
 
-    def seal(self, bucket_id: int) -> None:
-        """Step: bucket ``bucket_id`` enters the window, bucket ``bucket_id - n`` leaves it."""
-        slot = bucket_id % len(self.ring)
-        expired = self.ring[slot]
-        if expired is not None:
-            self.latency_total.subtract(expired.latency)
-            self.ttft_total.subtract(expired.ttft)
-        entering = self.open.pop(bucket_id, None)
-        self.ring[slot] = entering
-        if entering is not None:
-            self.latency_total.add(entering.latency)
-            self.ttft_total.add(entering.ttft)
+    def _split(self, sketch: SparseCounts) -> tuple[SparseCounts, SparseCounts]:
+        cut = int(np.searchsorted(sketch[0], self.n_slots))
+        return sketch[:, :cut], sketch[:, cut:]
 
-    def summary(self, newest_bucket: int, settings: WindowSettings) -> WindowSummary:
-        """The window ending with (sealed) bucket ``newest_bucket``."""
-        present = [b for b in self.ring if b is not None]
-        count = sum(b.count for b in present)
-        mean, m2 = np.zeros(_M), np.zeros(_M)
-        optional_count, optional_sum = np.zeros(_O, dtype=np.int64), np.zeros(_O)
-        if present:
-            stats = np.stack([b.stats for b in present])
-            counts = np.array([[float(b.count)] * _M for b in present])
-            merged = moments.merge_many(moments.Moments(counts, stats[:, _MEAN], stats[:, _M2]))
-            mean, m2 = merged.mean, merged.m2
-            optional_count = stats[:, _OPT_N].sum(axis=0).round().astype(np.int64)
-            optional_sum = stats[:, _OPT_SUM].sum(axis=0)
-        newest = self.ring[newest_bucket % len(self.ring)]
+    def place(self, bucket_id: int, bucket: _Bucket | None) -> None:
+        """Put a sealed bucket (or an empty one) in its ring row, replacing bucket ``bucket_id - n``."""
+        row = bucket_id % len(self.sketches)
+        leaving_latency, leaving_ttft = self._split(self.sketches[row])
+        self.latency_total.subtract(leaving_latency)
+        self.ttft_total.subtract(leaving_ttft)
+        if bucket is None:
+            self.stats[row] = 0.0
+            self.sketches[row] = EMPTY_SPARSE
+        else:
+            self.stats[row] = bucket.stats
+            self.sketches[row] = bucket.sketch
+            entering_latency, entering_ttft = self._split(bucket.sketch)
+            self.latency_total.add(entering_latency)
+            self.ttft_total.add(entering_ttft)
+
+    def step(self, bucket_id: int, settings: WindowSettings) -> WindowSummary:
+        """Seal bucket ``bucket_id`` (it enters, ``bucket_id - n`` leaves) and summarise the window."""
+        entering = self.open.pop(bucket_id, None)
+        bucket = entering.consolidate() if entering is not None else None
+        self.place(bucket_id, bucket)
+        window = _combine(self.stats)
+        ttft = self.ttft_total.sparse()
+        ttft[0] -= self.n_slots
         return WindowSummary(
             model=self.model,
             replica=self.replica,
-            window_end=(newest_bucket + 1) * settings.step_s,
+            window_end=(bucket_id + 1) * settings.step_s,
             length_s=settings.length_s,
             relative_accuracy=settings.sketch_relative_accuracy,
-            count=count,
-            errors=sum(b.errors for b in present),
-            completion_tokens=sum(b.completion_tokens for b in present),
-            mean=mean,
-            m2=m2,
-            optional_count=optional_count,
-            optional_sum=optional_sum,
+            count=round(window[_COUNT]),
+            errors=round(window[_ERRORS]),
+            completion_tokens=round(window[_COMPLETION]),
+            mean=window[_MEAN],
+            m2=window[_M2],
+            optional_count=window[_OPT_N].round().astype(np.int64),
+            optional_sum=window[_OPT_SUM],
             latency=self.latency_total.sparse(),
-            ttft=self.ttft_total.sparse(),
-            step_count=newest.count if newest is not None else 0,
-            step_cuda_errors=dict(newest.cuda_errors or {}) if newest is not None else {},
+            ttft=ttft,
+            step_count=round(bucket.stats[_COUNT]) if bucket is not None else 0,
+            step_cuda_errors=dict(bucket.cuda_errors) if bucket is not None else {},
         )
 
 
@@ -392,6 +423,10 @@ class PartitionWindows:
         if self.watermark is None or watermark > self.watermark:
             self.watermark = float(watermark)
 
+    def _new_state(self, model: str, replica: str) -> WindowState:
+        state = self.keys[(model, replica)] = WindowState(model, replica, self.n_buckets, self.bins.n_slots)
+        return state
+
     def apply(self, cols: RequestColumns) -> ApplyResult:
         """Fold a batch of validated events into their open buckets, in one vectorised pass."""
         n = len(cols)
@@ -400,6 +435,7 @@ class PartitionWindows:
         step = self.settings.step_s
         self.advance_watermark(float(cols.ts.max()) - self.settings.allowed_lateness_s)
         bucket = np.floor(cols.ts / step).astype(np.int64)
+        late = 0
         if self.closed_through is not None:
             on_time = bucket > self.closed_through
             late = int(n - np.count_nonzero(on_time))
@@ -408,37 +444,33 @@ class PartitionWindows:
                 if late == n:
                     return ApplyResult(0, late)
                 cols, bucket = cols.take(on_time), bucket[on_time]
-        else:
-            late = 0
         accepted = n - late
 
-        # group rows by (key, bucket) once; every statistic below is per group
+        # group rows by (key, bucket) once; every statistic below is computed per group
         key_index: dict[tuple[str, str], int] = {}
         key_code = np.fromiter(
-            (key_index.setdefault(k, len(key_index)) for k in zip(cols.model.tolist(), cols.replica.tolist(),
-                                                                   strict=True)),
+            (key_index.setdefault(k, len(key_index))
+             for k in zip(cols.model.tolist(), cols.replica.tolist(), strict=True)),
             dtype=np.int64, count=accepted)
         bucket_ids, bucket_code = np.unique(bucket, return_inverse=True)
         groups, g = np.unique(key_code * bucket_ids.size + bucket_code, return_inverse=True)
         n_groups = groups.size
 
-        group_stats = np.zeros((n_groups, _STATS_LEN))
+        stats = np.zeros((n_groups, _STATS_LEN))
+        stats[:, _COUNT] = np.bincount(g, minlength=n_groups)
+        stats[:, _ERRORS] = np.bincount(g, weights=cols.is_error, minlength=n_groups)
+        stats[:, _COMPLETION] = np.bincount(g, weights=cols.completion_tokens, minlength=n_groups)
         values = np.column_stack([getattr(cols, f) for f in MOMENT_FIELDS]).astype(np.float64)
         group_moments = moments.grouped(values, g, n_groups)
-        group_stats[:, _MEAN] = group_moments.mean
-        group_stats[:, _M2] = group_moments.m2
+        stats[:, _MEAN] = group_moments.mean
+        stats[:, _M2] = group_moments.m2
         for j, name in enumerate(OPTIONAL_FIELDS):
             x = getattr(cols, name)
             reported = ~np.isnan(x)
-            group_stats[:, _OPT_N.start + j] = np.bincount(g[reported], minlength=n_groups)
-            group_stats[:, _OPT_SUM.start + j] = np.bincount(g[reported], weights=x[reported],
-                                                             minlength=n_groups)
-        counts = np.bincount(g, minlength=n_groups)
-        errors = np.bincount(g, weights=cols.is_error, minlength=n_groups).astype(np.int64)
-        completion = np.bincount(g, weights=cols.completion_tokens, minlength=n_groups).astype(np.int64)
-        latency = self._group_sketches(cols.latency_ms, g, n_groups)
-        has_ttft = ~np.isnan(cols.ttft_ms)
-        ttft = self._group_sketches(cols.ttft_ms[has_ttft], g[has_ttft], n_groups)
+            stats[:, _OPT_N.start + j] = np.bincount(g[reported], minlength=n_groups)
+            stats[:, _OPT_SUM.start + j] = np.bincount(g[reported], weights=x[reported],
+                                                       minlength=n_groups)
+        sketches = self._group_sketches(cols, g, n_groups)
         cuda: dict[int, Counter[str]] = {}
         for row, code in enumerate(cols.cuda_error.tolist()):  # object column: no vectorised "is None"
             if code is not None:
@@ -448,29 +480,27 @@ class PartitionWindows:
 
         states = []
         for (model, replica), code in key_index.items():
-            state = self.keys.get((model, replica))
-            if state is None:
-                state = self.keys[(model, replica)] = WindowState(model, replica, self.n_buckets)
+            state = self.keys.get((model, replica)) or self._new_state(model, replica)
             state.last_event_ts = max(state.last_event_ts, float(last_ts[code]))
             states.append(state)
-        for j, group in enumerate(groups.tolist()):
-            code, b = divmod(group, bucket_ids.size)
-            states[code].open_bucket(int(bucket_ids[b])).absorb(
-                int(counts[j]), int(errors[j]), int(completion[j]), group_stats[j],
-                latency[j], ttft[j], cuda.get(j))
+        ids = bucket_ids.tolist()
+        for j, group in enumerate(groups.tolist()):  # a loop over groups, not events: O(1) each
+            code, b = divmod(group, len(ids))
+            states[code].open_bucket(ids[b]).add(stats[j], sketches[j], cuda.get(j))
         return ApplyResult(accepted, late)
 
-    def _group_sketches(self, values: FloatArray, g: npt.NDArray[np.intp],
+    def _group_sketches(self, cols: RequestColumns, g: npt.NDArray[np.intp],
                         n_groups: int) -> list[SparseCounts]:
-        """Sparse sketch of ``values`` per group, with one np.unique over (group, slot) pairs."""
+        """Per group, the combined latency + TTFT sparse sketch (views), from one np.unique."""
         n_slots = self.bins.n_slots
-        pairs, counts = np.unique(g.astype(np.int64) * n_slots + self.bins.index(values), return_counts=True)
-        group_of_pair = pairs // n_slots
-        bounds = np.searchsorted(group_of_pair, np.arange(n_groups + 1))
-        slots = (pairs % n_slots).astype(np.int32)
-        counts32 = counts.astype(np.int32)
-        return [np.stack([slots[lo:hi], counts32[lo:hi]]) if hi > lo else EMPTY_SPARSE
-                for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
+        has_ttft = ~np.isnan(cols.ttft_ms)
+        slots = np.concatenate([self.bins.index(cols.latency_ms),
+                                self.bins.index(cols.ttft_ms[has_ttft]) + n_slots])
+        owner = np.concatenate([g, g[has_ttft]]).astype(np.int64)
+        pairs, counts = np.unique(owner * (2 * n_slots) + slots, return_counts=True)
+        bounds = np.searchsorted(pairs // (2 * n_slots), np.arange(n_groups + 1)).tolist()
+        both = np.stack([(pairs % (2 * n_slots)).astype(np.int32), counts.astype(np.int32)])
+        return [both[:, lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
 
     def close_steps(self) -> list[ReplicaStep]:
         """Close every step whose end is <= the watermark, oldest first, for every known key.
@@ -496,8 +526,7 @@ class PartitionWindows:
             bucket_id = self.closed_through + 1
             window_end = (bucket_id + 1) * step
             for state in self.keys.values():
-                state.seal(bucket_id)
-                summary = state.summary(bucket_id, self.settings)
+                summary = state.step(bucket_id, self.settings)
                 out.append(ReplicaStep(summary.features(), summary))
             self.closed_through = bucket_id
             for key in [k for k, s in self.keys.items() if s.last_event_ts <= window_end - idle]:
@@ -509,23 +538,22 @@ class PartitionWindows:
     def snapshot(self) -> bytes:
         """The complete state as compact JSON bytes (arrays base64; safe to load from Kafka).
 
-        Sketch totals are not stored: they are by definition the sum of the sealed buckets and are
-        rebuilt on restore (smaller, and they cannot disagree with the buckets).
+        Stored: every non-empty sealed bucket and every open bucket (merged into one part first,
+        in place, so the live windows and a restored copy continue bit-identically). Sketch totals
+        are not stored: they are by definition the sum of the sealed buckets and are rebuilt on
+        restore (smaller, and they cannot disagree with the buckets).
         """
         key_rows: list[list[Any]] = []
-        rows: list[tuple[int, _Bucket]] = []
+        rows: list[tuple[int, int, _Bucket]] = []  # (key index, bucket id, bucket)
         for code, state in enumerate(self.keys.values()):
             key_rows.append([state.model, state.replica, state.last_event_ts])
-            rows.extend((code, b) for b in state.ring if b is not None)
-            rows.extend((code, b) for b in state.open.values())
-        buckets = [b for _, b in rows]
-
-        def sketch_columns(name: str) -> dict[str, str]:
-            parts = [getattr(b, name) for b in buckets]
-            return {
-                f"{name}_len": _b64(np.array([p.shape[1] for p in parts], dtype=np.int32)),
-                name: _b64(np.concatenate([p for p in parts], axis=1) if parts else EMPTY_SPARSE),
-            }
+            if self.closed_through is not None:
+                for bucket_id in range(self.closed_through - self.n_buckets + 1, self.closed_through + 1):
+                    row = bucket_id % self.n_buckets
+                    if state.stats[row, _COUNT]:
+                        rows.append((code, bucket_id, _Bucket(state.stats[row], state.sketches[row], {})))
+            rows.extend((code, bucket_id, ob.consolidate()) for bucket_id, ob in sorted(state.open.items()))
+        buckets = [b for _, _, b in rows]
 
         doc = {
             "format": SNAPSHOT_FORMAT,
@@ -538,14 +566,13 @@ class PartitionWindows:
             "late_total": self.late_total,
             "keys": key_rows,
             "buckets": {
-                "key": _b64(np.array([c for c, _ in rows], dtype=np.int32)),
-                "id": _b64(np.array([b.id for b in buckets], dtype=np.int64)),
-                "count": _b64(np.array([b.count for b in buckets], dtype=np.int64)),
-                "errors": _b64(np.array([b.errors for b in buckets], dtype=np.int64)),
-                "completion_tokens": _b64(np.array([b.completion_tokens for b in buckets], dtype=np.int64)),
+                "key": _b64(np.array([c for c, _, _ in rows], dtype=np.int32)),
+                "id": _b64(np.array([i for _, i, _ in rows], dtype=np.int64)),
                 "stats": _b64(np.stack([b.stats for b in buckets]) if buckets else np.zeros((0, _STATS_LEN))),
-                **sketch_columns("latency"),
-                **sketch_columns("ttft"),
+                # each bucket's (2, k) sketch, concatenated along k, and the k of each
+                "sketch_len": _b64(np.array([b.sketch.shape[1] for b in buckets], dtype=np.int32)),
+                "sketch": _b64(np.concatenate([b.sketch for b in buckets], axis=1)
+                               if buckets else EMPTY_SPARSE),
             },
             "cuda_errors": [[i, b.cuda_errors] for i, b in enumerate(buckets) if b.cuda_errors],
         }
@@ -568,59 +595,50 @@ class PartitionWindows:
             self.late_total = int(doc["late_total"])
             states = []
             for model, replica, last_ts in doc["keys"]:
-                state = WindowState(str(model), str(replica), self.n_buckets)
+                state = self._new_state(str(model), str(replica))
                 state.last_event_ts = float(last_ts)
-                self.keys[(state.model, state.replica)] = state
                 states.append(state)
             cols = doc["buckets"]
             key = _unb64(cols["key"], np.int32)
             n = key.size
             ids = _unb64(cols["id"], np.int64, n)
-            count = _unb64(cols["count"], np.int64, n)
-            errors = _unb64(cols["errors"], np.int64, n)
-            completion = _unb64(cols["completion_tokens"], np.int64, n)
             stats = _unb64(cols["stats"], np.float64, n * _STATS_LEN).reshape(n, _STATS_LEN)
-            latency = self._split_sketches(cols["latency"], _unb64(cols["latency_len"], np.int32, n))
-            ttft = self._split_sketches(cols["ttft"], _unb64(cols["ttft_len"], np.int32, n))
+            sketches = self._split_sketches(cols["sketch"], _unb64(cols["sketch_len"], np.int32, n))
+            cuda = {int(i): {str(k): int(v) for k, v in errs.items()} for i, errs in doc["cuda_errors"]}
             if n and (key.min() < 0 or key.max() >= len(states)):
                 raise ValueError("bucket refers to an unknown key")
-            buckets = []
             for i in range(n):
-                bucket = _Bucket(int(ids[i]))
-                bucket.count, bucket.errors = int(count[i]), int(errors[i])
-                bucket.completion_tokens = int(completion[i])
-                bucket.stats = stats[i].copy()
-                bucket.latency, bucket.ttft = latency[i], ttft[i]
-                buckets.append(bucket)
-                state = states[int(key[i])]
-                if self.closed_through is not None and bucket.id <= self.closed_through:
-                    if bucket.id <= self.closed_through - self.n_buckets:
-                        raise ValueError(f"bucket {bucket.id} is older than the window")
-                    slot = bucket.id % self.n_buckets
-                    if state.ring[slot] is not None:
-                        raise ValueError(f"two buckets for ring slot {slot}")
-                    state.ring[slot] = bucket
-                    state.latency_total.add(bucket.latency)
-                    state.ttft_total.add(bucket.ttft)
+                state, bucket_id = states[int(key[i])], int(ids[i])
+                bucket = _Bucket(stats[i].copy(), sketches[i], cuda.get(i, {}))
+                if self.closed_through is not None and bucket_id <= self.closed_through:
+                    if bucket_id <= self.closed_through - self.n_buckets:
+                        raise ValueError(f"bucket {bucket_id} is older than the window")
+                    if state.stats[bucket_id % self.n_buckets, _COUNT]:
+                        raise ValueError(f"bucket {bucket_id} stored twice")
+                    state.place(bucket_id, bucket)
                 else:
-                    state.open[bucket.id] = bucket
-            for i, errs in doc["cuda_errors"]:
-                buckets[int(i)].cuda_errors = {str(k): int(v) for k, v in errs.items()}
+                    if bucket_id in state.open:
+                        raise ValueError(f"open bucket {bucket_id} stored twice")
+                    open_bucket = state.open[bucket_id] = _OpenBucket()
+                    open_bucket.add(bucket.stats, bucket.sketch, Counter(bucket.cuda_errors))
             return self
         except (KeyError, TypeError, AttributeError, IndexError, orjson.JSONDecodeError) as exc:
             raise ValueError(f"malformed window snapshot: {exc!r}") from exc
 
     def _split_sketches(self, blob: str, lengths: npt.NDArray[np.int32]) -> list[SparseCounts]:
-        total = int(lengths.sum(dtype=np.int64))
         if lengths.size and lengths.min() < 0:
             raise ValueError("negative sketch length")
+        total = int(lengths.sum(dtype=np.int64))
         flat = _unb64(blob, np.int32, 2 * total).reshape(2, total)
-        if total and (flat[0].min() < 0 or flat[0].max() >= self.bins.n_slots or flat[1].min() <= 0):
+        if total and (flat[0].min() < 0 or flat[0].max() >= 2 * self.bins.n_slots or flat[1].min() <= 0):
             raise ValueError("sketch slot out of range or non-positive count")
         ends = np.cumsum(lengths, dtype=np.int64)
         starts = ends - lengths
-        return [flat[:, lo:hi].copy() if hi > lo else EMPTY_SPARSE
-                for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True)]
+        parts = [flat[:, lo:hi].copy() if hi > lo else EMPTY_SPARSE
+                 for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True)]
+        if any(np.any(np.diff(part[0]) <= 0) for part in parts):
+            raise ValueError("sketch slots not strictly increasing")
+        return parts
 
 
 def _b64(arr: npt.NDArray[Any]) -> str:
