@@ -30,14 +30,16 @@ Contract decisions (docs/contracts.md says the same):
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
-from typing import Any, Final
+from typing import Annotated, Any, Final, Literal
 
+import msgspec
 import numpy as np
 import orjson
 
@@ -570,6 +572,87 @@ def _columns_from_valid_rows(rows: list[dict[str, Any]]) -> RequestColumns:
     )
 
 
+# --- the typed fast path: msgspec validates while it parses -----------------------------------------
+# Why a second decoder: for a valid message, parsing to dicts and then scanning each column's types
+# in Python costs ~3x more than letting msgspec check every type and range in C while it parses
+# (bench/decode_bench.py). msgspec is strict (no bool for int, no 12.0 for int, no NaN), so it
+# accepts a subset of what the contract accepts; anything it refuses takes the general path, which
+# is the reference and words the reasons. Built from EVENT_FIELDS so the two cannot drift apart.
+
+_DBL_MAX_META = msgspec.Meta(le=_BIG)
+
+
+def _typed_field(spec: FieldSpec, max_tokens: int) -> Any:
+    typed: Any
+    if spec.kind == "string":
+        typed = Annotated[str, msgspec.Meta(min_length=1)]
+    elif spec.kind == "number":
+        if spec.exclusive_maximum is not None:
+            typed = Annotated[float, msgspec.Meta(ge=spec.minimum, lt=spec.exclusive_maximum)]
+        else:
+            typed = Annotated[float, msgspec.Meta(ge=spec.minimum, le=_BIG if spec.maximum is None else spec.maximum)]
+    elif spec.kind == "integer":
+        high = max_tokens if spec.tokens else INT64_LIMIT - 1
+        typed = Annotated[int, msgspec.Meta(ge=int(spec.minimum), le=high)]
+    elif spec.kind == "status":
+        typed = Literal["ok", "error"]
+    else:  # cuda_error
+        typed = Annotated[str, msgspec.Meta(min_length=1)] | Annotated[int, msgspec.Meta(ge=0, le=INT64_LIMIT - 1)]
+    return typed if spec.required else typed | None
+
+
+@functools.lru_cache(maxsize=8)
+def _typed_decoders(max_tokens: int) -> tuple[msgspec.json.Decoder[Any], msgspec.json.Decoder[Any]]:
+    """(batch decoder, single-event decoder) for a token limit."""
+    fields: list[Any] = [(f.name, _typed_field(f, max_tokens)) for f in EVENT_FIELDS if f.required]
+    fields += [(f.name, _typed_field(f, max_tokens), None) for f in EVENT_FIELDS if not f.required]
+    fields.append(("v", Literal[1] | None, None))
+    event = msgspec.defstruct("TypedRequestEvent", fields, gc=False)
+    batch = msgspec.defstruct("TypedRequestBatch", [("events", list[event]),  # type: ignore[valid-type]
+                                                    ("v", Literal[1] | None, None)], gc=False)
+    return msgspec.json.Decoder(batch), msgspec.json.Decoder(event)
+
+
+_get_typed = operator.attrgetter(*(f.name for f in EVENT_FIELDS))
+_TYPED_INDEX = {f.name: i for i, f in enumerate(EVENT_FIELDS)}
+
+
+
+
+def _columns_from_typed(events: list[Any]) -> tuple[RequestColumns, BoolArray]:
+    """Columns of msgspec-validated events, and the rows whose batch_size > batch_capacity."""
+    n = len(events)
+    cols = list(zip(*map(_get_typed, events), strict=True))
+    at = _TYPED_INDEX
+
+    def objects(name: str) -> Any:
+        out = np.empty(n, dtype=object)
+        out[:] = cols[at[name]]
+        return out
+
+    def floats(name: str) -> FloatArray:
+        return np.array(cols[at[name]], dtype=np.float64)  # None -> NaN
+
+    stacked_ints = np.array([cols[at[name]] for name in _STACKED_INTS], dtype=np.int64)
+    columns = RequestColumns(
+        request_id=objects("request_id"),
+        ts=floats("ts"),
+        model=objects("model"),
+        replica=objects("replica"),
+        latency_ms=floats("latency_ms"),
+        prompt_tokens=stacked_ints[0],
+        completion_tokens=stacked_ints[1],
+        batch_size=stacked_ints[2],
+        batch_capacity=stacked_ints[3],
+        ttft_ms=floats("ttft_ms"),
+        queue_length=floats("queue_length"),
+        kv_cache_hit_rate=floats("kv_cache_hit_rate"),
+        is_error=np.fromiter(map(operator.eq, cols[at["status"]], repeat("error")), dtype=np.bool_, count=n),
+        cuda_error=objects("cuda_error"),
+    )
+    return columns, stacked_ints[2] > stacked_ints[3]
+
+
 # --- message envelope -------------------------------------------------------------------------------
 
 def _json_kind(doc: Any) -> str:
@@ -578,27 +661,18 @@ def _json_kind(doc: Any) -> str:
     return names.get(type(doc), type(doc).__name__)
 
 
-def decode_request_messages(values: Sequence[bytes | None], limits: LimitSettings) -> DecodedMessages:
-    """Decode many ``llm.requests`` values (e.g. one poll of a partition) in one vectorised pass.
-
-    Single-event messages are cheap this way: the per-column numpy cost is paid once per poll,
-    not once per message. Never raises on any input.
-    """
+def _decode_dicts(values: Sequence[bytes | None], message_ids: Sequence[int], limits: LimitSettings,
+                  rejects: list[list[Rejection]]) -> tuple[RequestColumns, IntArray]:
+    """The general path: orjson (stdlib for NaN/inf) to dicts, then the column checks; appends each
+    message's rejections to ``rejects[m]``; returns the valid events and their message index."""
     events: list[dict[str, Any]] = []
     row_message: list[int] = []
     row_event: list[int] = []
-    batch_form: list[bool] = []
-    rejects: list[list[Rejection]] = [[] for _ in values]
-    for m, value in enumerate(values):
-        batch_form.append(False)
-        if value is None or len(value) == 0:
-            rejects[m].append(Rejection.message_level("empty", "value is null or zero bytes"))
-            continue
-        if len(value) > limits.max_message_bytes:
-            rejects[m].append(Rejection.message_level(
-                "too_large", f"value is {len(value)} bytes > limit {limits.max_message_bytes} "
-                             "(limits.max_message_bytes)"))
-            continue
+    batch_form: dict[int, bool] = {}
+    for m in message_ids:
+        value = values[m]
+        assert value is not None  # the caller handled empty and too_large
+        batch_form[m] = False
         doc, rejection = parse_json(value)
         if rejection is not None:
             rejects[m].append(rejection)
@@ -642,7 +716,7 @@ def decode_request_messages(values: Sequence[bytes | None], limits: LimitSetting
                     "not_an_object", f"events[{k}]: must be an event object, got {show_value(event)}", k))
 
     if not events:
-        return DecodedMessages(RequestColumns.empty(), np.zeros(0, dtype=np.int64), rejects)
+        return RequestColumns.empty(), np.zeros(0, dtype=np.int64)
     message_index = np.array(row_message, dtype=np.int64)
     bad_rows: list[tuple[int, list[Problem]]] = []
     if len(events) <= SCALAR_MAX_EVENTS:
@@ -668,10 +742,77 @@ def decode_request_messages(values: Sequence[bytes | None], limits: LimitSetting
         m, k = row_message[i], row_event[i]
         rejects[m].append(_rejection(problems, f"events[{k}]." if batch_form[m] else "", k))
     if bad_rows:
-        for message_rejects in rejects:  # not_an_object elements were listed first: restore event order
-            if len(message_rejects) > 1:
-                message_rejects.sort(key=lambda r: -1 if r.event_index is None else r.event_index)
-    return DecodedMessages(columns, message_index, rejects)
+        for m in message_ids:  # not_an_object elements were listed first: restore event order
+            if len(rejects[m]) > 1:
+                rejects[m].sort(key=lambda r: -1 if r.event_index is None else r.event_index)
+    return columns, message_index
+
+
+def decode_request_messages(values: Sequence[bytes | None], limits: LimitSettings, *,
+                            typed_fast_path: bool = True) -> DecodedMessages:
+    """Decode many ``llm.requests`` values (e.g. one poll of a partition) in one vectorised pass.
+
+    Single-event messages are cheap this way: the per-column numpy cost is paid once per poll,
+    not once per message. Never raises on any input. ``typed_fast_path=False`` skips the msgspec
+    path (tests check both paths give the same result).
+    """
+    rejects: list[list[Rejection]] = [[] for _ in values]
+    typed: list[Any] = []
+    typed_message: list[int] = []
+    typed_event: list[int] = []
+    typed_batch_form: dict[int, bool] = {}
+    general: list[int] = []
+    decoders = _typed_decoders(limits.max_tokens) if typed_fast_path else None
+    for m, value in enumerate(values):
+        if value is None or len(value) == 0:
+            rejects[m].append(Rejection.message_level("empty", "value is null or zero bytes"))
+            continue
+        if len(value) > limits.max_message_bytes:
+            rejects[m].append(Rejection.message_level(
+                "too_large", f"value is {len(value)} bytes > limit {limits.max_message_bytes} "
+                             "(limits.max_message_bytes)"))
+            continue
+        if decoders is not None:
+            try:
+                if b'"events"' in value:
+                    batch = decoders[0].decode(value).events
+                    if len(batch) <= limits.max_events_per_message:
+                        typed.extend(batch)
+                        typed_message.extend([m] * len(batch))
+                        typed_event.extend(range(len(batch)))
+                        typed_batch_form[m] = True
+                        continue
+                else:
+                    typed.append(decoders[1].decode(value))
+                    typed_message.append(m)
+                    typed_event.append(0)
+                    typed_batch_form[m] = False
+                    continue
+            except Exception:  # anything unusual: the general path judges it and words the reasons
+                pass
+        general.append(m)
+
+    parts: list[tuple[RequestColumns, IntArray]] = []
+    if general:
+        parts.append(_decode_dicts(values, general, limits, rejects))
+    if typed:
+        columns, over_capacity = _columns_from_typed(typed)
+        message_index = np.array(typed_message, dtype=np.int64)
+        if over_capacity.any():  # the one rule a typed decoder cannot state: word it per event
+            for i in np.flatnonzero(over_capacity).tolist():
+                m, k = typed_message[i], typed_event[i]
+                problems = event_problems(msgspec.structs.asdict(typed[i]), limits.max_tokens)
+                rejects[m].append(_rejection(problems, f"events[{k}]." if typed_batch_form[m] else "", k))
+            columns, message_index = columns.take(~over_capacity), message_index[~over_capacity]
+        parts.append((columns, message_index))
+    if not parts:
+        return DecodedMessages(RequestColumns.empty(), np.zeros(0, dtype=np.int64), rejects)
+    if len(parts) == 1:
+        return DecodedMessages(parts[0][0], parts[0][1], rejects)
+    columns = RequestColumns.concat([p[0] for p in parts])
+    message_index = np.concatenate([p[1] for p in parts])
+    order = np.argsort(message_index, kind="stable")  # back to input order, events in message order
+    return DecodedMessages(columns.take(order), message_index[order], rejects)
 
 
 def decode_request_message(value: bytes | None, limits: LimitSettings) -> DecodedMessage:

@@ -376,6 +376,36 @@ def test_every_event_is_either_decoded_or_rejected_with_one_reason(events: list[
         assert r.reason_code == event_problems(events[r.event_index or 0], LIMITS.max_tokens)[0][0]
 
 
+@st.composite
+def poll_values(draw: st.DrawFn) -> list[bytes]:
+    """A poll's worth of values: single events, batches, valid or not, as producers write them."""
+    values = []
+    for _ in range(draw(st.integers(1, 6))):
+        events = draw(st.lists(events_from(VALID_POOLS) | events_from(VALUE_POOLS), min_size=1, max_size=12))
+        doc: Any = {"events": events} if draw(st.booleans()) else events[0]
+        values.append(json.dumps(doc).encode())
+    return values
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(poll_values())
+def test_the_typed_fast_path_gives_exactly_the_general_paths_result(values: list[bytes]) -> None:
+    typed = decode_request_messages(values, LIMITS)
+    general = decode_request_messages(values, LIMITS, typed_fast_path=False)
+    assert typed.rejects == general.rejects
+    assert typed.message_index.tolist() == general.message_index.tolist()
+    assert_columns_equal(typed.columns, general.columns)
+
+
+def test_the_typed_fast_path_honours_a_configured_token_limit() -> None:
+    limits = LimitSettings(max_tokens=50)
+    values = [encode_request_events([good_event(0, prompt_tokens=50), good_event(1, prompt_tokens=51)]),
+              encode_request_event(good_event(2, completion_tokens=51))]
+    decoded = decode_request_messages(values, limits)
+    assert list(decoded.columns.request_id) == ["req-0"]
+    assert [[r.reason_code for r in rs] for rs in decoded.rejects] == [["too_many_tokens"], ["too_many_tokens"]]
+
+
 # --- fuzz: nothing ever raises ----------------------------------------------------------------------
 
 json_values = st.recursive(
