@@ -4,8 +4,14 @@ Seed rules implemented (issue 2, "Wire contract v1" and "Bad input"): a message 
 object or ``{"events": [...]}`` (optionally with ``"v": 1``); every malformed message or event is
 rejected with a stable reason code and a sentence naming the field and the value, the valid
 events of the same batch are still decoded, and no input ever raises. The hot path must not pay a
-per-event Python cost (DESIGN.md, measured numbers): the JSON is parsed by orjson and each field
-is checked as one numpy column; per-event Python only runs to word the reasons of the bad rows.
+per-event Python cost (DESIGN.md, measured numbers), so a message goes down one of two paths:
+
+- typed (fast): msgspec parses straight into structs generated from EVENT_FIELDS, checking every
+  type and range in C; it is strict, so it accepts a subset of the contract (no 12.0 for an int);
+- general (the reference): anything msgspec refuses is parsed by orjson and each field checked as
+  one numpy column; per-event Python only runs to word the reasons of the bad rows.
+
+Both give the same result for any input (tests/unit/test_decode_requests.py checks it).
 
 Contract decisions (docs/contracts.md says the same):
 
@@ -854,6 +860,7 @@ __all__ = [
     "REQUIRED_FIELDS",
     "DecodedMessage",
     "DecodedMessages",
+    "Rejection",
     "check_request_event",
     "decode_request_message",
     "decode_request_messages",
