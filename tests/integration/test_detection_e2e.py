@@ -32,17 +32,22 @@ def _batch_collapse(fv: dict[str, Any]) -> bool:
     return (fv["batch_size_std"] or 0) > 2 and (fv["batch_fill_mean"] or 1) < 0.3
 
 
+def _context_burst(fv: dict[str, Any]) -> bool:
+    return (fv["prompt_tokens_mean"] or 0) > 2048
+
+
 def _gpu_fault(fv: dict[str, Any]) -> bool:
     return bool(fv["step_cuda_errors"])
 
 
 # the seed's condition on one replica's feature vector (the rule, not the detector's code)
-CONDITIONS = {"long_tail": _long_tail, "batch_collapse": _batch_collapse, "gpu_fault": _gpu_fault}
+CONDITIONS = {"context_burst": _context_burst, "long_tail": _long_tail, "batch_collapse": _batch_collapse, "gpu_fault": _gpu_fault}
 
 CASES: dict[str, tuple[str, str, str | None, dict[str, Any], int]] = {
     "long_tail": ("long_tail", "WARNING", "enable_tracing", {}, 3),
     "batch_collapse": ("batch_collapse", "CRITICAL", "adjust_batch_policy", {}, 1),
     "gpu_fault": ("gpu_health", "CRITICAL", "drain", {"class": "hardware"}, 1),
+    "context_burst": ("context_burst", "INFO", "prewarm_tokenizer_cache", {}, 1),
 }
 
 
