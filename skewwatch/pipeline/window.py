@@ -371,6 +371,7 @@ class WindowState:
         bucket = entering.consolidate() if entering is not None else None
         self.place(bucket_id, bucket)
         window = _combine(self.stats)
+        count, errors, completion = window[[_COUNT, _ERRORS, _COMPLETION]].tolist()  # exact in float64
         ttft = self.ttft_total.sparse()
         ttft[0] -= self.n_slots
         return WindowSummary(
@@ -379,16 +380,16 @@ class WindowState:
             window_end=(bucket_id + 1) * settings.step_s,
             length_s=settings.length_s,
             relative_accuracy=settings.sketch_relative_accuracy,
-            count=round(window[_COUNT]),
-            errors=round(window[_ERRORS]),
-            completion_tokens=round(window[_COMPLETION]),
+            count=int(count),
+            errors=int(errors),
+            completion_tokens=int(completion),
             mean=window[_MEAN],
             m2=window[_M2],
             optional_count=window[_OPT_N].round().astype(np.int64),
             optional_sum=window[_OPT_SUM],
             latency=self.latency_total.sparse(),
             ttft=ttft,
-            step_count=round(bucket.stats[_COUNT]) if bucket is not None else 0,
+            step_count=int(bucket.stats[_COUNT]) if bucket is not None else 0,
             step_cuda_errors=dict(bucket.cuda_errors) if bucket is not None else {},
         )
 
@@ -513,10 +514,10 @@ class PartitionWindows:
             return []
         step = self.settings.step_s
         if self.closed_through is None:
-            first_open = [min(state.open) for state in self.keys.values() if state.open]
-            if not first_open:
-                return []
-            self.closed_through = min(first_open) - 1
+            first_open = min((min(state.open) for state in self.keys.values() if state.open), default=None)
+            if first_open is None or (first_open + 1) * step > self.watermark:
+                return []  # no step can close yet: declare nothing closed (that would make events late)
+            self.closed_through = first_open - 1
         idle = max(self.settings.idle_release_s, self.settings.length_s)
         out: list[ReplicaStep] = []
         while (self.closed_through + 2) * step <= self.watermark:

@@ -6,9 +6,11 @@ import tracemalloc
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import hypothesis
 import numpy as np
 import orjson
 import pytest
+from hypothesis import strategies as st
 
 from skewwatch.config import WindowSettings
 from skewwatch.pipeline.events import RequestColumns
@@ -166,6 +168,11 @@ def test_before_the_first_close_nothing_is_late() -> None:
     assert windows.apply(RequestColumns.from_rows([event(150.0)])) == (1, 0)  # out of order, not late
     steps = windows.close_steps()
     assert steps[0].features.window_end == 155.0  # steps start at the oldest open bucket
+    # a first close must not declare the bucket before the first event closed too early
+    fresh = PartitionWindows(SETTINGS)
+    fresh.apply(RequestColumns.from_rows([event(510.0)]))  # watermark 505
+    assert fresh.close_steps() == [] and fresh.last_closed_end is None
+    assert fresh.apply(RequestColumns.from_rows([event(507.0)])) == (1, 0)
 
 
 # -- silence and release --------------------------------------------------------------------------
@@ -402,3 +409,30 @@ def test_close_steps_before_any_event_is_empty() -> None:
     windows.advance_watermark(1000.0)
     assert windows.close_steps() == [] and windows.last_closed_end is None
     assert windows.apply(RequestColumns.empty()) == (0, 0)
+
+
+# -- property: any arrival order within the lateness, any chunking ---------------------------------
+
+@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 120), chunk=st.integers(1, 50),
+                  span=st.sampled_from([3.0, 30.0, 200.0]))
+def test_property_steps_match_reference(seed: int, n: int, chunk: int, span: float) -> None:
+    rng = np.random.default_rng(seed)
+    events = random_events(rng, n, 500.0, 500.0 + span, REPLICAS[:3])
+    if rng.random() < 0.5:  # timestamps exactly on step boundaries
+        for e in events[::3]:
+            e["ts"] = 5.0 * round(e["ts"] / 5.0)
+    windows = PartitionWindows(SETTINGS)
+    steps = feed(windows, disordered(events, rng, max_delay=SETTINGS.allowed_lateness_s * 0.99), chunk)
+    windows.advance_watermark(max(e["ts"] for e in events) + 200.0)
+    steps += windows.close_steps()
+    assert windows.late_total == 0 and not windows.keys  # all released at the end
+    seen = by_key(steps)
+    for (model, replica), by_end in seen.items():
+        assert all(end % 5.0 == 0.0 for end in by_end)  # (by_key already refused repeats)
+        for end, fv in by_end.items():
+            assert_features_match(fv, reference_features(events, model, replica, end, SETTINGS))
+    for e in events:  # every event was reported by exactly 12 steps of its key
+        key_steps = seen[(e["model"], e["replica"])]
+        holding = [end for end, fv in key_steps.items() if end - 60.0 <= e["ts"] < end]
+        assert len(holding) == 12
