@@ -23,8 +23,8 @@ Implements issue 2 "Windows" and DESIGN.md "Topology, state and recovery" (stage
   (key, bucket) once and computes every per-group statistic with ``np.bincount``/``np.unique``;
   only the merge into each touched bucket is a Python loop, over groups, not events.
 * **State survives restarts.** :meth:`PartitionWindows.snapshot` / :meth:`PartitionWindows.restore`
-  give a compact JSON envelope (numpy arrays as base64, never pickle: it is read back from Kafka)
-  that the worker stores with the input offset it covers.
+  give compact bytes (zlib-compressed JSON, numpy arrays as base64; never pickle: it is read back
+  from Kafka) that the worker stores with the input offset it covers.
 
 The feature definitions live in exactly one place, :meth:`WindowSummary.features`; per-model
 vectors (``model_merge.py``) merge summaries and call the same method.
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import base64
 import math
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -87,6 +88,9 @@ _MAX_OPEN_PARTS = 4
 SUMMARY_VERSION = 1
 SNAPSHOT_FORMAT = "skewwatch.partition-windows"
 SNAPSHOT_VERSION = 1
+# snapshot bytes = magic + zlib(JSON); zlib level 1 shrinks them ~3x for ~10 % more time
+_SNAPSHOT_MAGIC = b"SWW1"
+_SNAPSHOT_MAX_BYTES = 512 << 20  # refuse to inflate past this (a corrupt or hostile record)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -537,7 +541,9 @@ class PartitionWindows:
     # -- checkpoint -----------------------------------------------------------------------------
 
     def snapshot(self) -> bytes:
-        """The complete state as compact JSON bytes (arrays base64; safe to load from Kafka).
+        """The complete state as compact bytes: zlib-compressed JSON, numpy arrays as base64.
+
+        Safe to load from Kafka (no pickle); :meth:`restore` validates every array's size and range.
 
         Stored: every non-empty sealed bucket and every open bucket (merged into one part first,
         in place, so the live windows and a restored copy continue bit-identically). Sketch totals
@@ -577,13 +583,18 @@ class PartitionWindows:
             },
             "cuda_errors": [[i, b.cuda_errors] for i, b in enumerate(buckets) if b.cuda_errors],
         }
-        return orjson.dumps(doc)
+        return _SNAPSHOT_MAGIC + zlib.compress(orjson.dumps(doc), 1)
 
     @classmethod
     def restore(cls, data: bytes, settings: WindowSettings) -> PartitionWindows:
         """Rebuild from :meth:`snapshot`; ValueError if the bytes are not a compatible snapshot."""
         try:
-            doc = orjson.loads(data)
+            if not data.startswith(_SNAPSHOT_MAGIC):
+                raise ValueError("not a window snapshot (bad magic)")
+            inflate = zlib.decompressobj()
+            doc = orjson.loads(inflate.decompress(data[len(_SNAPSHOT_MAGIC):], _SNAPSHOT_MAX_BYTES))
+            if inflate.unconsumed_tail:
+                raise ValueError(f"snapshot inflates past {_SNAPSHOT_MAX_BYTES} bytes")
             if doc.get("format") != SNAPSHOT_FORMAT or doc.get("v") != SNAPSHOT_VERSION:
                 raise ValueError(f"not a v{SNAPSHOT_VERSION} {SNAPSHOT_FORMAT} snapshot")
             for name, have in (("length_s", settings.length_s), ("step_s", settings.step_s),
@@ -623,7 +634,7 @@ class PartitionWindows:
                     open_bucket = state.open[bucket_id] = _OpenBucket()
                     open_bucket.add(bucket.stats, bucket.sketch, Counter(bucket.cuda_errors))
             return self
-        except (KeyError, TypeError, AttributeError, IndexError, orjson.JSONDecodeError) as exc:
+        except (KeyError, TypeError, AttributeError, IndexError, orjson.JSONDecodeError, zlib.error) as exc:
             raise ValueError(f"malformed window snapshot: {exc!r}") from exc
 
     def _split_sketches(self, blob: str, lengths: npt.NDArray[np.int32]) -> list[SparseCounts]:

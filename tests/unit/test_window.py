@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import tracemalloc
+import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -308,6 +310,15 @@ def test_one_batch_or_many_chunks_give_the_same_features() -> None:
 
 # -- snapshot / restore ---------------------------------------------------------------------------
 
+def snapshot_doc(data: bytes) -> Any:
+    assert data[:4] == b"SWW1"
+    return orjson.loads(zlib.decompress(data[4:]))
+
+
+def as_snapshot(doc: Any) -> bytes:
+    return b"SWW1" + zlib.compress(orjson.dumps(doc), 1)
+
+
 def test_snapshot_restore_continues_identically() -> None:
     rng = np.random.default_rng(13)
     events = disordered(random_events(rng, 2500, 1000.0, 1250.0, REPLICAS), rng, max_delay=4.0)
@@ -316,7 +327,7 @@ def test_snapshot_restore_continues_identically() -> None:
     original = PartitionWindows(SETTINGS)
     feed(original, first, chunk=40)
     data = original.snapshot()
-    assert isinstance(data, bytes) and orjson.loads(data)["format"] == "skewwatch.partition-windows"
+    assert isinstance(data, bytes) and snapshot_doc(data)["format"] == "skewwatch.partition-windows"
     restored = PartitionWindows.restore(data, SETTINGS)
     assert restored.snapshot() == data
     assert (restored.watermark, restored.last_closed_end, restored.late_total) == \
@@ -338,13 +349,16 @@ def test_restore_refuses_other_settings_and_garbage() -> None:
         PartitionWindows.restore(data, WindowSettings(step_s=10.0))
     with pytest.raises(ValueError, match="relative_accuracy"):
         PartitionWindows.restore(data, WindowSettings(sketch_relative_accuracy=0.02))
-    for bad in (b"", b"not json", b"[]", b'{"format": "x"}', data.replace(b'"late_total":0', b'"late_total":"x"')):
+    doc = snapshot_doc(data)
+    bad_late = as_snapshot({**doc, "late_total": "x"})
+    truncated = as_snapshot({**doc, "buckets": {**doc["buckets"], "stats": doc["buckets"]["stats"][:-8]}})
+    bad_slot = as_snapshot({**doc, "buckets": {**doc["buckets"], "sketch": base64.b64encode(
+        np.array([[10**6], [1]], dtype=np.int32).tobytes()).decode()}})
+    for bad in (b"", b"not json", data[:4] + b"garbage", data[:-10], as_snapshot([]),
+                as_snapshot({"format": "x"}), bad_late, truncated, bad_slot):
         with pytest.raises(ValueError):
             PartitionWindows.restore(bad, SETTINGS)
-    doc = orjson.loads(data)
-    doc["buckets"]["stats"] = doc["buckets"]["stats"][:-8]  # truncated array
-    with pytest.raises(ValueError):
-        PartitionWindows.restore(orjson.dumps(doc), SETTINGS)
+    assert PartitionWindows.restore(as_snapshot(doc), SETTINGS).snapshot() == data
     empty = PartitionWindows(SETTINGS)
     assert PartitionWindows.restore(empty.snapshot(), SETTINGS).watermark is None
 
