@@ -131,6 +131,16 @@ def _jsonl_lines(chunk: TrafficChunk, requests_topic: str, telemetry_topic: str)
 @click.option("--speed", default="max", show_default=True, help="Pace by event time: 'max', 1.0, 10, ...")
 @click.option("--output", "output_path", type=click.Path(dir_okay=False),
               help="Write messages as JSON lines to this file instead of Kafka.")
+@click.option("--weights", "weights_source", type=click.Choice(["local", "kafka"]), default="local",
+              show_default=True,
+              help="dynamic policy: weights from the pure pipeline in-process, or from the real worker's "
+                   "llm.routing-corrections in lockstep (needs Kafka; run the worker with "
+                   "SKEWWATCH_DETECTORS__CORRECTIONS__HEARTBEAT_S=5 so it publishes every step).")
+@click.option("--corrections-topic", help="Routing corrections topic (default: config topics.routing_corrections).")
+@click.option("--lockstep-lag", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Steps between a produced step and the correction it waits for (covers allowed lateness).")
+@click.option("--lockstep-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Wall seconds to wait for a correction before going on (counted as a miss).")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), help="Also write the summary here.")
 def simulate_command(models: str, replicas: int, policy: str, load: float, rate: float | None, duration: float,
                      seed: int, start_ts: str, trace_name: str, columns: str | None, max_batch: int,
@@ -138,7 +148,8 @@ def simulate_command(models: str, replicas: int, policy: str, load: float, rate:
                      inject_at: tuple[float, ...], inject_for: tuple[float, ...], inject_params: tuple[str, ...],
                      labels_path: str | None, bootstrap: str | None, config_path: str | None, topic: str | None,
                      telemetry_topic: str | None, no_telemetry: bool, batch: int, speed: str,
-                     output_path: str | None, summary_path: str | None) -> None:
+                     output_path: str | None, weights_source: str, corrections_topic: str | None,
+                     lockstep_lag: int, lockstep_timeout: float, summary_path: str | None) -> None:
     """Simulate an inference fleet (continuous batching, a router, faults) and emit what it reports."""
     try:
         settings = load_settings(config_path)
@@ -158,7 +169,8 @@ def simulate_command(models: str, replicas: int, policy: str, load: float, rate:
     if labels_path:
         model_of = {r: m for m, r in fleet_replicas(config)}
         write_labels(labels_path, [inj.label(start, model_of[inj.replica]) for inj in config.injections])
-    loop = LocalWeightsLoop() if policy == "dynamic" else None
+    kafka_loop = policy == "dynamic" and weights_source == "kafka"
+    loop = LocalWeightsLoop() if policy == "dynamic" and not kafka_loop else None
     sim = FleetSimulator(config, start, duration, on_step=loop)
     requests_topic = topic or settings.topics.requests
     tel_topic = telemetry_topic or settings.topics.gpu_telemetry
@@ -173,8 +185,17 @@ def simulate_command(models: str, replicas: int, policy: str, load: float, rate:
 
     began = time.monotonic()
     target = output_path or bootstrap or settings.kafka.bootstrap
+    misses: int | None = None
     try:
-        if output_path:
+        if kafka_loop:
+            if output_path or not (bootstrap or settings.kafka.bootstrap):
+                raise click.UsageError("--weights kafka needs Kafka (--bootstrap or KAFKA_BOOTSTRAP), not --output")
+            misses = _closed_loop(str(bootstrap or settings.kafka.bootstrap), sim, chunks_seen=kept_requests,
+                                  telemetry_seen=kept_telemetry, requests_topic=requests_topic,
+                                  telemetry_topic=None if no_telemetry else tel_topic,
+                                  corrections_topic=corrections_topic or settings.topics.routing_corrections,
+                                  batch=batch, lag=lockstep_lag, timeout=lockstep_timeout)
+        elif output_path:
             with Path(output_path).open("wb") as out:
                 _write_jsonl(out, chunks(), requests_topic, tel_topic)
         elif target:
@@ -187,6 +208,7 @@ def simulate_command(models: str, replicas: int, policy: str, load: float, rate:
         click.echo("interrupted: the summary covers what was simulated", err=True)
     summary = {"policy": policy, "load": load, "seed": seed, "start_ts": start, "duration_s": duration,
                "wall_s": round(time.monotonic() - began, 2), **sim.stats(),
+               **({"lockstep_misses": misses} if misses is not None else {}),
                **{"results": summarize(kept_requests, kept_telemetry, start, start + duration)}}
     text = orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
     if summary_path:
@@ -217,3 +239,40 @@ def _produce(bootstrap: str, chunks: Iterable[TrafficChunk], requests_topic: str
         asyncio.run(run())
     except TopicMissingError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def _closed_loop(bootstrap: str, sim: FleetSimulator, *, chunks_seen: list[RequestColumns],
+                 telemetry_seen: list[TelemetrySample], requests_topic: str, telemetry_topic: str | None,
+                 corrections_topic: str, batch: int, lag: int, timeout: float) -> int:
+    """The dynamic policy through the real worker; returns the number of lockstep misses."""
+    from skewwatch.sim.emit import TopicMissingError, TrafficProducer
+    from skewwatch.sim.loop import KafkaCorrections, run_kafka_loop
+
+    corrections = KafkaCorrections(bootstrap, corrections_topic)
+    original_on_step = sim.on_step
+
+    def keep(s: FleetSimulator, chunk: TrafficChunk) -> None:
+        chunks_seen.append(chunk.requests)
+        telemetry_seen.extend(chunk.telemetry)
+        if original_on_step is not None:
+            original_on_step(s, chunk)
+
+    sim.on_step = keep
+
+    async def run() -> None:
+        await corrections.start()
+        try:
+            async with TrafficProducer(bootstrap, requests_topic=requests_topic, telemetry_topic=telemetry_topic,
+                                       batch=batch) as producer:
+                await run_kafka_loop(sim, producer, corrections, lag_steps=lag, timeout_s=timeout)
+        finally:
+            await corrections.stop()
+
+    try:
+        asyncio.run(run())
+    except TopicMissingError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if corrections.missed_steps:
+        click.echo(f"lockstep: no correction within {timeout:g} s for steps ending at "
+                   f"{', '.join(f'{t:.0f}' for t in corrections.missed_steps[:10])}", err=True)
+    return corrections.misses

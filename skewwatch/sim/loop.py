@@ -22,14 +22,20 @@ and applies them as a routing correction before step k+1 is simulated (lockstep)
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from skewwatch.config import WindowSettings
 from skewwatch.pipeline.reference import reference_features
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.weights import WeightConfig, WeightInput, compute_weights
-from skewwatch.sim.generator import TrafficChunk, event_rows
+from skewwatch.sim.emit import TopicMissingError
+from skewwatch.sim.generator import STEP_S, TrafficChunk, event_rows
 
 if TYPE_CHECKING:
     from skewwatch.sim.fleet import FleetSimulator
@@ -69,3 +75,93 @@ class LocalWeightsLoop:
                       "actions": []}
             self.corrections.append(record)
             sim.apply_correction(record, end)
+
+
+class KafkaCorrections:
+    """Routing corrections read from ``llm.routing-corrections``, for the loop through the real worker.
+
+    Started at the topic's end (older records belong to earlier runs). :meth:`wait_for` returns
+    once every model has a record for a step at or after ``step_end`` (event time), or when
+    ``timeout_s`` of wall time passed. Records are applied in ``seq`` order; a replayed step
+    (``seq`` not above the last seen) is dropped, as the contract says.
+    """
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.topic = topic
+        self._bootstrap = bootstrap
+        self._consumer: AIOKafkaConsumer | None = None  # created in start(): aiokafka wants a running loop
+        self._latest: dict[str, dict[str, Any]] = {}  # model -> newest record
+        self.misses = 0  # waits that timed out (the run is then no longer lockstep-deterministic)
+        self.missed_steps: list[float] = []  # the step_end of each miss
+
+    async def start(self) -> None:
+        self._consumer = consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False,
+                                                     group_id=None, auto_offset_reset="latest")
+        await consumer.start()
+        try:
+            # aiokafka's consumer has no public "wait for this topic's metadata" (the producer's
+            # partitions_for calls the same client method); topics() does not update the client.
+            partitions = await asyncio.wait_for(consumer._client._wait_on_metadata(self.topic), 10.0)  # noqa: SLF001
+        except Exception:
+            partitions = None
+        if not partitions:
+            await consumer.stop()
+            raise TopicMissingError(f"topic {self.topic!r} does not exist; create it first (`skewwatch topics`)")
+        assigned = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        consumer.assign(assigned)
+        await consumer.seek_to_end(*assigned)
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    def _take(self, value: bytes | None) -> None:
+        if not value:
+            return
+        record = orjson.loads(value)
+        model = str(record.get("model"))
+        last = self._latest.get(model)
+        if last is None or int(record.get("seq", 0)) > int(last.get("seq", 0)):
+            self._latest[model] = record
+
+    async def wait_for(self, models: list[str], step_end: float, timeout_s: float) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ready = [self._latest.get(m) for m in models]
+            if all(r is not None and float(r["ts"]) >= step_end for r in ready):
+                return [r for r in ready if r is not None]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.misses += 1
+                self.missed_steps.append(step_end)
+                return [r for r in ready if r is not None]
+            assert self._consumer is not None, "start() first"
+            batches = await self._consumer.getmany(timeout_ms=int(min(left, 0.5) * 1000))
+            for records in batches.values():
+                for rec in records:
+                    self._take(rec.value)
+            await asyncio.sleep(0)
+
+
+async def run_kafka_loop(sim: FleetSimulator, producer: Any, corrections: KafkaCorrections, *,
+                         lag_steps: int = 2, timeout_s: float = 30.0, first_timeout_s: float = 120.0) -> None:
+    """Drive ``sim`` through the real worker: produce step k, then wait for the correction of
+    step ``k - lag_steps`` and apply it before step k+1 is simulated (lockstep on event time).
+
+    The lag covers the worker's allowed lateness: a step closes only when later events have
+    moved the watermark past it, so step k's own events cannot close step k. ``producer`` is a
+    started :class:`~skewwatch.sim.emit.TrafficProducer`.
+    """
+    models = list(sim.pools)
+    first = True
+    for chunk in sim.chunks():
+        await producer.send_chunk(chunk)
+        await producer.flush()
+        wanted = chunk.end_ts - lag_steps * STEP_S
+        if wanted <= sim.start_ts or chunk.end_ts > sim.end_ts:
+            continue  # nothing to wait for yet, or no arrivals left to route (the fleet only drains)
+        # The first correction also waits for the worker to join its consumer group and catch up.
+        wait = max(timeout_s, first_timeout_s) if first else timeout_s
+        first = False
+        for record in await corrections.wait_for(models, wanted, wait):
+            sim.apply_correction(record, chunk.end_ts)

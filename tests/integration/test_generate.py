@@ -134,3 +134,32 @@ def test_simulate_command_produces_the_fleet_to_kafka(kafka_settings: Settings) 
     samples = asyncio.run(consume(str(kafka_settings.kafka.bootstrap), kafka_settings.topics.gpu_telemetry,
                                   10**9, timeout=5.0))
     assert len(samples) >= 2 * 6 and {k for k, _ in samples} == {"r0", "r1"}
+
+
+def test_simulate_dynamic_closes_the_loop_through_the_real_worker(kafka_settings: Settings, tmp_path: Path) -> None:
+    """Issue 5: lockstep on event time with the worker's routing corrections; the slow replica loses traffic."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.integration.worker_proc import WorkerProcess, settings_env
+
+    worker = WorkerProcess(kafka_settings, tmp_path / "worker.log",
+                           extra_env={"SKEWWATCH_DETECTORS__CORRECTIONS__HEARTBEAT_S": "5"}).start()
+    try:
+        env = {**os.environ, **settings_env(kafka_settings)}
+        env.pop("KAFKA_BOOTSTRAP", None)
+        run = subprocess.run(
+            [sys.executable, "-m", "skewwatch", "simulate", "--policy", "dynamic", "--weights", "kafka",
+             "--replicas", "4", "--load", "0.6", "--duration", "180", "--start-ts", str(T0), "--seed", "9",
+             "--inject", "slow_replica", "--replica", "r1", "--at", "30", "--for", "400", "--param", "factor=4",
+             "--lockstep-timeout", "30"],
+            env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        worker.stop()
+    assert run.returncode == 0, run.stderr[-3000:] + worker.log_tail()
+    summary = orjson.loads(run.stdout)
+    assert summary["lockstep_misses"] == 0, run.stderr[-2000:]
+    assert summary["arrivals"] == summary["finished"] + summary["failed"]
+    shares = {r: v["share"] for r, v in summary["results"]["replicas"].items()}
+    assert shares["r1"] < 0.23 and min(shares[r] for r in ("r0", "r2", "r3")) > 0.25  # round robin: 0.25 each
