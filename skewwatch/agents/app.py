@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -46,7 +46,7 @@ class PipelineService(mode.Service):
         self.producer: AIOKafkaProducer | None = None
         self.stage1: RequestStage | None = None
         self.stage2: ModelStage | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._stage_tasks: list[asyncio.Task[None]] = []
         self._stopping = False
 
     async def on_start(self) -> None:
@@ -62,7 +62,7 @@ class PipelineService(mode.Service):
             max_request_size=PRODUCER_MAX_REQUEST_BYTES,
         )
         await self.producer.start()
-        self._tasks = [
+        self._stage_tasks = [
             asyncio.ensure_future(self._supervise("stage1", self._new_stage1)),
             asyncio.ensure_future(self._supervise("stage2", self._new_stage2)),
         ]
@@ -95,8 +95,8 @@ class PipelineService(mode.Service):
         for stage in (self.stage1, self.stage2):
             if stage is not None:
                 stage.stop()
-        if self._tasks:
-            _, pending = await asyncio.wait(self._tasks, timeout=15)
+        if self._stage_tasks:
+            _, pending = await asyncio.wait(self._stage_tasks, timeout=15)
             for task in pending:
                 task.cancel()
         if self.producer is not None:
@@ -116,20 +116,18 @@ def create_app(settings: Settings, bootstrap: str) -> tuple[faust.App, PipelineS
     )
     metrics = WorkerMetrics()
     service = PipelineService(settings, bootstrap, metrics)
-    app.service(service)  # an instance is accepted too: started and stopped with the app
+    # Faust also accepts an instance here (App._prepare_subservice): started and stopped with the app
+    app.service(service)  # type: ignore[arg-type]
 
-    def route(path: str) -> Callable[[Callable[..., Awaitable[Any]]], Any]:
-        return app.page(path)
-
-    @route("/api/v1/weights")
-    class Weights(faust.web.View):  # type: ignore[misc]
+    @app.page("/api/v1/weights")
+    class Weights(faust.web.View):
         async def get(self, request: faust.web.Request) -> faust.web.Response:
             stage = service.stage2
             models = {m: c.to_dict() for m, c in (stage.corrections.items() if stage else [])}
             return self.json({"models": models})
 
-    @route("/api/v1/update_weights")
-    class UpdateWeights(faust.web.View):  # type: ignore[misc]
+    @app.page("/api/v1/update_weights")
+    class UpdateWeights(faust.web.View):
         async def post(self, request: faust.web.Request) -> faust.web.Response:
             stage = service.stage2
             if stage is None:
@@ -137,13 +135,13 @@ def create_app(settings: Settings, bootstrap: str) -> tuple[faust.App, PipelineS
             published = await stage.force_update()
             return self.json({"published": published})
 
-    @route("/metrics")
-    class Metrics(faust.web.View):  # type: ignore[misc]
+    @app.page("/metrics")
+    class Metrics(faust.web.View):
         async def get(self, request: faust.web.Request) -> faust.web.Response:
             return self.bytes(metrics.exposition(), content_type="text/plain; version=0.0.4")
 
-    @route("/healthz")
-    class Health(faust.web.View):  # type: ignore[misc]
+    @app.page("/healthz")
+    class Health(faust.web.View):
         async def get(self, request: faust.web.Request) -> faust.web.Response:
             ready = service.stage1 is not None and service.stage1.ready.is_set()
             return self.json({"status": "ok" if ready else "starting"}, status=200 if ready else 503)

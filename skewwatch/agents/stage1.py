@@ -268,7 +268,7 @@ class RequestStage:
                 self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(high - position, 0))
 
 
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+class _Rebalance(ConsumerRebalanceListener):
     def __init__(self, stage: RequestStage) -> None:
         self.stage = stage
 

@@ -231,7 +231,7 @@ class ModelStage:
         return published
 
 
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+class _Rebalance(ConsumerRebalanceListener):
     def __init__(self, stage: ModelStage) -> None:
         self.stage = stage
 

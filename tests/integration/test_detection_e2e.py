@@ -41,7 +41,8 @@ def _gpu_fault(fv: dict[str, Any]) -> bool:
 
 
 # the seed's condition on one replica's feature vector (the rule, not the detector's code)
-CONDITIONS = {"context_burst": _context_burst, "long_tail": _long_tail, "batch_collapse": _batch_collapse, "gpu_fault": _gpu_fault}
+CONDITIONS = {"context_burst": _context_burst, "long_tail": _long_tail, "batch_collapse": _batch_collapse,
+              "gpu_fault": _gpu_fault}
 
 CASES: dict[str, tuple[str, str, str | None, dict[str, Any], int]] = {
     "long_tail": ("long_tail", "WARNING", "enable_tracing", {}, 3),
