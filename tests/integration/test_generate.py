@@ -22,8 +22,10 @@ from skewwatch.sim.generator import GeneratorConfig, generate_chunks, generate_e
 T0 = 1_700_000_000.0
 
 
-async def consume(bootstrap: str, topic: str, count: int, timeout: float = 30.0) -> list[tuple[str, Any]]:
-    """(key, decoded value) of the first ``count`` messages of ``topic`` (all partitions)."""
+async def consume(bootstrap: str, topic: str, count: int, timeout: float = 30.0,
+                  events: int | None = None) -> list[tuple[str, Any]]:
+    """(key, decoded value) of the first ``count`` messages of ``topic`` (all partitions), or
+    of as many as hold ``events`` request events."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                                 enable_auto_commit=False, group_id=None)
     await consumer.start()
@@ -31,6 +33,8 @@ async def consume(bootstrap: str, topic: str, count: int, timeout: float = 30.0)
     try:
         deadline = time.monotonic() + timeout
         while len(out) < count and time.monotonic() < deadline:
+            if events is not None and len(events_of(out)) >= events:
+                break
             batches = await consumer.getmany(timeout_ms=500)
             for records in batches.values():
                 out.extend((r.key.decode(), orjson.loads(r.value)) for r in records)
@@ -107,7 +111,7 @@ def test_generate_command_with_injection_and_labels(kafka_settings: Settings, tm
                                     "model": "llama-3-70b", "params": {"class": "resource"}}]
     expected = list(generate_events(GeneratorConfig(replicas=3, seed=3, injections=()), T0, 30.0))
     back = asyncio.run(consume(str(kafka_settings.kafka.bootstrap), kafka_settings.topics.requests,
-                               10**9, timeout=8.0))
+                               10**9, timeout=20.0, events=len(expected)))
     events = events_of(back)
     assert len(events) == len(expected)
     errors = [e for e in events if e["status"] == "error"]
@@ -127,12 +131,12 @@ def test_simulate_command_produces_the_fleet_to_kafka(kafka_settings: Settings) 
     assert result.exit_code == 0, result.output
     summary = orjson.loads(result.stdout)
     back = asyncio.run(consume(str(kafka_settings.kafka.bootstrap), kafka_settings.topics.requests,
-                               10**9, timeout=8.0))
+                               10**9, timeout=20.0, events=summary["arrivals"]))
     events = events_of(back)
     assert len(events) == summary["arrivals"] > 50
     assert len(back) < len(events)  # batched
     samples = asyncio.run(consume(str(kafka_settings.kafka.bootstrap), kafka_settings.topics.gpu_telemetry,
-                                  10**9, timeout=5.0))
+                                  2 * 6, timeout=20.0))
     assert len(samples) >= 2 * 6 and {k for k, _ in samples} == {"r0", "r1"}
 
 
