@@ -1,0 +1,345 @@
+"""The worker-side telemetry join: many samples per replica -> one merged view per step.
+
+Issue 4 "In the worker" (DESIGN.md item 6): telemetry joins the request windows by replica (the
+latest sample, with its age); a sample older than 3 intervals counts as stale, and the weight uses
+what is fresh and says which signal was missing. One replica has several producers, so "the latest
+sample" is not one message:
+
+* **several GPUs** (tensor parallel; a DCGM bridge covering a node) publish one sample each, with
+  the same replica and different ``gpu_uuid`` / ``gpu_index``;
+* **several sources**: GPU samples (``nvml``, ``dcgm``: memory, power, XID, ECC) and engine samples
+  (``vllm``, ``sglang``, ``tgi``: queue, running batch, KV cache) share the replica id.
+
+So the join keeps the latest samples per **(replica, source, GPU)** and merges them when a step
+asks (:meth:`TelemetryJoin.view`), field by field:
+
+1. *As of event time.* Per (source, GPU) the *current* sample is the newest with ``ts <= at``
+   (a short history per key serves steps that close after newer samples arrived; a sample from
+   the future of a step is never used for it). The current sample is a complete statement of its
+   producer: a field it leaves out is unknown *now* (e.g. ``xid_last`` left out because no XID is
+   inside the 5-minute window), never filled in from its older samples — except held counters (4).
+2. *Fresh or nothing.* A current sample older than ``stale_after_s`` (3 intervals, 15 s) gives
+   nothing; each field keeps the timestamp of the sample it came from, so a stale GPU sample does
+   not hide a fresh engine sample and vice versa (staleness is per signal).
+3. *Several GPUs of one source -> the worst GPU*: memory from the GPU with the highest
+   used/total (the pair stays together, so ``memory_ratio`` is the worst GPU's); allocator
+   reserved/allocated from the GPU with the highest fragmentation; utilisation, power,
+   temperature and KV-cache usage the maximum; throttle reasons OR-ed; KV hit rate the minimum;
+   queue and running requests the sum; XID: ``xid_count_5m`` the sum, ``xid_last`` the code of
+   the GPU whose XID is the most recent (the GPU's last change of its XID fields; ties: the
+   larger count, then the larger code). A fresh subset of the GPUs gives the worst of those.
+4. *Counters are held* (``ecc_uncorrected_total``, ``preemptions_total``): summed over the
+   source's GPUs, each GPU counting with its last reported value (at or before ``at``, within the
+   history) even when that sample is stale or a newer one left the counter out. A counter's last
+   value stays true, and holding it keeps the sum continuous: a GPU that drops out for a few
+   intervals does not look like a counter reset, nor its return like ECC growth (which drains).
+   The sum is reported while at least one of its GPUs reported it freshly.
+5. *Several sources -> one per field group.* Gauges come from the source whose contribution is the
+   newest (ties: :data:`SOURCE_PRIORITY`); counters and the XID pair come from the first source
+   in :data:`SOURCE_PRIORITY` that has them, so a counter never alternates between two
+   producers' slightly different readings.
+
+The merged :class:`~skewwatch.pipeline.telemetry.TelemetrySample` has ``ts`` = the oldest
+timestamp among the fields it carries (so its age bounds every field's age, and every field is
+fresh when the sample is), ``source`` = the best engine source that contributed (so "a fresh
+engine sample" still means the engine answered), else the best GPU source; ``gpu_index`` /
+``gpu_uuid`` only when one GPU contributed, ``node`` the contributing nodes joined by ``,``.
+
+State is bounded: per key the newest ``history`` samples (8: 40 s at a 5 s interval, room for
+extra XID samples the collector publishes at once), keys of a replica not heard from for
+``retain_s`` are dropped when the replica's next sample comes, at most ``max_keys_per_replica``
+keys per replica (the key heard from least recently goes first), and :meth:`TelemetryJoin.forget`
+drops a replica. A GPU that *joins* a replica after its counter was seen adds its whole counter
+to the sum once (the health rule reads that as ECC growth if it is not 0): a replica map change
+is rare and a worker restart re-baselines.
+
+>>> join = TelemetryJoin()
+>>> gib = float(1 << 30)
+>>> join.add(TelemetrySample(ts=100.0, replica="r1", source="nvml", gpu_index=0,
+...                          memory_used_bytes=40 * gib, memory_total_bytes=80 * gib, xid_count_5m=0))
+>>> join.add(TelemetrySample(ts=101.0, replica="r1", source="nvml", gpu_index=1,
+...                          memory_used_bytes=76 * gib, memory_total_bytes=80 * gib, xid_count_5m=0))
+>>> join.add(TelemetrySample(ts=103.0, replica="r1", source="vllm", queue_length=7, kv_cache_usage=0.8))
+>>> merged, age, stale = join.view("r1", at=105.0, stale_after_s=15.0)
+>>> merged.memory_ratio, merged.queue_length, merged.source, age, stale
+(0.95, 7, 'vllm', 5.0, [])
+>>> merged, age, stale = join.view("r1", at=117.0, stale_after_s=15.0)  # GPU samples now 16-17 s old
+>>> merged.memory_ratio, merged.queue_length, age, stale
+(None, 7, 14.0, ['memory_total_bytes', 'memory_used_bytes', 'xid_count_5m'])
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from skewwatch.pipeline.telemetry import TELEMETRY_SOURCES, TelemetrySample
+from skewwatch.pipeline.weights import ENGINE_SOURCES
+
+# Which producer's reading wins when two give the same counter (and which names the merged sample).
+SOURCE_PRIORITY: tuple[str, ...] = ("nvml", "dcgm", "vllm", "sglang", "tgi", "simulated")
+IDENTITY_FIELDS = frozenset({"ts", "replica", "source", "node", "gpu_index", "gpu_uuid", "v"})
+MEASUREMENT_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in fields(TelemetrySample) if f.name not in IDENTITY_FIELDS
+)
+
+Key = tuple[str, str]  # (source, GPU id: uuid, else index, else "" for engine samples)
+Values = dict[str, Any]
+# one GPU's input to a combiner: (its current fresh sample, its samples at or before `at`, oldest first)
+GpuInput = tuple[TelemetrySample, Sequence[TelemetrySample]]
+
+
+def _source_rank(source: str) -> tuple[int, str]:
+    return (SOURCE_PRIORITY.index(source) if source in SOURCE_PRIORITY else len(SOURCE_PRIORITY), source)
+
+
+def _gpu_id(sample: TelemetrySample) -> str:
+    if sample.gpu_uuid:
+        return sample.gpu_uuid
+    return "" if sample.gpu_index is None else str(sample.gpu_index)
+
+
+# ---------------------------------------------------------------- combining several GPUs of one source
+
+
+def _worst_memory(gpus: Sequence[GpuInput]) -> Values:
+    samples = [s for s, _ in gpus]
+    paired = [s for s in samples if s.memory_ratio is not None]
+    if paired:  # the pair stays together: memory_ratio is the worst GPU's
+        worst = max(paired, key=lambda s: s.memory_ratio or 0.0)
+        return {"memory_used_bytes": worst.memory_used_bytes, "memory_total_bytes": worst.memory_total_bytes}
+    return {name: _max(samples, name) for name in ("memory_used_bytes", "memory_total_bytes")}
+
+
+def _worst_allocator(gpus: Sequence[GpuInput]) -> Values:
+    samples = [s for s, _ in gpus]
+    paired = [s for s in samples if s.fragmentation is not None]
+    if paired:
+        worst = max(paired, key=lambda s: s.fragmentation or 0.0)
+        return {"memory_reserved_bytes": worst.memory_reserved_bytes,
+                "memory_allocated_bytes": worst.memory_allocated_bytes}
+    return {name: _max(samples, name) for name in ("memory_reserved_bytes", "memory_allocated_bytes")}
+
+
+def _max(samples: Sequence[TelemetrySample], name: str) -> Any:
+    values = [getattr(s, name) for s in samples if getattr(s, name) is not None]
+    return max(values) if values else None
+
+
+def _scalar(name: str, how: Callable[[list[Any]], Any]) -> Callable[[Sequence[GpuInput]], Values]:
+    def combine(gpus: Sequence[GpuInput]) -> Values:
+        values = [getattr(s, name) for s, _ in gpus if getattr(s, name) is not None]
+        return {name: how(values) if values else None}
+    return combine
+
+
+def _or(values: list[int]) -> int:
+    result = 0
+    for value in values:
+        result |= int(value)
+    return result
+
+
+def _xid_since(history: Sequence[TelemetrySample]) -> float:
+    """When this GPU's XID fields took their current values (walking back over equal samples)."""
+    current = history[-1]
+    since = current.ts
+    for sample in reversed(history[:-1]):
+        if (sample.xid_last, sample.xid_count_5m) != (current.xid_last, current.xid_count_5m):
+            break
+        since = sample.ts
+    return since
+
+
+def _xid(gpus: Sequence[GpuInput]) -> Values:
+    counts = [s.xid_count_5m for s, _ in gpus if s.xid_count_5m is not None]
+    with_code = [(s, history) for s, history in gpus if s.xid_last is not None]
+    last = None
+    if with_code:
+        # the most recent XID: the GPU whose XID fields changed last (the collector publishes at once)
+        latest, _ = max(with_code, key=lambda g: (_xid_since(g[1]), g[0].xid_count_5m or 0, g[0].xid_last or 0))
+        last = latest.xid_last
+    return {"xid_last": last, "xid_count_5m": sum(counts) if counts else None}
+
+
+@dataclass(frozen=True, slots=True)
+class FieldGroup:
+    """Fields that travel together from one producer, and how several GPUs combine."""
+
+    fields: tuple[str, ...]
+    combine: Callable[[Sequence[GpuInput]], Values]
+    kind: Literal["gauge", "counter", "xid"]  # gauge: newest source wins; xid/counter: by priority
+
+
+FIELD_GROUPS: tuple[FieldGroup, ...] = (
+    FieldGroup(("memory_used_bytes", "memory_total_bytes"), _worst_memory, "gauge"),
+    FieldGroup(("memory_reserved_bytes", "memory_allocated_bytes"), _worst_allocator, "gauge"),
+    FieldGroup(("utilization_gpu",), _scalar("utilization_gpu", max), "gauge"),
+    FieldGroup(("power_w",), _scalar("power_w", max), "gauge"),
+    FieldGroup(("temperature_c",), _scalar("temperature_c", max), "gauge"),
+    FieldGroup(("throttle_reasons",), _scalar("throttle_reasons", _or), "gauge"),
+    FieldGroup(("queue_length",), _scalar("queue_length", sum), "gauge"),
+    FieldGroup(("running_requests",), _scalar("running_requests", sum), "gauge"),
+    FieldGroup(("kv_cache_usage",), _scalar("kv_cache_usage", max), "gauge"),
+    FieldGroup(("kv_cache_hit_rate",), _scalar("kv_cache_hit_rate", min), "gauge"),
+    FieldGroup(("xid_last", "xid_count_5m"), _xid, "xid"),
+    FieldGroup(("ecc_uncorrected_total",), _scalar("ecc_uncorrected_total", sum), "counter"),
+    FieldGroup(("preemptions_total",), _scalar("preemptions_total", sum), "counter"),
+)
+assert set(TELEMETRY_SOURCES) <= set(SOURCE_PRIORITY), "a source has no priority"
+assert sorted(f for g in FIELD_GROUPS for f in g.fields) == sorted(MEASUREMENT_FIELDS), "a field has no group"
+
+
+@dataclass(slots=True)
+class _Contribution:
+    values: Values
+    ts: float  # oldest timestamp among the samples the values came from
+    samples: list[TelemetrySample]
+
+
+class TelemetryJoin:
+    """Latest samples per (replica, source, GPU); merged per replica as of an event time. Pure."""
+
+    def __init__(self, history: int = 8, retain_s: float = 600.0, max_keys_per_replica: int = 64) -> None:
+        if history < 1 or retain_s <= 0 or max_keys_per_replica < 1:
+            raise ValueError("history, retain_s and max_keys_per_replica must be positive")
+        self.history = history
+        self.retain_s = retain_s
+        self.max_keys_per_replica = max_keys_per_replica
+        # replica -> (source, gpu) -> samples oldest first (at most `history`)
+        self._samples: dict[str, dict[Key, list[TelemetrySample]]] = {}
+
+    # ------------------------------------------------------------------ input
+
+    def add(self, sample: TelemetrySample) -> None:
+        """Keep ``sample`` (in any order; a repeat of a timestamp replaces it: delivery is at least once)."""
+        keys = self._samples.setdefault(sample.replica, {})
+        key = (sample.source, _gpu_id(sample))
+        samples = keys.setdefault(key, [])
+        stamps = [s.ts for s in samples]
+        at = bisect.bisect_left(stamps, sample.ts)
+        if at < len(samples) and samples[at].ts == sample.ts:
+            samples[at] = sample
+        else:
+            samples.insert(at, sample)
+        del samples[:-self.history]
+        # keys of this replica gone quiet for retain_s (a GPU moved elsewhere, a bridge stopped)
+        for other in [k for k, s in keys.items() if s[-1].ts < sample.ts - self.retain_s]:
+            del keys[other]
+        while len(keys) > self.max_keys_per_replica:
+            del keys[min(keys, key=lambda k: keys[k][-1].ts)]
+
+    def forget(self, replica: str) -> None:
+        """Drop everything about ``replica`` (released by the windows, or gone from the fleet)."""
+        self._samples.pop(replica, None)
+
+    @property
+    def replicas(self) -> list[str]:
+        return sorted(self._samples)
+
+    def __len__(self) -> int:
+        """Number of samples held (the state's size)."""
+        return sum(len(s) for keys in self._samples.values() for s in keys.values())
+
+    # ------------------------------------------------------------------ the merged view
+
+    def view(self, replica: str, at: float,
+             stale_after_s: float) -> tuple[TelemetrySample | None, float | None, list[str]]:
+        """The replica's merged sample as of event time ``at``, its age, and the stale signals.
+
+        Returns ``(sample, at - sample.ts, stale)``; ``(None, None, stale)`` when nothing is fresh.
+        ``stale`` names, sorted, every measurement field a held sample of the replica has reported
+        that the merged sample lacks (stale, left out by its producer's current sample, or only
+        reported after ``at``). Fields nobody reports are not listed: missing means unknown.
+        """
+        keys = self._samples.get(replica)
+        if not keys:
+            return None, None, []
+        # per key: samples at or before `at`, and the current one when fresh
+        past: dict[Key, list[TelemetrySample]] = {}
+        fresh: dict[Key, TelemetrySample] = {}
+        for key, samples in keys.items():
+            upto = bisect.bisect_right([s.ts for s in samples], at)
+            if upto:
+                past[key] = samples[:upto]
+                if at - samples[upto - 1].ts <= stale_after_s:
+                    fresh[key] = samples[upto - 1]
+        merged: Values = {}
+        used: list[TelemetrySample] = []
+        oldest: float | None = None
+        for group in FIELD_GROUPS:
+            chosen = self._choose(group, self._contributions(group, past, fresh, at, stale_after_s))
+            if chosen is None:
+                continue
+            merged.update({k: v for k, v in chosen.values.items() if v is not None})
+            used.extend(chosen.samples)
+            oldest = chosen.ts if oldest is None else min(oldest, chosen.ts)
+        reported = {name for samples in keys.values() for s in samples
+                    for name in MEASUREMENT_FIELDS if getattr(s, name) is not None}
+        stale = sorted(reported - merged.keys())
+        if oldest is None:
+            return None, None, stale
+        return self._sample(replica, oldest, merged, used), at - oldest, stale
+
+    @staticmethod
+    def _contributions(group: FieldGroup, past: dict[Key, list[TelemetrySample]], fresh: dict[Key, TelemetrySample],
+                       at: float, stale_after_s: float) -> dict[str, _Contribution]:
+        """What each source gives for ``group``: its GPUs combined."""
+        by_source: dict[str, list[Key]] = {}
+        for key in past:
+            by_source.setdefault(key[0], []).append(key)
+        result: dict[str, _Contribution] = {}
+        for source, source_keys in by_source.items():
+            if group.kind == "counter":
+                contribution = _held_counter(group, [past[k] for k in source_keys], at, stale_after_s)
+            else:
+                gpus = [(fresh[k], past[k]) for k in source_keys if k in fresh
+                        and any(getattr(fresh[k], name) is not None for name in group.fields)]
+                if not gpus:
+                    continue
+                values = group.combine(gpus)
+                contributors = [s for s, _ in gpus]
+                contribution = _Contribution(values, min(s.ts for s in contributors), contributors)
+            if contribution is not None and any(v is not None for v in contribution.values.values()):
+                result[source] = contribution
+        return result
+
+    @staticmethod
+    def _choose(group: FieldGroup, contributions: dict[str, _Contribution]) -> _Contribution | None:
+        if not contributions:
+            return None
+        if group.kind == "gauge":  # the newest reading; ties by priority
+            source = min(contributions, key=lambda s: (-contributions[s].ts, _source_rank(s)))
+        else:  # one producer per counter, so it never alternates between two readings
+            source = min(contributions, key=_source_rank)
+        return contributions[source]
+
+    @staticmethod
+    def _sample(replica: str, ts: float, merged: Values, used: list[TelemetrySample]) -> TelemetrySample:
+        sources = sorted({s.source for s in used}, key=_source_rank)
+        engines = [s for s in sources if s in ENGINE_SOURCES]
+        gpus = {(s.gpu_uuid, s.gpu_index) for s in used if s.gpu_uuid is not None or s.gpu_index is not None}
+        nodes = sorted({s.node for s in used if s.node})
+        gpu_uuid, gpu_index = next(iter(gpus)) if len(gpus) == 1 else (None, None)
+        return TelemetrySample(ts=ts, replica=replica, source=(engines or sources)[0],
+                               node=",".join(nodes) or None, gpu_index=gpu_index, gpu_uuid=gpu_uuid, **merged)
+
+
+def _held_counter(group: FieldGroup, per_gpu: list[list[TelemetrySample]], at: float,
+                  stale_after_s: float) -> _Contribution | None:
+    """A counter summed over GPUs, each at its last reported value; None unless one is fresh."""
+    (name,) = group.fields
+    last: list[TelemetrySample] = []
+    for samples in per_gpu:
+        reported = next((s for s in reversed(samples) if getattr(s, name) is not None), None)
+        if reported is not None:
+            last.append(reported)
+    recent = [s for s in last if at - s.ts <= stale_after_s]
+    if not recent:
+        return None
+    values = group.combine([(s, [s]) for s in last])
+    return _Contribution(values, min(s.ts for s in recent), recent)
+
+
