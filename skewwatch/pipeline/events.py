@@ -5,6 +5,13 @@ a Kafka message holding 100 events is applied to the windows in one vectorised s
 of 100 Python objects. Optional fields use NaN (floats) or ``None`` (object columns) for
 "not reported": missing means unknown, never zero.
 
+Batch fields (contract v1.1, optional): ``batch_size`` and ``batch_capacity`` stay int64 columns
+(exact, cheap) where **0 means unknown** (a reported value is always >= 1), and the int8 column
+``batch_source`` says where the row's batch size came from: ``BATCH_UNKNOWN`` (0, no batch size),
+``BATCH_REPORTED`` (1, sent by the server) or ``BATCH_DERIVED`` (2, filled in by the worker from the
+replica's telemetry, see :mod:`skewwatch.pipeline.derived_batch`). A capacity may be unknown
+while the size is known; ``batch_fill`` is NaN unless both are known (never a division by 0).
+
 >>> import numpy as np
 >>> cols = RequestColumns.from_rows([
 ...     {"request_id": "a", "ts": 10.0, "model": "m", "replica": "r1", "latency_ms": 120.0,
@@ -14,12 +21,16 @@ of 100 Python objects. Optional fields use NaN (floats) or ``None`` (object colu
 (1, 0.25)
 >>> bool(np.isnan(cols.ttft_ms[0]))
 True
+>>> no_batch = RequestColumns.from_rows([{"request_id": "b", "ts": 10.0, "model": "m", "replica": "r1",
+...     "latency_ms": 1.0, "prompt_tokens": 1, "completion_tokens": 1}])
+>>> int(no_batch.batch_size[0]), int(no_batch.batch_source[0]), bool(np.isnan(no_batch.batch_fill[0]))
+(0, 0, True)
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -29,6 +40,25 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 ObjArray = npt.NDArray[np.object_]
+Int8Array = npt.NDArray[np.int8]
+
+# batch_source values
+BATCH_UNKNOWN = 0  # no batch size: batch statistics skip the row
+BATCH_REPORTED = 1  # the event carried batch_size
+BATCH_DERIVED = 2  # batch_size filled in from the replica's telemetry (running requests)
+
+# Default of batch_source, replaced in __post_init__: a column-builder that does not know about
+# batch sources (older code, the simulator) gets "reported wherever batch_size is known".
+_SOURCE_FROM_SIZE: Int8Array = np.zeros(0, dtype=np.int8)
+
+
+def _source_from_size() -> Int8Array:
+    return _SOURCE_FROM_SIZE
+
+
+def source_from_size(batch_size: IntArray) -> Int8Array:
+    """``BATCH_REPORTED`` where the size is known (> 0), else ``BATCH_UNKNOWN``."""
+    return (batch_size > 0).astype(np.int8)  # BATCH_REPORTED == 1
 
 
 @dataclass(slots=True)
@@ -42,21 +72,34 @@ class RequestColumns:
     latency_ms: FloatArray
     prompt_tokens: IntArray
     completion_tokens: IntArray
-    batch_size: IntArray
-    batch_capacity: IntArray
+    batch_size: IntArray  # 0 = unknown (v1.1: optional)
+    batch_capacity: IntArray  # 0 = unknown
     ttft_ms: FloatArray  # NaN = not reported
     queue_length: FloatArray  # NaN = not reported
     kv_cache_hit_rate: FloatArray  # NaN = not reported
     is_error: BoolArray  # status == "error"
     cuda_error: ObjArray  # None, or the cudaError_t name (str) / code (int) as sent
+    batch_source: Int8Array = field(default_factory=_source_from_size)  # BATCH_* per row
+
+    def __post_init__(self) -> None:
+        if self.batch_source is _SOURCE_FROM_SIZE:
+            self.batch_source = source_from_size(self.batch_size)
 
     def __len__(self) -> int:
         return int(self.ts.shape[0])
 
     @property
+    def batch_known(self) -> BoolArray:
+        """Rows with a batch size (reported or derived)."""
+        return self.batch_size > 0
+
+    @property
     def batch_fill(self) -> FloatArray:
-        """batch_size / batch_capacity, in [0, 1] for valid events."""
-        return self.batch_size / self.batch_capacity
+        """batch_size / batch_capacity, in [0, 1] for valid events; NaN where either is unknown."""
+        known = (self.batch_size > 0) & (self.batch_capacity > 0)
+        out = np.full(self.batch_size.shape, np.nan)
+        np.divide(self.batch_size, self.batch_capacity, out=out, where=known)
+        return out
 
     @classmethod
     def empty(cls) -> RequestColumns:
@@ -64,7 +107,12 @@ class RequestColumns:
 
     @classmethod
     def from_rows(cls, rows: Iterable[Mapping[str, Any]]) -> RequestColumns:
-        """Build columns from already-validated event dicts (the plain-Python reference path)."""
+        """Build columns from already-validated event dicts (the plain-Python reference path).
+
+        Absent batch fields become 0 (unknown). A row may carry ``batch_source`` (an int, one of
+        the ``BATCH_*`` values: not a contract field, for tests of derived batches); by default
+        it is ``BATCH_REPORTED`` when ``batch_size`` is present.
+        """
         rows = list(rows)
 
         def obj(name: str, default: Any = None) -> ObjArray:
@@ -77,7 +125,11 @@ class RequestColumns:
                             dtype=np.float64)
 
         def i64(name: str) -> IntArray:
-            return np.array([int(r[name]) for r in rows], dtype=np.int64)
+            return np.array([int(r.get(name) or 0) for r in rows], dtype=np.int64)
+
+        batch_size = i64("batch_size")
+        source = np.array([r.get("batch_source", BATCH_REPORTED if r.get("batch_size") is not None
+                                 else BATCH_UNKNOWN) for r in rows], dtype=np.int8)
 
         return cls(
             request_id=obj("request_id"),
@@ -87,13 +139,14 @@ class RequestColumns:
             latency_ms=flt("latency_ms"),
             prompt_tokens=i64("prompt_tokens"),
             completion_tokens=i64("completion_tokens"),
-            batch_size=i64("batch_size"),
+            batch_size=batch_size,
             batch_capacity=i64("batch_capacity"),
             ttft_ms=flt("ttft_ms"),
             queue_length=flt("queue_length"),
             kv_cache_hit_rate=flt("kv_cache_hit_rate"),
             is_error=np.array([r.get("status", "ok") == "error" for r in rows], dtype=bool),
             cuda_error=obj("cuda_error"),
+            batch_source=source,
         )
 
     def take(self, index: npt.NDArray[np.intp] | BoolArray) -> RequestColumns:

@@ -32,7 +32,8 @@ REASON_CODES: tuple[str, ...] = (
     "wrong_type",  # a field has the wrong JSON type (true for an int, "12" for a number, 12.5 for an int)
     "out_of_range",  # negative, non-finite (NaN/inf), outside 0..1, empty string, unknown enum value
     "too_many_tokens",  # prompt/completion tokens above limits.max_tokens
-    "batch_over_capacity",  # batch_size > batch_capacity
+    "batch_over_capacity",  # batch_size > batch_capacity (both present)
+    "malformed_otlp",  # an OTLP record/body that is not an ExportTraceServiceRequest (skewwatch.otlp)
 )
 
 _SHOW_MAX_CHARS = 64  # reasons quote the offending value, but never a whole megabyte of it

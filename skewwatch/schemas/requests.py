@@ -21,7 +21,10 @@ Contract decisions (docs/contracts.md says the same):
   overflowing numbers (``1e999``) reject only the event that holds them (out_of_range);
 - ``ts`` must be epoch *seconds* below 1e11: a millisecond timestamp is rejected with a hint;
 - ``null`` on an optional field means "not reported"; on a required field it is missing_field;
-- unknown fields are ignored (forward compatible); ``"events"`` is reserved for the batch form.
+- unknown fields are ignored (forward compatible); ``"events"`` is reserved for the batch form;
+- v1.1 (backward compatible): ``batch_size`` and ``batch_capacity`` are optional (still integers
+  ≥ 1 when present); ``batch_over_capacity`` applies only when both are present. In the columns an
+  absent batch field is 0 and ``batch_source`` says whether the row's batch size is known.
 
 >>> from skewwatch.config import LimitSettings
 >>> ok = {"request_id": "a", "ts": 1.7e9, "model": "m", "replica": "r1", "latency_ms": 120.0,
@@ -82,8 +85,9 @@ EVENT_FIELDS: Final[tuple[FieldSpec, ...]] = (
     FieldSpec("latency_ms", "number", True),
     FieldSpec("prompt_tokens", "integer", True, tokens=True),
     FieldSpec("completion_tokens", "integer", True, tokens=True),
-    FieldSpec("batch_size", "integer", True, minimum=1),
-    FieldSpec("batch_capacity", "integer", True, minimum=1),
+    # v1.1: optional (OTLP spans carry no batch size); the worker may derive them from telemetry
+    FieldSpec("batch_size", "integer", False, minimum=1),
+    FieldSpec("batch_capacity", "integer", False, minimum=1),
     FieldSpec("ttft_ms", "number", False),
     FieldSpec("queue_length", "integer", False),
     FieldSpec("kv_cache_hit_rate", "number", False, maximum=1.0),
@@ -93,6 +97,10 @@ EVENT_FIELDS: Final[tuple[FieldSpec, ...]] = (
 REQUIRED_FIELDS: Final = tuple(f.name for f in EVENT_FIELDS if f.required)
 _get_required = operator.itemgetter(*REQUIRED_FIELDS)
 _OPTIONAL_READ_FIELDS: Final = ("v", *(f.name for f in EVENT_FIELDS if not f.required))
+# Integer fields kept as int64 columns. The optional ones (batch fields, minimum 1) hold 0 for
+# "not reported": 0 is never a valid value, and a float column would lose precision above 2**53.
+INT64_COLUMNS: Final = frozenset({"prompt_tokens", "completion_tokens", "batch_size", "batch_capacity"})
+BATCH_FIELDS: Final = ("batch_size", "batch_capacity")
 STATUS_VALUES: Final = ("ok", "error")
 
 
@@ -276,9 +284,11 @@ def _vec_number(spec: FieldSpec, col: Sequence[Any]) -> ColumnCheck:
 
 
 def _vec_integer(spec: FieldSpec, col: Sequence[Any], max_tokens: int) -> ColumnCheck:
+    """int64 for INT64_COLUMNS (absent optional values are 0), else float64 with NaN for absent."""
     n = len(col)
     types = set(map(type, col))
     high = max_tokens if spec.tokens else None
+    as_ints = spec.name in INT64_COLUMNS
     if types == {int}:
         try:
             ints = np.array(col, dtype=np.int64)
@@ -289,16 +299,16 @@ def _vec_integer(spec: FieldSpec, col: Sequence[Any], max_tokens: int) -> Column
             if high is not None:
                 ok &= ints <= high
             bad = _any(~ok)
-            return (ints if spec.required else ints.astype(np.float64)), bad
+            return (ints if as_ints else ints.astype(np.float64)), bad
     elif types == {float}:
         floats = np.array(col, dtype=np.float64)
         ok = (floats == np.trunc(floats)) & (floats >= spec.minimum) & (floats < INT64_LIMIT)
         if high is not None:
             ok &= floats <= high
         ints = np.where(ok, floats, 0.0).astype(np.int64)
-        return (ints if spec.required else np.where(ok, floats, np.nan)), _any(~ok)
+        return (ints if as_ints else np.where(ok, floats, np.nan)), _any(~ok)
     elif not spec.required and types == {_NoneType}:
-        return np.full(n, np.nan), None
+        return (np.zeros(n, dtype=np.int64) if as_ints else np.full(n, np.nan)), None
     values = np.full(n, np.nan)
     bad = np.zeros(n, dtype=np.bool_)
     for i, x in enumerate(col):
@@ -306,9 +316,9 @@ def _vec_integer(spec: FieldSpec, col: Sequence[Any], max_tokens: int) -> Column
             bad[i] = True
         elif x is not None:
             values[i] = x
-    if spec.required:
+    if as_ints:
         ints = np.zeros(n, dtype=np.int64)
-        ints[~bad] = [int(x) for x, b in zip(col, bad, strict=True) if not b]
+        ints[~bad] = [0 if x is None else int(x) for x, b in zip(col, bad, strict=True) if not b]
         return ints, _any(bad)
     return values, _any(bad)
 
@@ -386,10 +396,10 @@ def _validate_columns(events: list[dict[str, Any]], max_tokens: int, *,
 # Bounds of the fast path's stacked columns, one row per field (see EVENT_FIELDS).
 _STACKED_STRINGS: Final = ("request_id", "model", "replica")
 _STACKED_FLOATS: Final = ("ts", "latency_ms")
-_STACKED_INTS: Final = ("prompt_tokens", "completion_tokens", "batch_size", "batch_capacity")
+_STACKED_INTS: Final = ("prompt_tokens", "completion_tokens")
 _FLOATS_LOW: Final = np.array([[0.0], [0.0]])
 _FLOATS_HIGH: Final = np.array([[float(np.nextafter(TS_MAX_S, -np.inf))], [_BIG]])
-_INTS_LOW: Final = np.array([[0], [0], [1], [1]], dtype=np.int64)
+_INTS_LOW: Final = np.array([[0], [0]], dtype=np.int64)
 _STATUS_SET: Final = frozenset({"ok", "error", None})
 
 
@@ -410,6 +420,25 @@ def _optional_floats(col: Sequence[Any] | None, n: int, high: float) -> tuple[Fl
         ok |= absent
         values[absent] = np.nan
     return values, ok
+
+
+def _optional_batch_ints(col: Sequence[Any] | None, n: int) -> tuple[IntArray, BoolArray | None] | None:
+    """Fast path of an optional batch column: (int64 values with 0 where absent, the rows where
+    it was present or None when all were / none was), or None for an unusual shape."""
+    if col is None or col.count(None) == n:
+        return np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.bool_)
+    types = set(map(type, col))
+    if types == {int}:
+        present = None
+    elif types == {int, _NoneType}:
+        present = np.fromiter(map(operator.is_not, col, repeat(None)), dtype=np.bool_, count=n)
+        col = [0 if x is None else x for x in col]
+    else:
+        return None
+    try:
+        return np.array(col, dtype=np.int64), present
+    except OverflowError:
+        return None
 
 
 def _validate_common_shape(cols: dict[str, Sequence[Any]], n: int,
@@ -433,7 +462,9 @@ def _validate_common_shape(cols: dict[str, Sequence[Any]], n: int,
         return None
     ttft = _optional_floats(get("ttft_ms"), n, _BIG)
     kv_rate = _optional_floats(get("kv_cache_hit_rate"), n, 1.0)
-    if ttft is None or kv_rate is None:
+    batch_size = _optional_batch_ints(get("batch_size"), n)
+    batch_capacity = _optional_batch_ints(get("batch_capacity"), n)
+    if ttft is None or kv_rate is None or batch_size is None or batch_capacity is None:
         return None
     queue = get("queue_length")
     if queue is None or queue.count(None) == n:
@@ -468,8 +499,13 @@ def _validate_common_shape(cols: dict[str, Sequence[Any]], n: int,
     except OverflowError:
         return None
     ok = ((stacked_floats >= _FLOATS_LOW) & (stacked_floats <= _FLOATS_HIGH)).all(axis=0)
-    ok &= (stacked_ints >= _INTS_LOW).all(axis=0) & (stacked_ints[:2] <= max_tokens).all(axis=0)
-    ok &= stacked_ints[2] <= stacked_ints[3]
+    ok &= (stacked_ints >= _INTS_LOW).all(axis=0) & (stacked_ints <= max_tokens).all(axis=0)
+    size, size_present = batch_size
+    capacity, capacity_present = batch_capacity
+    # present batch values are >= 1 (absent ones are 0); over capacity only when both are present
+    ok &= (size >= 1) if size_present is None else (size >= 1) | ~size_present
+    ok &= (capacity >= 1) if capacity_present is None else (capacity >= 1) | ~capacity_present
+    ok &= (size <= capacity) | (capacity == 0)
     ok &= ttft[1] & kv_rate[1]
     if queue_ok is not None:
         ok &= queue_ok
@@ -488,8 +524,8 @@ def _validate_common_shape(cols: dict[str, Sequence[Any]], n: int,
         latency_ms=stacked_floats[1],
         prompt_tokens=stacked_ints[0],
         completion_tokens=stacked_ints[1],
-        batch_size=stacked_ints[2],
-        batch_capacity=stacked_ints[3],
+        batch_size=size,
+        batch_capacity=capacity,
         ttft_ms=ttft[0],
         queue_length=queue_values,
         kv_cache_hit_rate=kv_rate[0],
@@ -523,7 +559,8 @@ def _validate_any_shape(columns_in: dict[str, Sequence[Any]], n: int,
         values[spec.name] = column
         if col_bad is not None:
             bad |= col_bad
-    bad |= values["batch_size"] > values["batch_capacity"]  # placeholders are 0 > 0: never flagged
+    # over capacity only when both are present (absent and bad values are 0: never flagged)
+    bad |= (values["batch_size"] > values["batch_capacity"]) & (values["batch_capacity"] > 0)
     columns = RequestColumns(
         request_id=values["request_id"],
         ts=values["ts"],
@@ -555,8 +592,8 @@ def _columns_from_valid_rows(rows: list[dict[str, Any]]) -> RequestColumns:
     def floats(name: str) -> Any:
         return np.array([row.get(name) for row in rows], dtype=np.float64)  # None -> NaN
 
-    def ints(name: str) -> Any:
-        return np.array([int(row[name]) for row in rows], dtype=np.int64)  # int(): 12.0 -> 12
+    def ints(name: str) -> Any:  # int(): 12.0 -> 12; an absent optional batch field is 0
+        return np.array([int(row.get(name) or 0) for row in rows], dtype=np.int64)
 
     cuda_error = np.empty(n, dtype=object)
     cuda_error[:] = [int(x) if type(x) is float else x for x in (row.get("cuda_error") for row in rows)]
@@ -621,7 +658,8 @@ _TYPED_INDEX = {f.name: i for i, f in enumerate(EVENT_FIELDS)}
 
 
 def _columns_from_typed(events: list[Any]) -> tuple[RequestColumns, BoolArray]:
-    """Columns of msgspec-validated events, and the rows whose batch_size > batch_capacity."""
+    """Columns of msgspec-validated events, and the rows whose batch_size > batch_capacity
+    (both present)."""
     n = len(events)
     cols = list(zip(*map(_get_typed, events), strict=True))
     at = _TYPED_INDEX
@@ -635,6 +673,8 @@ def _columns_from_typed(events: list[Any]) -> tuple[RequestColumns, BoolArray]:
         return np.array(cols[at[name]], dtype=np.float64)  # None -> NaN
 
     stacked_ints = np.array([cols[at[name]] for name in _STACKED_INTS], dtype=np.int64)
+    size, capacity = (np.array([0 if x is None else x for x in col] if None in col else col, dtype=np.int64)
+                      for col in (cols[at[name]] for name in BATCH_FIELDS))
     columns = RequestColumns(
         request_id=objects("request_id"),
         ts=floats("ts"),
@@ -643,15 +683,15 @@ def _columns_from_typed(events: list[Any]) -> tuple[RequestColumns, BoolArray]:
         latency_ms=floats("latency_ms"),
         prompt_tokens=stacked_ints[0],
         completion_tokens=stacked_ints[1],
-        batch_size=stacked_ints[2],
-        batch_capacity=stacked_ints[3],
+        batch_size=size,
+        batch_capacity=capacity,
         ttft_ms=floats("ttft_ms"),
         queue_length=floats("queue_length"),
         kv_cache_hit_rate=floats("kv_cache_hit_rate"),
         is_error=np.fromiter(map(operator.eq, cols[at["status"]], repeat("error")), dtype=np.bool_, count=n),
         cuda_error=objects("cuda_error"),
     )
-    return columns, stacked_ints[2] > stacked_ints[3]
+    return columns, (size > capacity) & (capacity > 0)
 
 
 # --- message envelope -------------------------------------------------------------------------------

@@ -218,8 +218,50 @@ def test_several_problems_are_all_named_and_missing_fields_grouped() -> None:
     assert rejection.reason_code == "missing_field"
     assert rejection.reason == (
         "events[0]: required fields are missing: request_id, model, replica, prompt_tokens, "
-        "completion_tokens, batch_size, batch_capacity; events[0].latency_ms: must be ≥ 0, got -1; "
+        "completion_tokens; events[0].latency_ms: must be ≥ 0, got -1; "
         'events[0].status: must be "ok" or "error", got "x"')
+
+
+# --- contract v1.1: batch fields optional -------------------------------------------------------
+
+V11_EVENTS = [
+    good_event(0),  # both batch fields: reported
+    good_event(1, batch_size=_DROP, batch_capacity=_DROP),  # neither (an OTLP span)
+    good_event(2, batch_size=None, batch_capacity=None),  # null is the same as absent
+    good_event(3, batch_capacity=_DROP),  # a size without a capacity: no fill, no over-capacity check
+    good_event(4, batch_size=_DROP, batch_capacity=64),  # a capacity alone
+    good_event(5, batch_size=99, batch_capacity=_DROP),  # no capacity: 99 cannot be "over" it
+]
+
+
+@pytest.mark.parametrize("typed_fast_path", [True, False])
+@pytest.mark.parametrize("per_event", [False, True])
+def test_v1_1_batch_fields_are_optional_and_absent_means_unknown(typed_fast_path: bool, per_event: bool) -> None:
+    values = ([encode_request_event(e) for e in V11_EVENTS] if per_event
+              else [encode_request_events(V11_EVENTS * 3)])  # 18 events: the vectorised path
+    decoded = decode_request_messages(values, LIMITS, typed_fast_path=typed_fast_path)
+    assert decoded.rejects == [[] for _ in values]
+    cols = decoded.columns
+    n = len(V11_EVENTS)
+    assert cols.batch_size.tolist()[:n] == [4, 0, 0, 4, 0, 99]
+    assert cols.batch_capacity.tolist()[:n] == [32, 0, 0, 0, 64, 0]
+    assert cols.batch_source.tolist()[:n] == [1, 0, 0, 1, 0, 1]
+    fill = cols.batch_fill[:n]
+    assert fill[0] == 4 / 32 and np.isnan(fill[1:]).all()  # never a division by an unknown capacity
+    assert_columns_equal(cols.take(np.arange(n)), RequestColumns.from_rows(V11_EVENTS))
+
+
+@pytest.mark.parametrize("typed_fast_path", [True, False])
+def test_v1_1_present_batch_fields_are_still_checked(typed_fast_path: bool) -> None:
+    events = [good_event(0, batch_capacity=_DROP, batch_size=0),
+              good_event(1, batch_size=_DROP, batch_capacity=True),
+              good_event(2, batch_size=40, batch_capacity=32),
+              *[good_event(i, batch_size=_DROP) for i in range(3, 12)]]
+    decoded = decode_request_messages([encode_request_events(events)], LIMITS, typed_fast_path=typed_fast_path)
+    assert [(r.reason_code, r.event_index) for r in decoded.rejects[0]] == [
+        ("out_of_range", 0), ("wrong_type", 1), ("batch_over_capacity", 2)]
+    assert len(decoded.columns) == 9 and (decoded.columns.batch_size == 0).all()
+    assert check_request_event(good_event(batch_size=_DROP, batch_capacity=_DROP)) is None
 
 
 def test_unknown_fields_are_ignored_and_an_empty_batch_is_fine() -> None:
@@ -286,6 +328,8 @@ def assert_columns_equal(actual: RequestColumns, expected: RequestColumns) -> No
     for name in ("prompt_tokens", "completion_tokens", "batch_size", "batch_capacity"):
         assert getattr(actual, name).dtype == np.int64, name
         assert getattr(actual, name).tolist() == getattr(expected, name).tolist(), name
+    assert actual.batch_source.dtype == np.int8
+    assert actual.batch_source.tolist() == expected.batch_source.tolist()
     for name in ("request_id", "model", "replica", "cuda_error", "is_error"):
         assert list(getattr(actual, name)) == list(getattr(expected, name)), name
 
@@ -444,4 +488,4 @@ def test_arbitrary_event_shaped_json_never_raises(doc: dict[str, Any]) -> None:
 
 def test_required_fields_are_the_contracts() -> None:
     assert REQUIRED_FIELDS == ("request_id", "ts", "model", "replica", "latency_ms", "prompt_tokens",
-                               "completion_tokens", "batch_size", "batch_capacity")
+                               "completion_tokens")  # v1.1: batch_size / batch_capacity optional
