@@ -7,8 +7,10 @@ so a batch message of 100 events costs one decode and one vectorised window upda
 :class:`~skewwatch.pipeline.window.PartitionWindows` in memory and, every closed 5 s step:
 
 1. publishes each replica's feature vector on ``llm.features`` (key ``model/replica``),
-2. publishes each replica's mergeable summary, its features and its latest GPU telemetry on
-   the internal ``replica_steps`` topic keyed by model (stage 2 merges them per model),
+2. publishes each replica's mergeable summary, its features and its telemetry as of the step
+   (:class:`~skewwatch.pipeline.telemetry_join.TelemetryJoin`: GPUs and sources merged, fresh
+   fields only, plus ``telemetry_stale``: the signals that were stale) on the internal
+   ``replica_steps`` topic keyed by model (stage 2 merges them per model),
 3. writes a snapshot of the partition's windows with the input offset it covers
    (:mod:`skewwatch.agents.checkpoint`), then commits that offset.
 
@@ -31,7 +33,9 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from skewwatch.agents.checkpoint import CheckpointStore
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.config import Settings
+from skewwatch.pipeline.decide import DetectorSettings
 from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.pipeline.telemetry_join import TelemetryJoin
 from skewwatch.pipeline.window import PartitionWindows, ReplicaStep
 from skewwatch.schemas.dead_letter import dead_letter_record
 from skewwatch.schemas.features import encode_features
@@ -74,9 +78,11 @@ class RequestStage:
         self.producer = producer
         self.metrics = metrics
         self.partitions: dict[int, PartitionState] = {}
-        # latest telemetry per replica: gauges, latest value wins; refilled within one interval
-        # after a restart, so it is not checkpointed.
-        self.telemetry: dict[str, TelemetrySample] = {}
+        # latest telemetry per (replica, source, GPU), merged per replica at each step
+        # (docs/telemetry.md "In the worker"); refilled within one interval after a restart, so it
+        # is not checkpointed. Stale after the decider's telemetry_max_age_s (3 intervals, 15 s).
+        self.telemetry = TelemetryJoin()
+        self.telemetry_stale_s = DetectorSettings.from_overrides(settings.detectors).weights.telemetry_max_age_s
         self.checkpoints = CheckpointStore(producer, bootstrap, settings.topics.checkpoints, self.stage)
         self.consumer: AIOKafkaConsumer | None = None
         self._lock = asyncio.Lock()
@@ -148,7 +154,8 @@ class RequestStage:
     # -- hot path --------------------------------------------------------------------------
     async def _process(self, batches: dict[TopicPartition, list[Any]]) -> None:
         topics = self.settings.topics
-        for tp, messages in batches.items():
+        # telemetry first: a sample fetched in the same poll as the requests that close its step joins it
+        for tp, messages in sorted(batches.items(), key=lambda item: item[0].topic != topics.gpu_telemetry):
             if not messages:
                 continue
             self.metrics.messages_in.labels(tp.topic).inc(len(messages))
@@ -176,9 +183,7 @@ class RequestStage:
         for message in messages:
             decoded = decode_telemetry(message.value)
             if isinstance(decoded, TelemetrySample):
-                current = self.telemetry.get(decoded.replica)
-                if current is None or decoded.ts >= current.ts:
-                    self.telemetry[decoded.replica] = decoded
+                self.telemetry.add(decoded)
                 self.metrics.telemetry_in.inc()
             else:
                 await self._dead_letter(tp, message, [decoded])
@@ -249,9 +254,11 @@ class RequestStage:
             fv = step.features
             pending.append(await self.producer.send(topics.features, key=fv.key.encode(),
                                                     value=encode_features(fv)))
-            sample = self.telemetry.get(fv.replica or "")
+            # merged as of the step's end: per-GPU worst, per-source fields, only fresh ones
+            sample, _, stale = self.telemetry.view(fv.replica or "", fv.window_end, self.telemetry_stale_s)
             body = {"summary": step.summary.to_dict(), "features": fv.to_dict(),
-                    "telemetry": sample.to_dict() if sample is not None else None}
+                    "telemetry": sample.to_dict() if sample is not None else None,
+                    "telemetry_stale": stale}
             pending.append(await self.producer.send(topics.replica_steps, key=fv.model.encode(),
                                                     value=orjson.dumps(body)))
             self.metrics.features_out.labels("replica").inc()
