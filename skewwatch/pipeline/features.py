@@ -33,9 +33,9 @@ class FeatureVector:
     latency_mean: float | None = None
     ttft_p50: float | None = None  # ms; None when no event in the window reported ttft_ms
     ttft_p99: float | None = None
-    batch_size_mean: float | None = None
-    batch_size_std: float | None = None  # population std over the window's events
-    batch_fill_mean: float | None = None  # mean of batch_size / batch_capacity, 0..1
+    batch_size_mean: float | None = None  # over the events with a batch size; None when none had one
+    batch_size_std: float | None = None  # population std over the events with a batch size
+    batch_fill_mean: float | None = None  # mean of batch_size / batch_capacity (both known), 0..1
     prompt_tokens_mean: float | None = None
     prompt_tokens_var: float | None = None  # population variance
     completion_tokens_mean: float | None = None
@@ -47,6 +47,10 @@ class FeatureVector:
     step_count: int = 0  # requests in the newest 5 s step only (silence shows here first)
     step_cuda_errors: dict[str, int] = field(default_factory=dict)  # cuda_error value -> count, newest step
     replicas: int | None = None  # per-model vectors: replicas merged; None on per-replica vectors
+    # contract v1.1 (batch fields optional): the batch_* statistics above cover only these events;
+    # None statistics with batch_count 0 mean no event had a batch size (the batch detectors stay silent)
+    batch_count: int = 0  # events in the window with a batch size, reported or derived
+    batch_derived_count: int = 0  # of which the worker derived from telemetry (running_requests)
     v: int = FEATURES_SCHEMA_VERSION
 
     @property

@@ -81,6 +81,9 @@ def merge_summaries(model: str, window_end: float, summaries: Sequence[WindowSum
         step_count=sum(s.step_count for s in summaries),
         step_cuda_errors=dict(cuda),
         replicas=len(summaries),
+        batch_count=sum(s.batch_count for s in summaries),
+        fill_count=sum(s.fill_count for s in summaries),
+        derived_count=sum(s.derived_count for s in summaries),
     )
 
 

@@ -7,7 +7,9 @@ float rounding for means/variances, and within the sketch's relative accuracy fo
 (which are exact here, with the same rank definition: ``numpy.quantile(method="lower")``).
 
 Events are validated contract-v1 dicts (``status`` defaults to ``"ok"``; optional fields may be
-absent or ``None``). Lateness is not modelled: pass only the events the windows accepted.
+absent or ``None``, the v1.1 batch fields included: batch statistics cover the events that have
+them; an event may carry ``"batch_source": 2`` to say its batch size was derived). Lateness is
+not modelled: pass only the events the windows accepted.
 
 >>> from skewwatch.config import WindowSettings
 >>> ev = dict(model="m", replica="r1", prompt_tokens=10, completion_tokens=20, batch_size=4,
@@ -28,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from skewwatch.config import WindowSettings
+from skewwatch.pipeline.events import BATCH_DERIVED
 from skewwatch.pipeline.features import FeatureVector
 
 
@@ -72,7 +75,8 @@ def reference_features(events: Sequence[Mapping[str, Any]], model: str, replica:
 
     latency = column("latency_ms")
     batch_size = column("batch_size")
-    batch_fill = [e["batch_size"] / e["batch_capacity"] for e in window]
+    batch_fill = [e["batch_size"] / e["batch_capacity"] for e in window
+                  if e.get("batch_size") is not None and e.get("batch_capacity") is not None]
     completion = column("completion_tokens")
     p50, p95, p99 = _exact_quantiles(latency, [0.5, 0.95, 0.99])
     ttft_p50, ttft_p99 = _exact_quantiles(column("ttft_ms"), [0.5, 0.99])
@@ -107,4 +111,6 @@ def reference_features(events: Sequence[Mapping[str, Any]], model: str, replica:
         step_cuda_errors=dict(Counter(str(e["cuda_error"]) for e in newest
                                       if e.get("cuda_error") is not None)),
         replicas=None if replica is not None else replicas,
+        batch_count=len(batch_size),
+        batch_derived_count=sum(1 for e in window if e.get("batch_source") == BATCH_DERIVED),
     )

@@ -44,6 +44,7 @@ class TelemetrySample:
     preemptions_total: int | None = None  # counter
     memory_reserved_bytes: float | None = None  # torch caching allocator, reserved
     memory_allocated_bytes: float | None = None  # torch caching allocator, allocated
+    batch_capacity: int | None = None  # engine's max running batch (vLLM --max-num-seqs), v1.1
     v: int = TELEMETRY_SCHEMA_VERSION
 
     @property

@@ -26,6 +26,12 @@ Implements issue 2 "Windows" and DESIGN.md "Topology, state and recovery" (stage
   give compact bytes (zlib-compressed JSON, numpy arrays as base64; never pickle: it is read back
   from Kafka) that the worker stores with the input offset it covers.
 
+* **Unknown batch sizes** (contract v1.1: OTLP spans carry none). The batch moments are kept over
+  the rows that *have* a batch size only (``batch_fill`` over rows with size and capacity), with
+  their own counts, so an unknown batch never reads as 0; a window where no row had one reports
+  ``batch_size_mean``/``batch_size_std``/``batch_fill_mean`` as None and the batch detectors stay
+  silent. Rows whose size the worker derived from telemetry are counted (``batch_derived_count``).
+
 The feature definitions live in exactly one place, :meth:`WindowSummary.features`; per-model
 vectors (``model_merge.py``) merge summaries and call the same method.
 
@@ -59,16 +65,19 @@ import orjson
 
 from skewwatch.config import WindowSettings
 from skewwatch.pipeline import moments
-from skewwatch.pipeline.events import RequestColumns
+from skewwatch.pipeline.events import BATCH_DERIVED, RequestColumns
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.sketch import EMPTY_SPARSE, SketchTotal, SparseCounts, add_sparse, log_bins
 
 FloatArray = npt.NDArray[np.float64]
 
-# Fields every event has: kept as Welford moments (count is the bucket's event count).
+# Kept as Welford moments. The first three are on every event (their count is the bucket's event
+# count); batch_size is over the events with a known batch size (count _BATCH_N) and batch_fill
+# over those with a known size and capacity (count _FILL_N): v1.1 batch fields are optional.
 MOMENT_FIELDS: tuple[str, ...] = (
     "latency_ms", "prompt_tokens", "completion_tokens", "batch_size", "batch_fill",
 )
+_EVENT_MOMENTS = 3  # MOMENT_FIELDS[:3] are counted by _COUNT
 # Optional fields (NaN = not reported): kept as (reported count, sum), so missing never reads as 0.
 OPTIONAL_FIELDS: tuple[str, ...] = ("ttft_ms", "queue_length", "kv_cache_hit_rate")
 _M, _O = len(MOMENT_FIELDS), len(OPTIONAL_FIELDS)
@@ -80,14 +89,22 @@ _MEAN = slice(3, 3 + _M)  # mean of each MOMENT_FIELDS
 _M2 = slice(3 + _M, 3 + 2 * _M)  # sum of squared deviations of each MOMENT_FIELDS
 _OPT_N = slice(3 + 2 * _M, 3 + 2 * _M + _O)  # events that reported each OPTIONAL_FIELDS
 _OPT_SUM = slice(3 + 2 * _M + _O, 3 + 2 * _M + 2 * _O)  # their sum
-_STATS_LEN = 3 + 2 * _M + 2 * _O
+# appended in snapshot v2 (a v1 row is read as "every event had a reported batch"):
+_BATCH_N = 3 + 2 * _M + 2 * _O  # events with a known batch_size (reported or derived)
+_FILL_N = _BATCH_N + 1  # events with a known batch_size and batch_capacity
+_DERIVED_N = _BATCH_N + 2  # events whose batch_size was derived from telemetry
+_STATS_LEN_V1 = _BATCH_N
+_STATS_LEN = _BATCH_N + 3
+# (count column, MOMENT_FIELDS indices it counts), for merging moments
+_MOMENT_COUNTS: tuple[tuple[int, slice], ...] = (
+    (_COUNT, slice(0, _EVENT_MOMENTS)), (_BATCH_N, slice(3, 4)), (_FILL_N, slice(4, 5)))
 # Merge an open bucket's parts once this many have piled up (bounds memory for a key that
 # shows up in every small poll).
 _MAX_OPEN_PARTS = 4
 
 SUMMARY_VERSION = 1
 SNAPSHOT_FORMAT = "skewwatch.partition-windows"
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2  # v2: stats rows gained _BATCH_N, _FILL_N, _DERIVED_N; v1 is still read
 # snapshot bytes = magic + zlib(JSON); zlib level 1 shrinks them ~3x for ~10 % more time
 _SNAPSHOT_MAGIC = b"SWW1"
 _SNAPSHOT_MAX_BYTES = 512 << 20  # refuse to inflate past this (a corrupt or hostile record)
@@ -123,14 +140,18 @@ class WindowSummary:
     step_count: int  # events in the newest step [window_end - step, window_end)
     step_cuda_errors: dict[str, int]  # cuda_error value (as str) -> count, newest step
     replicas: int | None = None
+    batch_count: int = 0  # events with a known batch_size: the count of the batch_size moments
+    fill_count: int = 0  # events with a known batch_size and batch_capacity: batch_fill's count
+    derived_count: int = 0  # events whose batch_size the worker derived from telemetry
 
     @property
     def window_start(self) -> float:
         return self.window_end - self.length_s
 
     def moments(self) -> moments.Moments:
-        """The window's moments for MOMENT_FIELDS (count broadcast per field)."""
-        return moments.Moments(np.full(_M, float(self.count)), self.mean, self.m2)
+        """The window's moments for MOMENT_FIELDS (each field with its own count)."""
+        counts = np.array([self.count] * _EVENT_MOMENTS + [self.batch_count, self.fill_count], dtype=np.float64)
+        return moments.Moments(counts, self.mean, self.m2)
 
     def features(self) -> FeatureVector:
         """The feature vector of this window. Every feature is defined here and only here."""
@@ -146,9 +167,12 @@ class WindowSummary:
             ttft_q = list(bins.quantile(self.ttft[1], [0.5, 0.99], slots=self.ttft[0]) or [])
         mean: dict[str, float | None] = dict.fromkeys(MOMENT_FIELDS)
         var: dict[str, float | None] = dict.fromkeys(MOMENT_FIELDS)
-        if n > 0:
-            mean = dict(zip(MOMENT_FIELDS, self.mean.tolist(), strict=True))
-            var = {f: m2 / n for f, m2 in zip(MOMENT_FIELDS, self.m2.tolist(), strict=True)}  # population
+        counts = [n] * _EVENT_MOMENTS + [self.batch_count, self.fill_count]
+        for f, count, field_mean, m2 in zip(MOMENT_FIELDS, counts, self.mean.tolist(), self.m2.tolist(),
+                                            strict=True):
+            if count > 0:  # no event with the field: unknown (None), never 0
+                mean[f] = field_mean
+                var[f] = m2 / count  # population
         optional_mean = {
             f: (total / reported if reported else None)
             for f, reported, total in zip(OPTIONAL_FIELDS, self.optional_count.tolist(),
@@ -182,6 +206,8 @@ class WindowSummary:
             step_count=self.step_count,
             step_cuda_errors=dict(self.step_cuda_errors),
             replicas=self.replicas,
+            batch_count=self.batch_count,
+            batch_derived_count=self.derived_count,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -205,6 +231,9 @@ class WindowSummary:
             "step_count": self.step_count,
             "step_cuda_errors": dict(self.step_cuda_errors),
             "replicas": self.replicas,
+            "batch_count": self.batch_count,
+            "fill_count": self.fill_count,
+            "derived_count": self.derived_count,
         }
 
     @classmethod
@@ -226,13 +255,14 @@ class WindowSummary:
                 return np.array([data[name][f] for f in names], dtype=dtype)
 
             replicas = data.get("replicas")
+            count = int(data["count"])
             return cls(
                 model=str(data["model"]),
                 replica=None if data["replica"] is None else str(data["replica"]),
                 window_end=float(data["window_end"]),
                 length_s=float(data["length_s"]),
                 relative_accuracy=float(data["relative_accuracy"]),
-                count=int(data["count"]),
+                count=count,
                 errors=int(data["errors"]),
                 completion_tokens=int(data["completion_tokens"]),
                 mean=per_field("mean", MOMENT_FIELDS, np.float64),
@@ -244,6 +274,10 @@ class WindowSummary:
                 step_count=int(data["step_count"]),
                 step_cuda_errors={str(k): int(v) for k, v in data["step_cuda_errors"].items()},
                 replicas=None if replicas is None else int(replicas),
+                # a summary from a worker before contract v1.1: every event had a reported batch
+                batch_count=int(data.get("batch_count", count)),
+                fill_count=int(data.get("fill_count", count)),
+                derived_count=int(data.get("derived_count", 0)),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"window summary: malformed ({exc!r})") from exc
@@ -271,10 +305,19 @@ def _combine(rows: FloatArray) -> FloatArray:
     The same function merges an open bucket's parts when it is sealed and a window's 12 sealed
     buckets at every step.
     """
-    merged = moments.merge_rows(rows[:, _COUNT], rows[:, _MEAN], rows[:, _M2])
     out = np.add.reduce(rows, axis=0)  # right for the counts and optional sums; moments replaced
-    out[_MEAN] = merged.mean
-    out[_M2] = merged.m2
+    count = rows[:, _COUNT]
+    if out[_BATCH_N] == out[_COUNT] and out[_FILL_N] == out[_COUNT]:
+        # every event had a batch (the common case): one merge, all fields share the event count
+        merged = moments.merge_rows(count, rows[:, _MEAN], rows[:, _M2])
+        out[_MEAN] = merged.mean
+        out[_M2] = merged.m2
+        return out
+    mean, m2 = rows[:, _MEAN], rows[:, _M2]
+    for count_column, fields in _MOMENT_COUNTS:
+        merged = moments.merge_rows(rows[:, count_column], mean[:, fields], m2[:, fields])
+        out[_MEAN.start + fields.start:_MEAN.start + fields.stop] = merged.mean
+        out[_M2.start + fields.start:_M2.start + fields.stop] = merged.m2
     return out
 
 
@@ -395,6 +438,9 @@ class WindowState:
             ttft=ttft,
             step_count=int(bucket.stats[_COUNT]) if bucket is not None else 0,
             step_cuda_errors=dict(bucket.cuda_errors) if bucket is not None else {},
+            batch_count=int(round(window[_BATCH_N])),
+            fill_count=int(round(window[_FILL_N])),
+            derived_count=int(round(window[_DERIVED_N])),
         )
 
 
@@ -465,10 +511,7 @@ class PartitionWindows:
         stats[:, _COUNT] = np.bincount(g, minlength=n_groups)
         stats[:, _ERRORS] = np.bincount(g, weights=cols.is_error, minlength=n_groups)
         stats[:, _COMPLETION] = np.bincount(g, weights=cols.completion_tokens, minlength=n_groups)
-        values = np.column_stack([getattr(cols, f) for f in MOMENT_FIELDS]).astype(np.float64)
-        group_moments = moments.grouped(values, g, n_groups)
-        stats[:, _MEAN] = group_moments.mean
-        stats[:, _M2] = group_moments.m2
+        self._batch_moments(cols, g, n_groups, stats)
         for j, name in enumerate(OPTIONAL_FIELDS):
             x = getattr(cols, name)
             reported = ~np.isnan(x)
@@ -493,6 +536,34 @@ class PartitionWindows:
             code, b = divmod(group, len(ids))
             states[code].open_bucket(ids[b]).add(stats[j], sketches[j], cuda.get(j))
         return ApplyResult(accepted, late)
+
+    @staticmethod
+    def _batch_moments(cols: RequestColumns, g: npt.NDArray[np.intp], n_groups: int, stats: FloatArray) -> None:
+        """Per group, the MOMENT_FIELDS moments and the batch counts, into ``stats``. Batch moments
+        are over the rows with a known batch only (v1.1: the batch fields are optional)."""
+        fill = cols.batch_fill  # NaN where the size or the capacity is unknown
+        size_known = cols.batch_size > 0
+        fill_known = ~np.isnan(fill)
+        if size_known.all() and fill_known.all():  # every row has a batch: one grouped pass
+            values = np.column_stack([cols.latency_ms, cols.prompt_tokens, cols.completion_tokens,
+                                      cols.batch_size, fill]).astype(np.float64)
+            group_moments = moments.grouped(values, g, n_groups)
+            stats[:, _MEAN] = group_moments.mean
+            stats[:, _M2] = group_moments.m2
+            stats[:, _BATCH_N] = stats[:, _FILL_N] = stats[:, _COUNT]
+        else:
+            values = np.column_stack([cols.latency_ms, cols.prompt_tokens,
+                                      cols.completion_tokens]).astype(np.float64)
+            per_event = moments.grouped(values, g, n_groups)
+            size = moments.grouped(cols.batch_size[size_known].astype(np.float64), g[size_known], n_groups)
+            filled = moments.grouped(fill[fill_known], g[fill_known], n_groups)
+            stats[:, _MEAN] = np.column_stack([per_event.mean, size.mean, filled.mean])
+            stats[:, _M2] = np.column_stack([per_event.m2, size.m2, filled.m2])
+            stats[:, _BATCH_N] = size.count
+            stats[:, _FILL_N] = filled.count
+        derived = cols.batch_source == BATCH_DERIVED
+        if derived.any():
+            stats[:, _DERIVED_N] = np.bincount(g[derived], minlength=n_groups)
 
     def _group_sketches(self, cols: RequestColumns, g: npt.NDArray[np.intp],
                         n_groups: int) -> list[SparseCounts]:
@@ -595,8 +666,9 @@ class PartitionWindows:
             doc = orjson.loads(inflate.decompress(data[len(_SNAPSHOT_MAGIC):], _SNAPSHOT_MAX_BYTES))
             if inflate.unconsumed_tail:
                 raise ValueError(f"snapshot inflates past {_SNAPSHOT_MAX_BYTES} bytes")
-            if doc.get("format") != SNAPSHOT_FORMAT or doc.get("v") != SNAPSHOT_VERSION:
-                raise ValueError(f"not a v{SNAPSHOT_VERSION} {SNAPSHOT_FORMAT} snapshot")
+            version = doc.get("v")
+            if doc.get("format") != SNAPSHOT_FORMAT or version not in (1, SNAPSHOT_VERSION):
+                raise ValueError(f"not a v1/v{SNAPSHOT_VERSION} {SNAPSHOT_FORMAT} snapshot")
             for name, have in (("length_s", settings.length_s), ("step_s", settings.step_s),
                                ("relative_accuracy", settings.sketch_relative_accuracy)):
                 if doc[name] != have:
@@ -614,7 +686,13 @@ class PartitionWindows:
             key = _unb64(cols["key"], np.int32)
             n = key.size
             ids = _unb64(cols["id"], np.int64, n)
-            stats = _unb64(cols["stats"], np.float64, n * _STATS_LEN).reshape(n, _STATS_LEN)
+            if version == 1:  # before contract v1.1 every event had a reported batch size and capacity
+                stats_v1 = _unb64(cols["stats"], np.float64, n * _STATS_LEN_V1).reshape(n, _STATS_LEN_V1)
+                stats = np.zeros((n, _STATS_LEN))
+                stats[:, :_STATS_LEN_V1] = stats_v1
+                stats[:, _BATCH_N] = stats[:, _FILL_N] = stats_v1[:, _COUNT]
+            else:
+                stats = _unb64(cols["stats"], np.float64, n * _STATS_LEN).reshape(n, _STATS_LEN)
             sketches = self._split_sketches(cols["sketch"], _unb64(cols["sketch_len"], np.int32, n))
             cuda = {int(i): {str(k): int(v) for k, v in errs.items()} for i, errs in doc["cuda_errors"]}
             if n and (key.min() < 0 or key.max() >= len(states)):

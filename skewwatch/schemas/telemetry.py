@@ -59,6 +59,7 @@ TELEMETRY_FIELDS: Final[tuple[FieldSpec, ...]] = (
     FieldSpec("preemptions_total", "integer", False),
     FieldSpec("memory_reserved_bytes", "number", False),
     FieldSpec("memory_allocated_bytes", "number", False),
+    FieldSpec("batch_capacity", "integer", False, minimum=1),  # v1.1: the engine's max running batch
 )
 _MAX_PROBLEMS_SHOWN = 5
 

@@ -97,3 +97,24 @@ def test_controller_growth_is_capped_at_64() -> None:
 def test_thresholds_are_configurable() -> None:
     det = BatchCollapseDetector(BatchCollapseConfig.from_overrides({"std_threshold": "1", "fill_threshold": "0.5"}))
     assert len(det.update(fv(60.0, 1.5, 0.4), None, 60.0).alerts) == 1
+
+
+def test_silent_when_no_event_had_a_batch_size_contract_v1_1() -> None:
+    """OTLP events without batch fields and no telemetry to derive them: the window's batch
+    statistics are None, so the detector makes no claim rather than guess (no alert, no action)."""
+    from skewwatch.config import WindowSettings
+    from skewwatch.pipeline.events import RequestColumns
+    from skewwatch.pipeline.window import PartitionWindows
+
+    windows = PartitionWindows(WindowSettings())
+    rows = [{"request_id": f"q{i}", "ts": 100.0 + i * 0.5, "model": "m", "replica": "r1", "latency_ms": 50.0 + i,
+             "prompt_tokens": 10, "completion_tokens": 5} for i in range(200)]  # no batch_size/batch_capacity
+    windows.apply(RequestColumns.from_rows(rows))
+    windows.advance_watermark(300.0)
+    det = BatchCollapseDetector()
+    vectors = [step.features for step in windows.close_steps()]
+    judged = [v for v in vectors if v.count > 0]
+    assert len(judged) > 10 and all(v.batch_size_std is None and v.batch_fill_mean is None for v in judged)
+    for v in vectors:
+        out = det.update(v, None, v.window_end)
+        assert out.alerts == [] and out.actions == []

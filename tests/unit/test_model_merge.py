@@ -29,9 +29,10 @@ def summaries_by_model_step(steps) -> dict[tuple[str, float], list[WindowSummary
     return out
 
 
-def test_per_model_merge_equals_the_reference_on_the_union() -> None:
+@pytest.mark.parametrize("batch_missing", [0.0, 0.5])  # v1.1: batches unknown or derived on some events
+def test_per_model_merge_equals_the_reference_on_the_union(batch_missing: float) -> None:
     rng = np.random.default_rng(21)
-    events = random_events(rng, 4000, 1000.0, 1200.0, REPLICAS)
+    events = random_events(rng, 4000, 1000.0, 1200.0, REPLICAS, batch_missing=batch_missing)
     # the replicas are spread over two partitions (two stage-1 workers), as in production
     partitions = [PartitionWindows(SETTINGS), PartitionWindows(SETTINGS)]
     steps = []

@@ -34,8 +34,12 @@ def event(ts: float, replica: str = "r1", model: str = "m", latency_ms: float = 
 
 
 def random_events(rng: np.random.Generator, n: int, t0: float, t1: float,
-                  replicas: Sequence[tuple[str, str]]) -> list[dict]:
-    """Events with every optional field sometimes present, heavy-tailed latencies, errors, CUDA codes."""
+                  replicas: Sequence[tuple[str, str]], batch_missing: float = 0.0) -> list[dict]:
+    """Events with every optional field sometimes present, heavy-tailed latencies, errors, CUDA codes.
+
+    ``batch_missing``: share of events whose batch is not plainly reported (contract v1.1): no batch
+    fields, a size without a capacity, or a size marked derived (``batch_source`` 2).
+    """
     out = []
     for i in range(n):
         model, replica = replicas[int(rng.integers(len(replicas)))]
@@ -56,6 +60,14 @@ def random_events(rng: np.random.Generator, n: int, t0: float, t1: float,
             ev["status"] = "error"
             ev["cuda_error"] = str(rng.choice(["cudaErrorMemoryAllocation", "cudaErrorLaunchTimeout"])) \
                 if rng.random() < 0.7 else 2
+        if batch_missing and rng.random() < batch_missing:
+            kind = rng.random()
+            if kind < 0.6:
+                del ev["batch_size"], ev["batch_capacity"]
+            elif kind < 0.8:
+                del ev["batch_capacity"]
+            else:
+                ev["batch_source"] = 2  # BATCH_DERIVED
         out.append(ev)
     return out
 
@@ -262,6 +274,69 @@ def test_batch_statistics() -> None:
     assert fv.batch_fill_mean == pytest.approx(np.mean(np.array(sizes) / np.array(capacities)))
 
 
+def test_unknown_batches_are_not_zero_and_derived_ones_are_counted() -> None:
+    windows = PartitionWindows(SETTINGS)
+    no_batch = {"batch_size": None, "batch_capacity": None}
+    windows.apply(RequestColumns.from_rows(
+        [event(101.0 + i, replica="otlp", **no_batch) for i in range(3)]
+        + [event(101.0, replica="mixed", batch_size=2, batch_capacity=8),
+           event(102.0, replica="mixed", **no_batch),
+           event(103.0, replica="mixed", batch_size=6, batch_capacity=None),
+           event(104.0, replica="mixed", batch_size=4, batch_capacity=8, batch_source=2)]))
+    windows.advance_watermark(110.0)
+    steps = by_key(windows.close_steps())
+    silent = steps[("m", "otlp")][105.0]
+    assert silent.count == 3 and silent.batch_count == 0
+    assert (silent.batch_size_mean, silent.batch_size_std, silent.batch_fill_mean) == (None, None, None)
+    assert silent.latency_mean == 100.0  # the rest of the vector is there
+    mixed = steps[("m", "mixed")][105.0]
+    assert (mixed.count, mixed.batch_count, mixed.batch_derived_count) == (4, 3, 1)
+    assert mixed.batch_size_mean == 4.0 and mixed.batch_size_std == pytest.approx(np.std([2, 6, 4]))
+    assert mixed.batch_fill_mean == pytest.approx((2 / 8 + 4 / 8) / 2)  # the size without capacity: no fill
+    assert steps[("m", "otlp")][110.0].batch_fill_mean is None  # still none a step later
+
+
+def test_unknown_batches_match_the_reference_and_survive_json_and_snapshots() -> None:
+    rng = np.random.default_rng(15)
+    events = random_events(rng, 2000, 1000.0, 1200.0, REPLICAS, batch_missing=0.5)
+    events += [event(1000.0 + i, replica="otlp-only", batch_size=None, batch_capacity=None) for i in range(50)]
+    arrival = disordered(events, rng, max_delay=4.0)
+    windows = PartitionWindows(SETTINGS)
+    steps = feed(windows, arrival[:1000], chunk=37)
+    restored = PartitionWindows.restore(windows.snapshot(), SETTINGS)
+    after = feed(windows, arrival[1000:], chunk=37)
+    assert [s.features for s in feed(restored, arrival[1000:], chunk=37)] == [s.features for s in after]
+    derived = 0
+    for step in steps + after:
+        fv = step.features
+        assert_features_match(fv, reference_features(events, fv.model, fv.replica, fv.window_end, SETTINGS))
+        assert WindowSummary.from_dict(orjson.loads(orjson.dumps(step.summary.to_dict()))).features() == fv
+        derived += fv.batch_derived_count
+    assert derived > 0
+    otlp_only = [s.features for s in steps + after if s.features.replica == "otlp-only" and s.features.count]
+    assert otlp_only and all(fv.batch_size_mean is None and fv.batch_count == 0 for fv in otlp_only)
+
+
+def test_a_v1_snapshot_is_read_as_every_event_had_a_batch() -> None:
+    rng = np.random.default_rng(16)
+    events = sorted(random_events(rng, 400, 1000.0, 1040.0, REPLICAS), key=lambda e: e["ts"])
+    windows = PartitionWindows(SETTINGS)
+    feed(windows, events, chunk=50)
+    doc = snapshot_doc(windows.snapshot())
+    stats = np.frombuffer(base64.b64decode(doc["buckets"]["stats"])).reshape(-1, _stats_len())
+    v1 = {**doc, "v": 1, "buckets": {**doc["buckets"], "stats": base64.b64encode(
+        np.ascontiguousarray(stats[:, :-3]).tobytes()).decode()}}
+    old = PartitionWindows.restore(as_snapshot(v1), SETTINGS)
+    assert old.snapshot() == windows.snapshot()  # nothing derived, so v1 + defaults is the same state
+    more = [event(1100.0 + i, replica="r1", model="llama") for i in range(3)]
+    assert [s.features for s in feed(old, more, 3)] == [s.features for s in feed(windows, more, 3)]
+
+
+def _stats_len() -> int:
+    from skewwatch.pipeline import window
+    return int(window._STATS_LEN)
+
+
 # -- agreement with the reference, order independence ---------------------------------------------
 
 REPLICAS = [("llama", "r1"), ("llama", "r2"), ("llama", "r3"), ("mistral", "m1")]
@@ -432,7 +507,8 @@ def test_close_steps_before_any_event_is_empty() -> None:
                   span=st.sampled_from([3.0, 30.0, 200.0]))
 def test_property_steps_match_reference(seed: int, n: int, chunk: int, span: float) -> None:
     rng = np.random.default_rng(seed)
-    events = random_events(rng, n, 500.0, 500.0 + span, REPLICAS[:3])
+    missing = float(rng.choice([0.0, 0.3, 1.0]))  # v1.1: some or all events without a (reported) batch
+    events = random_events(rng, n, 500.0, 500.0 + span, REPLICAS[:3], batch_missing=missing)
     if rng.random() < 0.5:  # timestamps exactly on step boundaries
         for e in events[::3]:
             e["ts"] = 5.0 * round(e["ts"] / 5.0)
