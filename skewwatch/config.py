@@ -48,6 +48,9 @@ class TopicSettings:
     # internal: stage 1 -> stage 2 replica step summaries (keyed by model) and state checkpoints
     replica_steps: str = "skewwatch.replica-steps"
     checkpoints: str = "skewwatch.checkpoints"
+    # OTLP spans as the OTel Collector's Kafka exporter writes them (issue 7); "" = not consumed.
+    # When set, the worker decodes them and re-publishes the request events on `requests`.
+    otlp_spans: str = ""
 
 
 @dataclass(slots=True)
@@ -68,6 +71,29 @@ class LimitSettings:
 
 
 @dataclass(slots=True)
+class OtlpSettings:
+    """How the worker reads ``topics.otlp_spans`` (skewwatch.agents.otlp_stage)."""
+
+    encoding: str = "auto"  # the Collector's kafka exporter encoding: otlp_proto | otlp_json | auto (detect)
+    default_model: str | None = None  # for spans naming no model (vLLM V1 spans do not)
+    replica_keys: list[str] | None = None  # resource attributes naming the replica, in order; None = default
+    max_events_per_message: int = 1000  # events per {"events": [...]} message re-published on `requests`
+
+
+@dataclass(slots=True)
+class DerivedBatchSettings:
+    """Contract v1.1: batch sizes for request events that carry none (skewwatch.pipeline.derived_batch)."""
+
+    enabled: bool = True
+    max_telemetry_age_s: float = 30.0  # a telemetry sample older than this (vs the event's ts) is not used
+    default_capacity: int = 0  # capacity when telemetry gives none, every model; 0 = unknown
+    capacity_by_model: dict[str, int] = field(default_factory=dict)  # per model; env: "llama=256,qwen=128"
+
+    def capacity_for_model(self, model: str) -> int | None:
+        return self.capacity_by_model.get(model) or self.default_capacity or None
+
+
+@dataclass(slots=True)
 class WebSettings:
     host: str = "127.0.0.1"
     port: int = 6066
@@ -80,6 +106,8 @@ class Settings:
     window: WindowSettings = field(default_factory=WindowSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
     web: WebSettings = field(default_factory=WebSettings)
+    otlp: OtlpSettings = field(default_factory=OtlpSettings)
+    derived_batch: DerivedBatchSettings = field(default_factory=DerivedBatchSettings)
     detectors: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-detector overrides
 
 
@@ -92,6 +120,8 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         if value is None or (isinstance(value, str) and value.lower() in ("", "none", "null")):
             return None
         hint = args[0]
+    if typing.get_origin(hint) is dict:  # a TOML table, or "key=value,key=value" from the environment
+        return _coerce_table(value, typing.get_args(hint)[1], where)
     try:
         if hint is bool:
             if isinstance(value, str):
@@ -106,6 +136,17 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}") from exc
     return value
+
+
+def _coerce_table(value: Any, value_type: Any, where: str) -> dict[str, Any]:
+    if isinstance(value, str):
+        pairs = [item.partition("=") for item in value.split(",") if item.strip()]
+        if any(not sep or not key.strip() for key, sep, _ in pairs):
+            raise ConfigError(f"{where}: expected key=value,key=value, got {value!r}")
+        value = {key.strip(): item.strip() for key, _, item in pairs}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: expected a table, got {value!r}")
+    return {str(key): _coerce(item, value_type, f"{where}.{key}") for key, item in value.items()}
 
 
 def _apply(section: Any, values: Mapping[str, Any], where: str) -> None:

@@ -41,6 +41,20 @@ class WorkerMetrics:
                                        "Routing corrections published", registry=r)
         self.checkpoints = Counter("skewwatch_checkpoints_total", "State snapshots written", ["stage"],
                                    registry=r)
+        self.batch_derived = Counter("skewwatch_batch_derived_total",
+                                     "Request events whose batch size was derived from telemetry "
+                                     "(contract v1.1: the event had none)", registry=r)
+        self.batch_unknown = Counter("skewwatch_batch_unknown_total",
+                                     "Request events left without a batch size (none reported, no fresh "
+                                     "running_requests telemetry): skipped by the batch statistics", registry=r)
+        self.otlp_spans_skipped = Counter("skewwatch_otlp_spans_skipped_total",
+                                          "OTLP spans that are not inference requests, by reason (span_kind, "
+                                          "not_inference, incomplete_tokens, no_model)", ["reason"], registry=r)
+        self.otlp_spans_in = Counter("skewwatch_otlp_spans_total", "OTLP spans read from topics.otlp_spans",
+                                     registry=r)
+        self.otlp_events_out = Counter("skewwatch_otlp_events_published_total",
+                                       "Request events decoded from OTLP spans and published on the requests topic",
+                                       registry=r)
         self.watermark = Gauge("skewwatch_watermark_seconds", "Event-time watermark per input partition",
                                ["partition"], registry=r)
 

@@ -34,6 +34,8 @@ from skewwatch.agents.checkpoint import CheckpointStore
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.config import Settings
 from skewwatch.pipeline.decide import DetectorSettings
+from skewwatch.pipeline.derived_batch import derive_batch
+from skewwatch.pipeline.events import RequestColumns
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.telemetry_join import TelemetryJoin
 from skewwatch.pipeline.window import PartitionWindows, ReplicaStep
@@ -171,13 +173,30 @@ class RequestStage:
                 if rejects:
                     await self._dead_letter(tp, message, rejects)
             if len(decoded.columns):
-                result = state.windows.apply(decoded.columns)
+                # contract v1.1: events without a batch size (OTLP) get one from telemetry, marked derived
+                result = state.windows.apply(self._derive_batch(decoded.columns))
                 self.metrics.events_in.inc(result.accepted)
                 if result.late:
                     self.metrics.late.inc(result.late)
             state.next_offset = messages[-1].offset + 1
             state.last_input_wall = time.monotonic()
             await self._close_steps(tp, state)
+
+    def _derive_batch(self, columns: RequestColumns) -> RequestColumns:
+        """Fill unknown batch sizes from the replica's telemetry as of each event's time (running
+        requests; capacity from the sample or the setting), else leave them unknown. The telemetry
+        is not checkpointed, so a replay after a restart may derive from fewer samples."""
+        config = self.settings.derived_batch
+        if not config.enabled:
+            return columns
+        max_age = config.max_telemetry_age_s
+        out = derive_batch(columns, lambda replica, at: self.telemetry.view(replica, at, max_age)[0],
+                           config.capacity_for_model)
+        if out.derived:
+            self.metrics.batch_derived.inc(out.derived)
+        if out.unknown:
+            self.metrics.batch_unknown.inc(out.unknown)
+        return out.columns
 
     async def _process_telemetry(self, tp: TopicPartition, messages: list[Any]) -> None:
         for message in messages:
