@@ -1,0 +1,39 @@
+"""``skewwatch worker`` with one clock probe, for the benchmark only.
+
+``python -m bench.throughput.probe worker ...`` runs the unchanged worker CLI after wrapping
+:meth:`skewwatch.agents.stage1.RequestStage._process` so that the first call with records writes
+``{"wall": time.time(), "cpu": time.process_time()}`` to the file named by
+``SKEWWATCH_BENCH_PROBE``. That is the moment the first poll returned, the same start as every
+peer's (``bench/throughput/contenders.py``: the first poll or message handed to user code), which
+cannot be seen from outside the process: ``/metrics`` only moves after the first poll was
+processed, and one poll of batched messages can hold most of the topic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from skewwatch.agents import stage1
+
+_original = stage1.RequestStage._process
+_probe_path = os.environ.get("SKEWWATCH_BENCH_PROBE")
+
+
+async def _probed_process(self: stage1.RequestStage, batches: dict[Any, list[Any]]) -> None:
+    global _probe_path
+    if _probe_path is not None and any(batches.values()):
+        Path(_probe_path).write_text(json.dumps({"wall": time.time(), "cpu": time.process_time()}))
+        _probe_path = None  # once
+    await _original(self, batches)
+
+
+stage1.RequestStage._process = _probed_process  # type: ignore[method-assign]
+
+if __name__ == "__main__":
+    from skewwatch.cli import main
+
+    main()
