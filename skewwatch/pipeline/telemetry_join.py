@@ -45,8 +45,12 @@ fresh when the sample is), ``source`` = the best engine source that contributed 
 engine sample" still means the engine answered), else the best GPU source; ``gpu_index`` /
 ``gpu_uuid`` only when one GPU contributed, ``node`` the contributing nodes joined by ``,``.
 
-State is bounded: per key the newest ``history`` samples (8: 40 s at a 5 s interval, room for
-extra XID samples the collector publishes at once), keys of a replica not heard from for
+State is bounded: per key the newest ``history`` samples (32: 160 s at a 5 s interval, with room
+for extra XID samples the collector publishes at once). The history is what lets a step find its
+sample when the worker reads telemetry ahead of requests: catching up on a backlog, stage 1 was
+measured reading telemetry ~45 s of event time ahead of the requests it was closing steps for; a
+step whose samples have all been pushed out of the history sees no telemetry (stale), as during
+an outage, and never a sample from its future. Keys of a replica not heard from for
 ``retain_s`` are dropped when the replica's next sample comes, at most ``max_keys_per_replica``
 keys per replica (the key heard from least recently goes first), and :meth:`TelemetryJoin.forget`
 drops a replica. A GPU that *joins* a replica after its counter was seen adds its whole counter
@@ -188,8 +192,20 @@ FIELD_GROUPS: tuple[FieldGroup, ...] = (
     FieldGroup(("ecc_uncorrected_total",), _scalar("ecc_uncorrected_total", sum), "counter"),
     FieldGroup(("preemptions_total",), _scalar("preemptions_total", sum), "counter"),
 )
+# A field added to the schema without a rule above is joined as a gauge, the maximum over GPUs, so
+# the join never drops a new field nor breaks on it (tests check that every field is covered).
+FIELD_GROUPS += tuple(FieldGroup((name,), _scalar(name, max), "gauge") for name in MEASUREMENT_FIELDS
+                      if not any(name in g.fields for g in FIELD_GROUPS))
 assert set(TELEMETRY_SOURCES) <= set(SOURCE_PRIORITY), "a source has no priority"
-assert sorted(f for g in FIELD_GROUPS for f in g.fields) == sorted(MEASUREMENT_FIELDS), "a field has no group"
+
+
+@dataclass(slots=True)
+class _Series:
+    """One producer's samples for one GPU of one replica, oldest first."""
+
+    samples: list[TelemetrySample]
+    stamps: list[float]  # their ts, for bisect
+    reported: set[str]  # measurement fields this key has ever reported (for the stale list)
 
 
 @dataclass(slots=True)
@@ -202,14 +218,14 @@ class _Contribution:
 class TelemetryJoin:
     """Latest samples per (replica, source, GPU); merged per replica as of an event time. Pure."""
 
-    def __init__(self, history: int = 8, retain_s: float = 600.0, max_keys_per_replica: int = 64) -> None:
+    def __init__(self, history: int = 32, retain_s: float = 600.0, max_keys_per_replica: int = 64) -> None:
         if history < 1 or retain_s <= 0 or max_keys_per_replica < 1:
             raise ValueError("history, retain_s and max_keys_per_replica must be positive")
         self.history = history
         self.retain_s = retain_s
         self.max_keys_per_replica = max_keys_per_replica
-        # replica -> (source, gpu) -> samples oldest first (at most `history`)
-        self._samples: dict[str, dict[Key, list[TelemetrySample]]] = {}
+        # replica -> (source, gpu) -> its newest `history` samples
+        self._samples: dict[str, dict[Key, _Series]] = {}
 
     # ------------------------------------------------------------------ input
 
@@ -217,19 +233,20 @@ class TelemetryJoin:
         """Keep ``sample`` (in any order; a repeat of a timestamp replaces it: delivery is at least once)."""
         keys = self._samples.setdefault(sample.replica, {})
         key = (sample.source, _gpu_id(sample))
-        samples = keys.setdefault(key, [])
-        stamps = [s.ts for s in samples]
-        at = bisect.bisect_left(stamps, sample.ts)
-        if at < len(samples) and samples[at].ts == sample.ts:
-            samples[at] = sample
+        series = keys.setdefault(key, _Series([], [], set()))
+        at = bisect.bisect_left(series.stamps, sample.ts)
+        if at < len(series.samples) and series.stamps[at] == sample.ts:
+            series.samples[at] = sample
         else:
-            samples.insert(at, sample)
-        del samples[:-self.history]
+            series.samples.insert(at, sample)
+            series.stamps.insert(at, sample.ts)
+        del series.samples[:-self.history], series.stamps[:-self.history]
+        series.reported.update(name for name in MEASUREMENT_FIELDS if getattr(sample, name) is not None)
         # keys of this replica gone quiet for retain_s (a GPU moved elsewhere, a bridge stopped)
-        for other in [k for k, s in keys.items() if s[-1].ts < sample.ts - self.retain_s]:
+        for other in [k for k, s in keys.items() if s.stamps[-1] < sample.ts - self.retain_s]:
             del keys[other]
         while len(keys) > self.max_keys_per_replica:
-            del keys[min(keys, key=lambda k: keys[k][-1].ts)]
+            del keys[min(keys, key=lambda k: keys[k].stamps[-1])]
 
     def forget(self, replica: str) -> None:
         """Drop everything about ``replica`` (released by the windows, or gone from the fleet)."""
@@ -241,7 +258,7 @@ class TelemetryJoin:
 
     def __len__(self) -> int:
         """Number of samples held (the state's size)."""
-        return sum(len(s) for keys in self._samples.values() for s in keys.values())
+        return sum(len(s.samples) for keys in self._samples.values() for s in keys.values())
 
     # ------------------------------------------------------------------ the merged view
 
@@ -250,9 +267,11 @@ class TelemetryJoin:
         """The replica's merged sample as of event time ``at``, its age, and the stale signals.
 
         Returns ``(sample, at - sample.ts, stale)``; ``(None, None, stale)`` when nothing is fresh.
-        ``stale`` names, sorted, every measurement field a held sample of the replica has reported
-        that the merged sample lacks (stale, left out by its producer's current sample, or only
-        reported after ``at``). Fields nobody reports are not listed: missing means unknown.
+        ``stale`` names, sorted, the measurement fields a held key of the replica has reported
+        whose signal (field group: the memory pair, the XID pair, ...) the merged sample lacks:
+        every sample giving it is stale, left it out, or is from after ``at``. Fields nobody
+        reports are not listed (missing means unknown), nor is ``xid_last`` next to a fresh
+        ``xid_count_5m`` (no XID in the window is a reading, not a stale signal).
         """
         keys = self._samples.get(replica)
         if not keys:
@@ -260,25 +279,26 @@ class TelemetryJoin:
         # per key: samples at or before `at`, and the current one when fresh
         past: dict[Key, list[TelemetrySample]] = {}
         fresh: dict[Key, TelemetrySample] = {}
-        for key, samples in keys.items():
-            upto = bisect.bisect_right([s.ts for s in samples], at)
+        for key, series in keys.items():
+            upto = bisect.bisect_right(series.stamps, at)
             if upto:
-                past[key] = samples[:upto]
-                if at - samples[upto - 1].ts <= stale_after_s:
-                    fresh[key] = samples[upto - 1]
+                past[key] = series.samples[:upto]
+                if at - series.stamps[upto - 1] <= stale_after_s:
+                    fresh[key] = series.samples[upto - 1]
         merged: Values = {}
         used: list[TelemetrySample] = []
         oldest: float | None = None
+        reported = set().union(*(series.reported for series in keys.values()))
+        stale: list[str] = []
         for group in FIELD_GROUPS:
             chosen = self._choose(group, self._contributions(group, past, fresh, at, stale_after_s))
             if chosen is None:
+                stale.extend(name for name in group.fields if name in reported)
                 continue
             merged.update({k: v for k, v in chosen.values.items() if v is not None})
             used.extend(chosen.samples)
             oldest = chosen.ts if oldest is None else min(oldest, chosen.ts)
-        reported = {name for samples in keys.values() for s in samples
-                    for name in MEASUREMENT_FIELDS if getattr(s, name) is not None}
-        stale = sorted(reported - merged.keys())
+        stale.sort()
         if oldest is None:
             return None, None, stale
         return self._sample(replica, oldest, merged, used), at - oldest, stale

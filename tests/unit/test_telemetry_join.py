@@ -141,7 +141,11 @@ def test_the_current_sample_is_authoritative_xid_leaves_the_window() -> None:
     join.add(gpu(400.0, 0, xid_count_5m=0))
     merged, _, stale = join.view("r1", at=401.0, stale_after_s=STALE)
     assert merged is not None and (merged.xid_last, merged.xid_count_5m) == (None, 0)
-    assert stale == ["xid_last"]
+    assert stale == []  # "no XID in the window" is a reading, not a stale signal
+    join.add(gpu(405.0, 0, power_w=100.0))  # XID events no longer watched (the call failed): unknown
+    merged, _, stale = join.view("r1", at=406.0, stale_after_s=STALE)
+    assert merged is not None and (merged.xid_last, merged.xid_count_5m) == (None, None)
+    assert stale == ["xid_count_5m", "xid_last"]
 
 
 def test_xid_last_is_the_most_recent_xid_across_gpus() -> None:
