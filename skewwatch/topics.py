@@ -65,6 +65,9 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         spec(topics.dead_letter, {"max.message.bytes": str(8 * request_limit)}),
         spec(topics.replica_steps),  # internal: stage 1 -> stage 2, keyed by model
         spec(topics.checkpoints, {**compact, "max.message.bytes": str(_CHECKPOINT_MAX_BYTES)}),
+        # OTLP spans from the OTel Collector's Kafka exporter (issue 7), only when configured; a Collector
+        # batch is one record, so it gets the same room as a request message
+        *([spec(topics.otlp_spans, {"max.message.bytes": str(4 * request_limit)})] if topics.otlp_spans else []),
     ]
 
 

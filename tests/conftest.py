@@ -62,13 +62,15 @@ def unique_settings(bootstrap: str, partitions: int = TEST_PARTITIONS) -> Settin
         **{
             topic.name: f"{getattr(settings.topics, topic.name)}.t{suffix}"
             for topic in dataclasses.fields(settings.topics)
+            if getattr(settings.topics, topic.name)  # "" = not used (topics.otlp_spans): stays off
         },
     )
     return settings
 
 
 def topic_names(settings: Settings) -> list[str]:
-    return [getattr(settings.topics, topic.name) for topic in dataclasses.fields(settings.topics)]
+    return [getattr(settings.topics, topic.name) for topic in dataclasses.fields(settings.topics)
+            if getattr(settings.topics, topic.name)]
 
 
 @pytest.fixture

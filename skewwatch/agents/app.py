@@ -25,6 +25,7 @@ import mode
 from aiokafka import AIOKafkaProducer
 
 from skewwatch.agents.metrics import WorkerMetrics
+from skewwatch.agents.otlp_stage import OtlpStage, otlp_attribute_map
 from skewwatch.agents.stage1 import RequestStage
 from skewwatch.agents.stage2 import ModelStage
 from skewwatch.config import ConfigError, Settings, load_settings
@@ -46,6 +47,7 @@ class PipelineService(mode.Service):
         self.producer: AIOKafkaProducer | None = None
         self.stage1: RequestStage | None = None
         self.stage2: ModelStage | None = None
+        self.otlp: OtlpStage | None = None  # only when topics.otlp_spans is set (issue 7)
         self._stage_tasks: list[asyncio.Task[None]] = []
         self._stopping = False
 
@@ -66,6 +68,13 @@ class PipelineService(mode.Service):
             asyncio.ensure_future(self._supervise("stage1", self._new_stage1)),
             asyncio.ensure_future(self._supervise("stage2", self._new_stage2)),
         ]
+        if self.settings.topics.otlp_spans:
+            self._stage_tasks.append(asyncio.ensure_future(self._supervise("otlp", self._new_otlp)))
+
+    def _new_otlp(self) -> OtlpStage:
+        assert self.producer is not None
+        self.otlp = OtlpStage(self.settings, self.bootstrap, self.producer, self.metrics)
+        return self.otlp
 
     def _new_stage1(self) -> RequestStage:
         assert self.producer is not None
@@ -77,7 +86,7 @@ class PipelineService(mode.Service):
         self.stage2 = ModelStage(self.settings, self.bootstrap, self.producer, self.metrics)
         return self.stage2
 
-    async def _supervise(self, name: str, factory: Callable[[], RequestStage | ModelStage]) -> None:
+    async def _supervise(self, name: str, factory: Callable[[], RequestStage | ModelStage | OtlpStage]) -> None:
         """A bug must not take the worker down silently: log it, rebuild the stage from its
         last checkpoint and go on."""
         while not self._stopping:
@@ -92,7 +101,7 @@ class PipelineService(mode.Service):
 
     async def on_stop(self) -> None:
         self._stopping = True
-        for stage in (self.stage1, self.stage2):
+        for stage in (self.stage1, self.stage2, self.otlp):
             if stage is not None:
                 stage.stop()
         if self._stage_tasks:
@@ -161,6 +170,8 @@ def worker_command(bootstrap: str | None, config_path: str | None, web_port: int
     """Run a skewwatch worker (both stages, HTTP API, metrics) against a Kafka cluster."""
     try:
         settings = load_settings(config_path)
+        if settings.topics.otlp_spans:
+            otlp_attribute_map(settings)  # a bad [otlp] setting stops the worker here, not in a restart loop
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     bootstrap = bootstrap or settings.kafka.bootstrap
