@@ -291,7 +291,14 @@ class TelemetryJoin:
         reported = set().union(*(series.reported for series in keys.values()))
         stale: list[str] = []
         for group in FIELD_GROUPS:
-            chosen = self._choose(group, self._contributions(group, past, fresh, at, stale_after_s))
+            if reported.isdisjoint(group.fields):  # nobody gives this signal: unknown, not stale
+                continue
+            # per source, its GPUs that have ever given this signal
+            by_source: dict[str, list[Key]] = {}
+            for key in past:
+                if not keys[key].reported.isdisjoint(group.fields):
+                    by_source.setdefault(key[0], []).append(key)
+            chosen = self._choose(group, self._contributions(group, by_source, past, fresh, at, stale_after_s))
             if chosen is None:
                 stale.extend(name for name in group.fields if name in reported)
                 continue
@@ -304,12 +311,9 @@ class TelemetryJoin:
         return self._sample(replica, oldest, merged, used), at - oldest, stale
 
     @staticmethod
-    def _contributions(group: FieldGroup, past: dict[Key, list[TelemetrySample]], fresh: dict[Key, TelemetrySample],
-                       at: float, stale_after_s: float) -> dict[str, _Contribution]:
+    def _contributions(group: FieldGroup, by_source: dict[str, list[Key]], past: dict[Key, list[TelemetrySample]],
+                       fresh: dict[Key, TelemetrySample], at: float, stale_after_s: float) -> dict[str, _Contribution]:
         """What each source gives for ``group``: its GPUs combined."""
-        by_source: dict[str, list[Key]] = {}
-        for key in past:
-            by_source.setdefault(key[0], []).append(key)
         result: dict[str, _Contribution] = {}
         for source, source_keys in by_source.items():
             if group.kind == "counter":
