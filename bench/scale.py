@@ -184,9 +184,11 @@ def handoff_seconds(steps: list[ReplicaStep]) -> float:
 
 def measure_step_cost(n_replicas: int, models: int, rate: float, steps: int, warm: int) -> dict[str, Any]:
     fleet = Fleet(fleet_replicas(n_replicas, models), rate)
-    for _ in range(warm):  # fill every window (60 s = 12 buckets) and the detectors' state
+    for k in range(warm):  # fill every window (60 s = 12 buckets); the deciders' state in the last two
         fleet.feed()
-        fleet.decide(fleet.close())
+        closed = fleet.close()
+        if k >= warm - 2:
+            fleet.decide(closed)
     parts: dict[str, list[float]] = {"close_steps": [], "merge": [], "decide": [], "total": [], "handoff": []}
     for _ in range(steps):
         fleet.feed()
@@ -501,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", default="1000,10000,50000", help="step cost: replica counts")
     parser.add_argument("--models", type=int, default=50)
     parser.add_argument("--rate", type=float, default=3.0, help="requests/s per replica (event time)")
-    parser.add_argument("--steps", type=int, default=5, help="measured steps per replica count")
+    parser.add_argument("--steps", type=int, default=3, help="measured steps per replica count")
     parser.add_argument("--memory-replicas", type=int, default=10_000)
     parser.add_argument("--rss-replicas", type=int, default=10_000, help="0: skip the real worker's RSS")
     parser.add_argument("--rss-rate", type=float, default=1.0)

@@ -12,6 +12,7 @@ processed, and one poll of batched messages can hold most of the topic.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -26,7 +27,11 @@ _probe_path = os.environ.get("SKEWWATCH_BENCH_PROBE")
 async def _probed_process(self: stage1.RequestStage, batches: dict[Any, list[Any]]) -> None:
     global _probe_path
     if _probe_path is not None and any(batches.values()):
-        Path(_probe_path).write_text(json.dumps({"wall": time.time(), "cpu": time.process_time()}))
+        # the log levels in force: a DEBUG-enabled client logger costs a LogRecord per message sent
+        levels = {name or "root": logging.getLevelName(logging.getLogger(name).getEffectiveLevel())
+                  for name in ("", "aiokafka", "aiokafka.producer.producer", "skewwatch")}
+        Path(_probe_path).write_text(json.dumps({"wall": time.time(), "cpu": time.process_time(),
+                                                 "log_levels": levels}))
         _probe_path = None  # once
     await _original(self, batches)
 

@@ -6,10 +6,17 @@ samples with it anywhere on the stack (counted once per sample), its *self* shar
 with it as the leaf. Frames are named ``function (file)`` without line numbers, the file cut to
 its path below ``site-packages/`` or the repository, so one function is one row.
 
+With py-spy's ``--threads`` each stack starts with ``thread (ID): NAME``: the shares are then of the
+main thread's samples (the event loop, where the pipeline runs), and ``threads`` gives every
+thread's share of all samples (the worker's Faust app keeps a consumer thread that mostly waits).
+
 >>> text = "main (app.py:1);decode (skewwatch/schemas/requests.py:9) 3\\nmain (app.py:1);apply (w.py:2) 1\\n"
 >>> s = summarise(text)
 >>> s["samples"], s["inclusive"][0], s["self"][0]
 (4, ('main (app.py)', 1.0), ('decode (skewwatch/schemas/requests.py)', 0.75))
+>>> s = summarise("thread (1): MainThread;run (x.py:1) 3\\nthread (2): Thread-1;select (selectors.py:4) 1\\n")
+>>> s["samples"], s["threads"], s["self"]
+(3, {'MainThread': 0.75, 'Thread-1': 0.25}, [('run (x.py)', 1.0)])
 """
 
 from __future__ import annotations
@@ -41,29 +48,43 @@ def summarise(text: str, top: int = 25) -> dict[str, Any]:
     """Inclusive and self shares of the ``top`` functions (see the module docstring)."""
     inclusive: Counter[str] = Counter()
     leaf: Counter[str] = Counter()
+    threads: Counter[str] = Counter()
     total = 0
     for line in text.splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
         count = int(count_text)
-        frames = [_short(f) for f in stack.split(";")]
+        raw = stack.split(";")
+        if raw[0].startswith("thread ("):
+            thread = raw[0].split(": ", 1)[-1]
+            threads[thread] += count
+            raw = raw[1:]
+            if thread != "MainThread" or not raw:
+                continue
+        frames = [_short(f) for f in raw]
         total += count
         for name in set(frames):
             if not any(marker in name for marker in _PLUMBING):
                 inclusive[name] += count
         leaf[frames[-1]] += count
+    all_samples = sum(threads.values())
+    shares = {name: round(n / all_samples, 3) for name, n in threads.most_common()} if all_samples else {}
     if not total:
-        return {"samples": 0, "inclusive": [], "self": []}
+        return {"samples": 0, "threads": shares, "inclusive": [], "self": []}
     return {
         "samples": total,
+        "threads": shares,
         "inclusive": [(name, round(n / total, 3)) for name, n in inclusive.most_common(top)],
         "self": [(name, round(n / total, 3)) for name, n in leaf.most_common(top)],
     }
 
 
 def format_summary(summary: dict[str, Any], title: str) -> str:
-    lines = [f"{title}: {summary['samples']} samples", "  inclusive (on the stack)"]
+    lines = [f"{title}: {summary['samples']} samples of the main thread"]
+    if summary.get("threads"):
+        lines.append("  threads: " + ", ".join(f"{name} {share:.0%}" for name, share in summary["threads"].items()))
+    lines.append("  inclusive (on the stack)")
     lines += [f"    {share:6.1%}  {name}" for name, share in summary["inclusive"]]
     lines.append("  self (leaf)")
     lines += [f"    {share:6.1%}  {name}" for name, share in summary["self"]]

@@ -106,8 +106,9 @@ class BenchWorker:
     def profile_start(self, path: Path, rate: int = 100) -> None:
         """Sample the worker with py-spy (collapsed stacks to ``path``) until :meth:`profile_stop`."""
         self._spy = subprocess.Popen(
-            [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(self.pid), "--format", "raw",
-             "--rate", str(rate), "-o", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(self.pid), "--threads",
+             "--format", "raw", "--rate", str(rate), "-o", str(path)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def profile_stop(self) -> None:
         if self._spy is not None and self._spy.poll() is None:
