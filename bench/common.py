@@ -1,0 +1,201 @@
+"""Shared harness of the issue 5 benchmarks (``bench/quality.py``, ``bench/routing.py``).
+
+Both put the *real* pipeline in the measurement: ``skewwatch worker`` as a child process on a
+real Kafka broker (``KAFKA_BOOTSTRAP``, or the embedded broker started once per suite), a fresh
+set of topics and consumer group per run (``tests.conftest.unique_settings``), and a detector
+profile chosen by name:
+
+- ``seed``: the defaults, i.e. the seed's rules exactly as the detectors implement them;
+- ``tuned``: ``bench/profiles/tuned.toml`` on top of them (offered *beside* the seed's
+  defaults where the quality benchmark shows a seed default missing its target; nothing in
+  the package changes).
+
+A profile is handed to the worker as ``SKEWWATCH_CONFIG`` (environment variables still win, so
+the per-run topic names of :func:`tests.integration.worker_proc.settings_env` apply on top).
+
+>>> sorted(PROFILES)
+['seed', 'tuned']
+>>> detector_settings("seed").detectors["long_tail"].ratio
+3.0
+>>> profile_env("seed")
+{}
+>>> persistence_s(detector_settings("seed"), "long_tail")
+15.0
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # `python bench/quality.py` puts bench/ first on the path, not the repo
+    sys.path.insert(0, str(REPO))
+
+from skewwatch.config import Settings, load_settings  # noqa: E402
+from skewwatch.pipeline.decide import DetectorSettings  # noqa: E402
+
+RESULTS = REPO / "bench" / "results"
+PROFILE_DIR = REPO / "bench" / "profiles"
+PROFILES: dict[str, Path | None] = {"seed": None, "tuned": PROFILE_DIR / "tuned.toml"}
+STEP_S = 5.0  # the pipeline's step (seed §2.5)
+# The closed loop needs a correction every step (the default heartbeat publishes every 30 s or on
+# change); the quality benchmark reads the weights' per-step series the same way.
+EVERY_STEP_ENV = {"SKEWWATCH_DETECTORS__CORRECTIONS__HEARTBEAT_S": "5"}
+
+
+def profile_env(profile: str) -> dict[str, str]:
+    """Environment that makes a worker load ``profile`` (empty for the seed's defaults)."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r} (known: {', '.join(PROFILES)})")
+    path = PROFILES[profile]
+    return {} if path is None else {"SKEWWATCH_CONFIG": str(path)}
+
+
+def detector_settings(profile: str) -> DetectorSettings:
+    """The detector settings a worker runs with under ``profile`` (ignores this process's env)."""
+    path = PROFILES[profile]
+    return DetectorSettings.from_settings(load_settings(path, env={}))
+
+
+def persistence_s(settings: DetectorSettings, detector: str) -> float:
+    """Seconds of persistence before ``detector`` can open (its ``persistence`` steps x 5 s).
+
+    ``gpu_health`` opens on the step that sees the error; the weights' staleness rule needs
+    ``stale_steps`` silent steps; the latency weight reacts on the next step.
+    """
+    if detector == "gpu_health":
+        return STEP_S
+    if detector == "stale":
+        return settings.weights.stale_steps * STEP_S
+    if detector == "weights":
+        return STEP_S
+    return float(settings.detectors[detector].persistence) * STEP_S
+
+
+@contextmanager
+def kafka(workdir: Path) -> Iterator[str]:
+    """``host:port`` of ``KAFKA_BOOTSTRAP``, or of an embedded broker started for the suite."""
+    from bench.throughput.common import broker_bootstrap
+
+    with broker_bootstrap(workdir) as bootstrap:
+        yield bootstrap
+
+
+def fresh_settings(bootstrap: str, partitions: int = 2) -> Settings:
+    """Settings with fresh topic names and group id, the topics created (one set per run)."""
+    from skewwatch.topics import ensure_topics
+    from tests.conftest import unique_settings
+
+    settings = unique_settings(bootstrap, partitions)
+    asyncio.run(ensure_topics(bootstrap, settings))
+    return settings
+
+
+def delete_run_topics(bootstrap: str, settings: Settings) -> None:
+    """Best effort: a suite creates ~100 topics; keep a shared cluster tidy."""
+    from skewwatch.topics import delete_topics
+    from tests.conftest import topic_names
+
+    try:
+        asyncio.run(delete_topics(bootstrap, topic_names(settings)))
+    except Exception as exc:  # noqa: BLE001 - cleanup must never fail a benchmark
+        print(f"  (could not delete the run's topics: {exc})", file=sys.stderr)
+
+
+class Worker:
+    """``skewwatch worker`` in a child process with ``settings`` and a profile, run in ``workdir``.
+
+    The working directory matters: the worker keeps Faust's ``<group>-data`` directory there,
+    and a benchmark starts dozens of workers (the tests' helper runs them in the repo root).
+    """
+
+    def __init__(self, settings: Settings, workdir: Path, profile: str, extra_env: dict[str, str] | None = None,
+                 name: str = "worker") -> None:
+        from tests.integration.worker_proc import free_port, settings_env
+
+        self.port = free_port()
+        self.workdir = workdir
+        self.log_path = workdir / f"{name}.log"
+        # the caller's own SKEWWATCH_* settings would silently change what is measured: only the profile counts
+        inherited = {k: v for k, v in os.environ.items()
+                     if k not in ("KAFKA_BOOTSTRAP", "SKEWWATCH_CONFIG")
+                     and not (k.startswith("SKEWWATCH_") and "__" in k)}
+        self.env = {**inherited, **profile_env(profile), **settings_env(settings), **(extra_env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 90.0) -> Worker:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "skewwatch", "worker", "--web-port", str(self.port), "--loglevel", "warning"],
+            cwd=self.workdir, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"worker not healthy after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def __enter__(self) -> Worker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def read_topics(bootstrap: str, topics: Sequence[str], done: Callable[[list[Any]], bool],
+                timeout_s: float) -> list[Any]:
+    """Records of ``topics`` from the beginning until ``done(records)`` or ``timeout_s`` (wall)."""
+    from tests.integration.worker_proc import consume_until
+
+    return asyncio.run(consume_until(bootstrap, list(topics), done, timeout_s))
+
+
+def quantile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank quantile (``q`` in [0, 1]) of measured values; None when there are none.
+
+    >>> quantile([4.0, 1.0, 3.0, 2.0], 0.5), quantile([4.0, 1.0, 3.0, 2.0], 0.95), quantile([], 0.5)
+    (2.0, 4.0, None)
+    """
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 1))  # ceil(n q), at least 1: a measured value, not interpolated
+    return float(ordered[min(int(rank), len(ordered)) - 1])
+
+
+def machine() -> dict[str, Any]:
+    from bench.throughput.common import machine_info
+
+    return machine_info()
