@@ -447,9 +447,7 @@ def table(summary: Mapping[str, Any]) -> str:
             "target delay (s) | false alerts / h (clean) |")
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for detector, s in summary["detectors"].items():
-        met = s["targets_met"]
-
-        def mark(key: str) -> str:
+        def mark(key: str, met: Mapping[str, bool | None] = s["targets_met"]) -> str:
             return " ✗" if met[key] is False else ""
 
         lines.append(
