@@ -6,10 +6,22 @@ topic (both encodings the Collector's Kafka exporter writes)". Runs in the worke
 
 Each record value is one complete ``ExportTraceServiceRequest`` (protobuf or OTLP/JSON, setting
 ``otlp.encoding``: ``auto`` detects per record) keyed by nothing or by trace id, so the events it
-holds are **re-keyed by replica**: per poll, the valid events of every record are grouped by
-replica and published on ``topics.requests`` as ``{"v": 1, "events": [...]}`` messages (at most
-``otlp.max_events_per_message`` each), key = replica. Stage 1 then windows them like any other
-request events (and derives their batch size from telemetry, contract v1.1).
+holds are **re-keyed by replica**: per poll (all partitions together), the valid events of every
+record are grouped by replica, **sorted by event time** and published on ``topics.requests`` as
+``{"v": 1, "events": [...]}`` messages (at most ``otlp.max_events_per_message`` each), key =
+replica. Stage 1 then windows them like any other request events (and derives their batch size
+from telemetry, contract v1.1).
+
+Event-time order: the exporter spreads one replica's spans over every partition of the OTLP topic
+(nil keys go to any partition, trace-id keys hash anywhere), so they are read in no particular
+order, and stage 1 counts an event more than ``window.allowed_lateness_s`` behind its replica's
+newest as late. Two measures keep them in order: a poll's events are sorted (all partitions
+together), and the partitions are **aligned** (as Flink's watermark alignment): with ``floor`` the
+earliest next event time of the partitions that still have a backlog, a record whose oldest event
+is more than half the allowed lateness past ``floor`` is not processed yet: its partition is
+rewound to it (``seek``) and paused until the others catch up. The partition defining ``floor``
+always advances, so nothing stalls. Live, every partition is read at its end and nothing waits;
+catching up on a backlog, the partitions advance together in event time.
 
 * Spans that are not inference requests are skipped and counted
   (``skewwatch_otlp_spans_skipped_total{reason}``), never dead-lettered.
@@ -35,12 +47,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.config import ConfigError, Settings
@@ -74,6 +87,55 @@ def otlp_attribute_map(settings: Settings) -> AttributeMap:
 
 
 @dataclass(slots=True)
+class DecodedRecord:
+    """One OTLP record: its valid events, why the others were rejected, what it skipped."""
+
+    events: list[dict[str, Any]]
+    rejects: list[Rejection]
+    skipped: Counter[str]
+    spans: int
+
+    @property
+    def oldest(self) -> float | None:
+        return min((float(e["ts"]) for e in self.events), default=None)
+
+    @property
+    def newest(self) -> float | None:
+        return max((float(e["ts"]) for e in self.events), default=None)
+
+
+def decode_record(value: bytes | None, settings: Settings, attribute_map: AttributeMap) -> DecodedRecord:
+    """Decode one OTLP record value and validate its events as the worker will (contract v1.1)."""
+    result = decode_otlp_traces(value, cast(Encoding, settings.otlp.encoding), attribute_map)
+    rejects = list(result.rejections)
+    events = []
+    for position, event in enumerate(result.events):
+        problem = check_request_event(event, settings.limits)
+        if problem is None:
+            events.append(event)
+        else:
+            rejects.append(Rejection(problem.reason_code, f"request {event.get('request_id')}: {problem.reason}",
+                                     position))
+    return DecodedRecord(events, rejects, result.skipped, result.spans_total)
+
+
+def requests_messages(records: list[DecodedRecord], max_events_per_message: int) -> list[tuple[bytes, bytes]]:
+    """The records' events re-keyed by replica: ``(replica key, {"v": 1, "events": [...]})`` messages,
+    each replica's events sorted by ``ts`` (records of several partitions interleave in no order)."""
+    by_replica: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        for event in record.events:
+            by_replica.setdefault(str(event["replica"]), []).append(event)
+    messages = []
+    for replica, events in by_replica.items():
+        events.sort(key=_event_time)  # stable: equal times keep the records' order
+        key = replica.encode()
+        messages += [(key, encode_request_events(events[i:i + max_events_per_message]))
+                     for i in range(0, len(events), max_events_per_message)]
+    return messages
+
+
+@dataclass(slots=True)
 class TranslatedPoll:
     """What a poll of OTLP records becomes: messages for ``llm.requests`` and what was left out."""
 
@@ -87,33 +149,24 @@ class TranslatedPoll:
 def translate_records(values: list[bytes | None], settings: Settings,
                       attribute_map: AttributeMap | None = None) -> TranslatedPoll:
     """Decode OTLP record values, validate the events as the worker will, re-key them by replica.
-
-    No I/O: the stage produces what this returns. Events keep the order of the records and of the
-    spans within them; a replica's events of the whole poll travel together (fewer, larger messages).
-    """
+    No I/O: the stage produces what this returns (less the records it holds back to align partitions)."""
     amap = attribute_map if attribute_map is not None else otlp_attribute_map(settings)
-    encoding = cast(Encoding, settings.otlp.encoding)
-    out = TranslatedPoll()
-    by_replica: dict[str, list[dict[str, Any]]] = {}
-    for value in values:
-        result = decode_otlp_traces(value, encoding, amap)
-        rejects = list(result.rejections)
-        for position, event in enumerate(result.events):
-            problem = check_request_event(event, settings.limits)
-            if problem is not None:
-                rejects.append(Rejection(problem.reason_code,
-                                         f"request {event.get('request_id')}: {problem.reason}", position))
-                continue
-            by_replica.setdefault(str(event["replica"]), []).append(event)
-            out.events += 1
-        out.rejects.append(rejects)
-        out.skipped.update(result.skipped)
-        out.spans += result.spans_total
-    chunk = settings.otlp.max_events_per_message
-    for replica, events in by_replica.items():
-        key = replica.encode()
-        out.messages.extend((key, encode_request_events(events[i:i + chunk])) for i in range(0, len(events), chunk))
+    records = [decode_record(value, settings, amap) for value in values]
+    return _summarise(records, settings)
+
+
+def _summarise(records: list[DecodedRecord], settings: Settings) -> TranslatedPoll:
+    out = TranslatedPoll(messages=requests_messages(records, settings.otlp.max_events_per_message))
+    for record in records:
+        out.rejects.append(record.rejects)
+        out.skipped.update(record.skipped)
+        out.spans += record.spans
+        out.events += len(record.events)
     return out
+
+
+def _event_time(event: dict[str, Any]) -> float:
+    return float(event["ts"])
 
 
 class OtlpStage:
@@ -130,6 +183,10 @@ class OtlpStage:
         self.attribute_map = otlp_attribute_map(settings)
         self.consumer: AIOKafkaConsumer | None = None
         self._stopping = asyncio.Event()
+        # per partition, for the alignment: the newest event time published, and the oldest event
+        # time of the record it was rewound to (held back, waiting for the slower partitions)
+        self.progress: dict[TopicPartition, float] = {}
+        self.waiting: dict[TopicPartition, float] = {}
 
     async def run(self) -> None:
         kafka = self.settings.kafka
@@ -146,41 +203,99 @@ class OtlpStage:
         try:
             while not self._stopping.is_set():
                 batches = await self.consumer.getmany(timeout_ms=200, max_records=_MAX_RECORDS_PER_POLL)
-                commits = {}
-                for tp, records in batches.items():
-                    if records:
-                        await self._process(tp.topic, tp.partition, records)
-                        commits[tp] = records[-1].offset + 1
+                commits = await self._process(batches) if batches else {}
                 if commits:
                     try:
                         await self.consumer.commit(commits)
                     except Exception as exc:  # a rebalance: the records come again (at least once)
                         log.warning("OTLP offset commit failed (rebalance in progress?): %s", exc)
+                await self._align()
         finally:
             await self.consumer.stop()
 
     def stop(self) -> None:
         self._stopping.set()
 
-    async def _process(self, topic: str, partition: int, records: list[Any]) -> None:
-        self.metrics.messages_in.labels(topic).inc(len(records))
-        poll = translate_records([r.value for r in records], self.settings, self.attribute_map)
+    def _next_time(self, tp: TopicPartition) -> float:
+        """Lower bound of the event times a partition will publish next."""
+        return self.waiting.get(tp, self.progress.get(tp, -math.inf))
+
+    async def _behind(self) -> list[TopicPartition]:
+        """Assigned partitions with a backlog (or not fetched yet: assume one)."""
+        consumer = self.consumer
+        assert consumer is not None
+        out = []
+        for tp in consumer.assignment():
+            high = consumer.highwater(tp)
+            try:
+                position = await asyncio.wait_for(consumer.position(tp), 1.0)
+            except Exception:  # rebalancing, or no position yet
+                position = None
+            if high is None or position is None or position < high:
+                out.append(tp)
+        return out
+
+    async def _align(self) -> None:
+        """Pause the partitions ahead of the slowest one with a backlog; resume the others."""
+        consumer = self.consumer
+        assert consumer is not None
+        slack = self.settings.window.allowed_lateness_s / 2
+        floor = min((self._next_time(tp) for tp in await self._behind()), default=None)
+        paused = consumer.paused()
+        for tp in consumer.assignment():
+            ahead = floor is not None and self._next_time(tp) > floor + slack
+            if ahead and tp not in paused:
+                consumer.pause(tp)
+            elif not ahead and tp in paused:
+                consumer.resume(tp)
+
+    async def _process(self, batches: dict[TopicPartition, list[Any]]) -> dict[TopicPartition, int]:
+        """Decode a poll, publish what is in event-time reach (and the dead letters), wait until the
+        broker acknowledged it; rewind the partitions whose records must wait. The offsets to commit."""
+        consumer = self.consumer
+        assert consumer is not None
+        topics = self.settings.topics
+        self.metrics.messages_in.labels(topics.otlp_spans).inc(sum(len(part) for part in batches.values()))
+        decoded = {tp: [decode_record(r.value, self.settings, self.attribute_map) for r in part]
+                   for tp, part in batches.items() if part}
+        # floor: the earliest next event time among this poll's partitions and the backlogged others
+        candidates = [next((d.oldest for d in records if d.oldest is not None), math.inf)
+                      for records in decoded.values()]
+        candidates += [self._next_time(tp) for tp in await self._behind() if tp not in decoded]
+        limit = min(candidates, default=math.inf) + self.settings.window.allowed_lateness_s / 2
+        kept: list[tuple[TopicPartition, Any, DecodedRecord]] = []
+        commits: dict[TopicPartition, int] = {}
+        for tp, records in decoded.items():
+            self.waiting.pop(tp, None)
+            for record, result in zip(batches[tp], records, strict=True):
+                oldest = result.oldest
+                if oldest is not None and oldest > limit:  # ahead of a slower partition: later
+                    consumer.seek(tp, record.offset)
+                    self.waiting[tp] = oldest
+                    break
+                kept.append((tp, record, result))
+                commits[tp] = record.offset + 1
+                newest = result.newest
+                if newest is not None:
+                    self.progress[tp] = max(self.progress.get(tp, -math.inf), newest)
+        poll = _summarise([result for _, _, result in kept], self.settings)
         self.metrics.otlp_spans_in.inc(poll.spans)
         for reason, count in poll.skipped.items():
             self.metrics.otlp_spans_skipped.labels(reason).inc(count)
-        topics = self.settings.topics
         pending = [await self.producer.send(topics.requests, key=key, value=value) for key, value in poll.messages]
         now = time.time()
-        for record, rejects in zip(records, poll.rejects, strict=True):
+        for (tp, record, _), rejects in zip(kept, poll.rejects, strict=True):
             if not rejects:
                 continue
             for reject in rejects:
                 self.metrics.rejected.labels(reject.reason_code).inc()
-            dead = dead_letter_record(source_topic=topic, partition=partition, offset=record.offset,
+            dead = dead_letter_record(source_topic=tp.topic, partition=tp.partition, offset=record.offset,
                                       key=record.key, value=record.value, rejects=rejects, ts=now)
             pending.append(await self.producer.send(topics.dead_letter, key=record.key, value=dead))
         await asyncio.gather(*pending)  # acknowledged (acks=all) before the offsets are committed
         self.metrics.otlp_events_out.inc(poll.events)
+        return commits
 
 
-__all__ = ["OtlpStage", "TranslatedPoll", "otlp_attribute_map", "translate_records"]
+__all__ = ["DecodedRecord", "OtlpStage", "TranslatedPoll", "decode_record", "otlp_attribute_map",
+           "requests_messages", "translate_records"]
