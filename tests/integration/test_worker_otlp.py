@@ -48,7 +48,10 @@ MODEL = "llama-3-8b"
 END = T0 + 60  # the window [T0, T0 + 60) holds every generated request
 
 
-def vllm_spans(replica: str, seed: int, n: int) -> tuple[list[dict[str, Any]], list[tuple[str, SpanKind, dict, int, int]]]:
+SpanSpec = tuple[str, SpanKind, dict, int, int]  # (name, kind, attributes, start ns, end ns)
+
+
+def vllm_spans(replica: str, seed: int, n: int) -> tuple[list[dict[str, Any]], list[SpanSpec]]:
     """``n`` vLLM-shaped ``llm_request`` spans finishing in [T0, T0 + 60), and the events they stand for."""
     rng = np.random.default_rng(seed)
     ends = np.sort(rng.uniform(T0 + 0.5, END - 0.5, n))
@@ -65,13 +68,13 @@ def vllm_spans(replica: str, seed: int, n: int) -> tuple[list[dict[str, Any]], l
     return truth, spans
 
 
-def export_request(replica: str, spans: list[tuple[str, SpanKind, dict, int, int]]) -> ExportTraceServiceRequest:
+def export_request(replica: str, spans: list[SpanSpec]) -> ExportTraceServiceRequest:
     """What vLLM's exporter sends (the SDK's own encoder), model and replica as resource attributes."""
     resource = {"service.name": "vllm", "service.instance.id": replica, "gen_ai.request.model": MODEL}
     return encode_spans(record_spans(resource, spans))
 
 
-def advance_span(replica: str, ts: float) -> tuple[str, SpanKind, dict, int, int]:
+def advance_span(replica: str, ts: float) -> SpanSpec:
     """A request far enough ahead to close every step up to ``ts - lateness``."""
     end_ns = int(ts * 1e9)
     return ("llm_request", SpanKind.SERVER, {"gen_ai.request.id": f"adv-{replica}", "gen_ai.usage.prompt_tokens": 1,
