@@ -50,6 +50,7 @@ import logging
 import math
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -146,7 +147,7 @@ class TranslatedPoll:
     events: int = 0  # events in `messages`
 
 
-def translate_records(values: list[bytes | None], settings: Settings,
+def translate_records(values: Sequence[bytes | None], settings: Settings,
                       attribute_map: AttributeMap | None = None) -> TranslatedPoll:
     """Decode OTLP record values, validate the events as the worker will, re-key them by replica.
     No I/O: the stage produces what this returns (less the records it holds back to align partitions)."""

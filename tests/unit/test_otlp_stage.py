@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 import pytest
 from opentelemetry.trace import SpanKind
@@ -31,11 +33,12 @@ def test_malformed_records_and_contract_violations_are_rejected_other_spans_coun
     settings = Settings()
     settings.limits.max_tokens = 100
     resource = {"service.instance.id": "vllm-0", "gen_ai.request.model": "m"}
-    spans = [("llm_request", SpanKind.SERVER, {"gen_ai.request.id": "big", "gen_ai.usage.prompt_tokens": 500,
-                                               "gen_ai.usage.completion_tokens": 1}, T0_NS, T0_NS + 10**6),
-             ("llm_request", SpanKind.SERVER, {"gen_ai.usage.prompt_tokens": 5, "gen_ai.usage.completion_tokens": 1},
-              T0_NS, T0_NS + 10**6),
-             ("GET /health", SpanKind.SERVER, {}, T0_NS, T0_NS + 10**6)]
+    big = {"gen_ai.request.id": "big", "gen_ai.usage.prompt_tokens": 500, "gen_ai.usage.completion_tokens": 1}
+    fine = {"gen_ai.usage.prompt_tokens": 5, "gen_ai.usage.completion_tokens": 1}
+    spans: list[tuple[str, SpanKind, dict[str, Any], int, int]] = [
+        ("llm_request", SpanKind.SERVER, big, T0_NS, T0_NS + 10**6),
+        ("llm_request", SpanKind.SERVER, fine, T0_NS, T0_NS + 10**6),
+        ("GET /health", SpanKind.SERVER, {}, T0_NS, T0_NS + 10**6)]
     payload = encode_spans(record_spans(resource, spans)).SerializeToString()
     poll = translate_records([payload, b"\x00garbage", None], settings)
     assert poll.events == 1 and dict(poll.skipped) == {"not_inference": 1}

@@ -276,7 +276,7 @@ def test_batch_statistics() -> None:
 
 def test_unknown_batches_are_not_zero_and_derived_ones_are_counted() -> None:
     windows = PartitionWindows(SETTINGS)
-    no_batch = {"batch_size": None, "batch_capacity": None}
+    no_batch: dict[str, Any] = {"batch_size": None, "batch_capacity": None}
     windows.apply(RequestColumns.from_rows(
         [event(101.0 + i, replica="otlp", **no_batch) for i in range(3)]
         + [event(101.0, replica="mixed", batch_size=2, batch_capacity=8),
