@@ -29,12 +29,13 @@ clean traffic is built to sit inside every rule. Both are reported; they disagre
   ``slow_replica``. They open on the first correction that holds and resolve after two that
   do not.
 - An alert is a true positive when a label on the same model and replica, of a kind that
-  detector is meant for (:data:`DETECTOR_OF`), has ``start <= alert <= end + GRACE_S`` (the
-  60 s window still holds the fault's requests after it ends, and slowed requests finish late).
-  Everything else is a false positive, including another detector firing on a faulty replica.
-- Recall: labels with a true positive / labels. Delay: first true positive - label start, in
-  event time. Precision: true / all alerts of the detector. False alerts per hour: alerts on the
-  clean pools per simulated hour of one 4-replica pool.
+  detector is meant for (:data:`DETECTOR_OF`; the weights accept any fault but a silence, see
+  :data:`ACCEPTS`), has ``start <= alert <= end + GRACE_S`` (the 60 s window still holds the
+  fault's requests after it ends, and slowed requests finish late). Everything else is a false
+  positive, including another detector firing on a faulty replica.
+- Recall: labels of the detector's own kind with a true positive / those labels. Delay: first
+  true positive - label start, in event time. Precision: true / all alerts of the detector.
+  False alerts per hour: alerts on the clean pools per simulated hour of one 4-replica pool.
 
 Targets (issue 5): recall >= 0.95, precision >= 0.95, median delay <= persistence + 10 s, at
 most 1 false alert per simulated hour.
@@ -96,6 +97,12 @@ DETECTOR_OF: dict[str, str] = {
 }
 DETECTORS: tuple[str, ...] = tuple(DETECTOR_OF.values())
 FAULT_KINDS: tuple[str, ...] = tuple(DETECTOR_OF)
+# detector -> the fault kinds where its alert is right. A detector is right on its own kind; the
+# weights are also right to drop on any degraded replica (that is what they are for), so a drop
+# during another fault is not a false alert, though only slow_replica counts for their recall.
+ACCEPTS: dict[str, frozenset[str]] = {
+    detector: frozenset({kind for kind, d in DETECTOR_OF.items() if d == detector}) for detector in DETECTORS}
+ACCEPTS["weights"] = frozenset(FAULT_KINDS) - {"replica_silence"}
 CLEAN_POOLS: tuple[str, ...] = ("clean-a", "clean-b")
 REPLICAS = 4  # per pool
 START_TS = 1_700_000_000.0
@@ -220,13 +227,14 @@ def weight_episodes(corrections: Iterable[Mapping[str, Any]], scored_from: float
 
 
 def match(episode: Episode, labels: Sequence[Label], grace_s: float = GRACE_S) -> Label | None:
-    """The label this alert detects (same model and replica, a kind meant for its detector, in time)."""
-    for label in labels:
-        if (label.model == episode.model and label.replica == episode.replica
-                and DETECTOR_OF.get(label.kind) == episode.detector
-                and label.start <= episode.start <= label.end + grace_s):
-            return label
-    return None
+    """The label this alert is right about (same model and replica, a kind its detector accepts, in
+    time), preferring a label of the detector's own kind."""
+    accepted = ACCEPTS.get(episode.detector, frozenset())
+    hits = [label for label in labels
+            if label.model == episode.model and label.replica == episode.replica and label.kind in accepted
+            and label.start <= episode.start <= label.end + grace_s]
+    hits.sort(key=lambda label: DETECTOR_OF.get(label.kind) != episode.detector)
+    return hits[0] if hits else None
 
 
 def context(episode: Episode, labels: Sequence[Label], grace_s: float = GRACE_S) -> str:
@@ -261,7 +269,8 @@ def score(episodes: Sequence[Episode], labels: Sequence[Label], clean_models: Se
             lb = match(e, labels, grace_s)
             if lb is not None:
                 true += 1
-                first[lb] = min(first.get(lb, e.start), e.start)
+                if DETECTOR_OF.get(lb.kind) == detector:  # recall and delay: on its own kind only
+                    first[lb] = min(first.get(lb, e.start), e.start)
         delays = sorted(round(first[lb] - lb.start, 3) for lb in targets if lb in first)
         clean_false = sum(1 for e in mine if e.model in clean_models)
         out[detector] = {

@@ -1,0 +1,386 @@
+"""The seed's routing table, reproduced on the fleet simulator (issue 5, benchmark 2).
+
+Seed claim (DESIGN.md item 1), P99 latency deviation / GPU-utilisation spread: round robin
+±380 ms / ±22 %, least connections ±290 ms / ±18 %, multi-signal dynamic weights ±65 ms / ±5 %.
+
+**Scenario** (one for every policy, so only the router differs): the bundled Azure ``conv``
+trace, ``REPLICAS`` replicas of one 70B-class model, ``LOAD`` of the fleet's estimated capacity,
+``RUN_S`` of arrivals, seed ``SEED``, and the faults of :data:`FAULTS` — a thermally throttled
+replica for most of the run, KV-cache fragmentation and a batch-scheduler collapse, each on
+another replica. (No context burst: in the simulator a burst belongs to the replica — whatever
+is routed there gets long prompts — so it says nothing about a router.) The first ``WARMUP_S`` are not measured.
+
+**Policies.** ``round_robin`` and ``least_connections`` are the simulator's routers. ``dynamic``
+is the pipeline in the loop: the real ``skewwatch worker`` on a real broker reads the
+simulator's events and telemetry and publishes ``llm.routing-corrections``; the simulator
+applies each step's correction before simulating the next step (lockstep on event time,
+:func:`skewwatch.sim.loop.run_kafka_loop`, two steps of lag for the allowed lateness). It runs
+once per detector profile (``seed``: the seed's formula and defaults; ``tuned``:
+``bench/profiles/tuned.toml``). An extra row, ``dynamic (in-process)``, closes the same loop
+with the pure weights (:class:`~skewwatch.sim.loop.LocalWeightsLoop`: no Kafka, no lag, no
+detectors' actions), for comparison only.
+
+**Definitions** (:func:`routing_metrics`; requests that *arrived* in the measured span):
+
+- *P99 latency deviation* = population standard deviation, across replicas, of each replica's
+  P99 end-to-end latency over the whole measured span (successful requests), in ms — the
+  seed's "±" figure. Its *variation over 5 s steps*: at every step end t, each replica's P99
+  over the requests that finished in [t − 60 s, t) (replicas with at least ``MIN_STEP_COUNT``),
+  the std across replicas; reported as mean and P95 over the steps.
+- *GPU-utilisation spread* = population std across replicas of each replica's mean utilisation
+  (simulated SM activity, telemetry every 5 s), in percentage points; per step: the std across
+  replicas of that step's samples, mean and P95.
+- Fleet P99 (all successful requests), throughput (successful requests per second of the
+  measured span), CUDA-failed requests, and dropped requests (never served: could not fit the
+  KV cache, or still in flight when the drain limit passed).
+
+    .venv/bin/python bench/routing.py            # ~5 min on 2 cores
+    .venv/bin/python bench/routing.py --quick    # 5 simulated minutes
+
+Prints the table, writes ``bench/results/routing.json`` and ``bench/results/routing.png``.
+
+>>> import numpy as np
+>>> from skewwatch.pipeline.events import RequestColumns
+>>> rows = [dict(request_id=f"{r}{i}", ts=100.0 + i, model="m", replica=r, latency_ms=lat, prompt_tokens=1,
+...              completion_tokens=1) for r, lat in (("a", 100.0), ("b", 300.0)) for i in range(10)]
+>>> m = routing_metrics(RequestColumns.from_rows(rows), [], t0=90.0, t1=120.0)
+>>> m["p99_deviation_ms"], m["replicas"]["a"]["share"], m["fleet_latency_p99_ms"]
+(100.0, 0.5, 300.0)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.common import (  # noqa: E402
+    EVERY_STEP_ENV,
+    RESULTS,
+    Worker,
+    delete_run_topics,
+    fresh_settings,
+    kafka,
+    machine,
+)
+from skewwatch.pipeline.events import RequestColumns  # noqa: E402
+from skewwatch.pipeline.telemetry import TelemetrySample  # noqa: E402
+from skewwatch.sim.faults import Injection  # noqa: E402
+
+START_TS = 1_700_000_000.0
+REPLICAS = 8
+LOAD = 0.7
+SEED = 1
+RUN_S = 1200.0
+WARMUP_S = 60.0
+WINDOW_S, STEP_S = 60.0, 5.0
+MIN_STEP_COUNT = 10  # a replica's P99 over fewer requests in a 60 s window is its maximum: not used
+# (kind, replica, at_s, for_s, params): what goes wrong, the same under every policy
+FAULTS: tuple[tuple[str, str, float, float, dict[str, Any]], ...] = (
+    ("slow_replica", "r1", 120.0, 960.0, {"factor": 1.5}),  # thermal throttling for most of the run
+    ("kv_pressure", "r3", 300.0, 400.0, {}),  # fragmentation: less usable KV, lower hit rate
+    ("batch_collapse", "r5", 600.0, 180.0, {}),  # scheduler stuck at small batches
+)
+SEED_TABLE: dict[str, tuple[float, float]] = {  # the seed's claim: P99 deviation (ms), utilisation spread (%)
+    "round_robin": (380.0, 22.0),
+    "least_connections": (290.0, 18.0),
+    "dynamic": (65.0, 5.0),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    replicas: int = REPLICAS
+    load: float = LOAD
+    seed: int = SEED
+    run_s: float = RUN_S
+    warmup_s: float = WARMUP_S
+
+    def injections(self) -> tuple[Injection, ...]:
+        return tuple(Injection(kind, replica, at, min(dur, max(self.run_s - at, 1.0)), params)
+                     for kind, replica, at, dur, params in FAULTS
+                     if int(replica[1:]) < self.replicas and at < self.run_s)
+
+
+# ----------------------------------------------------------------------------- metrics (pure)
+
+
+def _p99(values: np.ndarray) -> float | None:
+    return float(np.percentile(values, 99)) if len(values) else None
+
+
+def _std(values: Sequence[float]) -> float | None:
+    return float(np.std(values)) if len(values) > 1 else None
+
+
+def _series_stats(series: Sequence[float]) -> dict[str, float | None]:
+    if not series:
+        return {"mean": None, "p95": None, "std": None}
+    arr = np.asarray(series, dtype=float)
+    return {"mean": float(arr.mean()), "p95": float(np.percentile(arr, 95)), "std": float(arr.std())}
+
+
+def routing_metrics(requests: RequestColumns, telemetry: Sequence[TelemetrySample], t0: float, t1: float,
+                    dropped: int = 0) -> dict[str, Any]:
+    """The table's numbers for requests that arrived in ``[t0, t1)`` (see the module docstring)."""
+    arrival = requests.ts - requests.latency_ms / 1000.0
+    cols = requests.take((arrival >= t0) & (arrival < t1))
+    ok = ~cols.is_error
+    names = sorted(set(cols.replica.tolist()) | {s.replica for s in telemetry})
+    per: dict[str, dict[str, Any]] = {}
+    for name in names:
+        mine = cols.replica == name
+        util = [s.utilization_gpu for s in telemetry
+                if s.replica == name and s.utilization_gpu is not None and t0 < s.ts <= t1]
+        per[name] = {"requests": int(mine.sum()), "share": float(mine.mean()) if len(cols) else 0.0,
+                     "latency_p99_ms": _p99(cols.latency_ms[mine & ok]),
+                     "utilization_mean_pct": 100.0 * float(np.mean(util)) if util else None}
+    p99s = [p["latency_p99_ms"] for p in per.values() if p["latency_p99_ms"] is not None]
+    utils = [p["utilization_mean_pct"] for p in per.values() if p["utilization_mean_pct"] is not None]
+    # per 5 s step: P99 per replica over the 60 s window ending there (the pipeline's view)
+    step_p99_spread: list[float] = []
+    done = requests.take(~requests.is_error)
+    for t in np.arange(t0 + WINDOW_S, t1 + 1e-9, STEP_S):
+        in_window = (done.ts >= t - WINDOW_S) & (done.ts < t)
+        values = []
+        for name in names:
+            lat = done.latency_ms[in_window & (done.replica == name)]
+            if len(lat) >= MIN_STEP_COUNT:
+                values.append(float(np.percentile(lat, 99)))
+        spread = _std(values)
+        if spread is not None:
+            step_p99_spread.append(spread)
+    by_step: dict[float, list[float]] = {}
+    for s in telemetry:
+        if t0 < s.ts <= t1 and s.utilization_gpu is not None:
+            by_step.setdefault(round(s.ts, 3), []).append(100.0 * s.utilization_gpu)
+    step_util_spread = [float(np.std(v)) for v in by_step.values() if len(v) > 1]
+    return {
+        "requests": len(cols),
+        "p99_deviation_ms": _std(p99s),
+        "p99_range_ms": (max(p99s) - min(p99s)) if p99s else None,
+        "p99_deviation_per_step_ms": _series_stats(step_p99_spread),
+        "utilization_spread_pp": _std(utils),
+        "utilization_spread_per_step_pp": _series_stats(step_util_spread),
+        "fleet_latency_p99_ms": _p99(cols.latency_ms[ok]),
+        "fleet_latency_p50_ms": float(np.percentile(cols.latency_ms[ok], 50)) if ok.any() else None,
+        "throughput_rps": float(ok.sum()) / (t1 - t0),
+        "cuda_failed": int((cols.is_error & (cols.cuda_error != None)).sum()),  # noqa: E711 - numpy elementwise
+        "dropped": dropped,
+        "replicas": per,
+        "series": {"p99_spread_ms": step_p99_spread, "utilization_spread_pp": step_util_spread},
+    }
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def _simulator(scenario: Scenario, policy: str, on_step: Callable[..., None] | None) -> Any:
+    from skewwatch.sim.fleet import FleetConfig, FleetSimulator
+
+    config = FleetConfig(replicas=scenario.replicas, policy=policy, load=scenario.load, seed=scenario.seed,
+                         injections=scenario.injections())
+    return FleetSimulator(config, START_TS, scenario.run_s, on_step=on_step)
+
+
+def _finish(sim: Any, requests: list[RequestColumns], telemetry: list[TelemetrySample], scenario: Scenario,
+            extra: dict[str, Any]) -> dict[str, Any]:
+    stats = sim.stats()  # "failed": never served (could not fit the KV cache, or past the drain limit)
+    metrics = routing_metrics(RequestColumns.concat(requests), telemetry, START_TS + scenario.warmup_s,
+                              START_TS + scenario.run_s, dropped=int(stats["failed"]))
+    return {**metrics, "arrivals": stats["arrivals"], "fallback_picks": stats["fallbacks"], **extra}
+
+
+def run_local(scenario: Scenario, policy: str, profile: str | None = None) -> dict[str, Any]:
+    """A policy without Kafka; ``dynamic`` with the pure weights in-process (``profile``'s weights)."""
+    from skewwatch.sim.loop import LocalWeightsLoop
+
+    loop = None
+    if policy == "dynamic":
+        from bench.common import detector_settings
+
+        loop = LocalWeightsLoop(weights=detector_settings(profile or "seed").weights)
+    requests: list[RequestColumns] = []
+    telemetry: list[TelemetrySample] = []
+
+    def keep(sim: Any, chunk: Any) -> None:
+        if loop is not None:
+            loop(sim, chunk)
+        requests.append(chunk.requests)
+        telemetry.extend(chunk.telemetry)
+
+    began = time.monotonic()
+    sim = _simulator(scenario, policy, keep)
+    for _ in sim.chunks():
+        pass
+    return _finish(sim, requests, telemetry, scenario, {"wall_s": round(time.monotonic() - began, 1)})
+
+
+def run_worker_loop(scenario: Scenario, bootstrap: str, workdir: Path, profile: str) -> dict[str, Any]:
+    """``dynamic`` through the real worker: lockstep on its ``llm.routing-corrections``."""
+    from skewwatch.sim.emit import TrafficProducer
+    from skewwatch.sim.loop import KafkaCorrections, run_kafka_loop
+
+    settings = fresh_settings(bootstrap)
+    topics = settings.topics
+    requests: list[RequestColumns] = []
+    telemetry: list[TelemetrySample] = []
+    applied: list[dict[str, Any]] = []
+
+    def keep(sim: Any, chunk: Any) -> None:
+        requests.append(chunk.requests)
+        telemetry.extend(chunk.telemetry)
+
+    sim = _simulator(scenario, "dynamic", keep)
+    original_apply = sim.apply_correction
+
+    def apply_and_record(record: Any, now: float) -> None:
+        applied.append({"ts": record["ts"], "now": now, "weights": dict(record.get("weights") or {}),
+                        "actions": [(a.get("replica"), a.get("action")) for a in record.get("actions") or []]})
+        original_apply(record, now)
+
+    sim.apply_correction = apply_and_record
+    corrections = KafkaCorrections(bootstrap, topics.routing_corrections)
+    began = time.monotonic()
+
+    async def loop() -> None:
+        await corrections.start()
+        try:
+            async with TrafficProducer(bootstrap, requests_topic=topics.requests,
+                                       telemetry_topic=topics.gpu_telemetry, batch=100) as producer:
+                await run_kafka_loop(sim, producer, corrections, lag_steps=2, timeout_s=30.0)
+        finally:
+            await corrections.stop()
+
+    worker = Worker(settings, workdir / f"routing-{profile}", profile, extra_env=EVERY_STEP_ENV, name="worker")
+    try:
+        worker.start()
+        asyncio.run(loop())
+    finally:
+        worker.stop()
+        delete_run_topics(bootstrap, settings)
+    return _finish(sim, requests, telemetry, scenario,
+                   {"wall_s": round(time.monotonic() - began, 1), "lockstep_misses": corrections.misses,
+                    "corrections_applied": len(applied),
+                    "weights_applied": [{"ts": a["ts"], "weights": a["weights"], "actions": a["actions"]}
+                                        for a in applied]})
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"±{value:,.0f}"
+
+
+def _pp(value: float | None) -> str:
+    return "—" if value is None else f"±{value:.1f}"
+
+
+def table(rows: dict[str, dict[str, Any]], faulty: Sequence[str]) -> str:
+    lines = ["| policy | P99 deviation (ms) | per 5 s step: mean / P95 (ms) | GPU util spread (pp) | "
+             "per step: mean / P95 (pp) | fleet P99 (ms) | throughput (req/s) | dropped / CUDA-failed | "
+             f"share of {', '.join(faulty)} | seed's claim |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in rows.items():
+        step, ustep = r["p99_deviation_per_step_ms"], r["utilization_spread_per_step_pp"]
+        seed = SEED_TABLE.get(name.split(" ")[0]) if not name.endswith("(in-process)") else None
+        share = sum(r["replicas"].get(f, {}).get("share", 0.0) for f in faulty)
+        lines.append(
+            f"| {name} | {_ms(r['p99_deviation_ms'])} | {_ms(step['mean'])} / {_ms(step['p95'])} | "
+            f"{_pp(r['utilization_spread_pp'])} | {_pp(ustep['mean'])} / {_pp(ustep['p95'])} | "
+            f"{r['fleet_latency_p99_ms']:,.0f} | {r['throughput_rps']:.2f} | {r['dropped']} / {r['cuda_failed']} | "
+            f"{share:.3f} | {'—' if seed is None else f'±{seed[0]:.0f} ms / ±{seed[1]:.0f} %'} |")
+    return "\n".join(lines)
+
+
+def plot(rows: dict[str, dict[str, Any]], scenario: Scenario, path: Path) -> None:
+    """Per-step P99 spread and utilisation spread over time, one line per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
+    for name, r in rows.items():
+        p99 = r["series"]["p99_spread_ms"]
+        util = r["series"]["utilization_spread_pp"]
+        style = "--" if name.endswith("(in-process)") else "-"
+        axes[0].plot(scenario.warmup_s + WINDOW_S + STEP_S * np.arange(len(p99)), np.asarray(p99) / 1000.0,
+                     style, label=name, lw=1.2)
+        axes[1].plot(scenario.warmup_s + STEP_S * (1 + np.arange(len(util))), util, style, label=name, lw=1.2)
+    for kind, replica, at, dur, _ in FAULTS:
+        if at < scenario.run_s:
+            for ax in axes:
+                ax.axvspan(at, min(at + dur, scenario.run_s), alpha=0.06, color="gray")
+            axes[0].text(at + 3, axes[0].get_ylim()[1] * 0.92, f"{kind} {replica}", fontsize=7)
+    axes[0].set_ylabel("std across replicas of\n60 s P99 latency (s)")
+    axes[1].set_ylabel("std across replicas of\nGPU utilisation (pp)")
+    axes[1].set_xlabel("event time (s)")
+    axes[0].legend(fontsize=8, ncol=3)
+    axes[0].set_title(f"Routing policies, {scenario.replicas} replicas, load {scenario.load:g}, conv trace "
+                      "(gray: injected faults)", fontsize=10)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="300 simulated seconds (smoke run)")
+    parser.add_argument("--profile", action="append", choices=["seed", "tuned"],
+                        help="detector profile(s) for the dynamic policy (default: both)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "routing.json")
+    parser.add_argument("--plot", type=Path, default=RESULTS / "routing.png")
+    args = parser.parse_args(argv)
+    scenario = Scenario(run_s=300.0) if args.quick else Scenario()
+    profiles = args.profile or ["seed", "tuned"]
+    rows: dict[str, dict[str, Any]] = {}
+    began = time.monotonic()
+    for policy in ("round_robin", "least_connections"):
+        rows[policy] = run_local(scenario, policy)
+        print(f"{policy}: {rows[policy]['wall_s']} s", file=sys.stderr)
+    workdir = Path(tempfile.mkdtemp(prefix="skewwatch-routing-"))
+    with kafka(workdir) as bootstrap:
+        for profile in profiles:
+            name = "dynamic" if profile == "seed" else f"dynamic ({profile} profile)"
+            rows[name] = run_worker_loop(scenario, bootstrap, workdir, profile)
+            print(f"{name}: {rows[name]['wall_s']} s, lockstep misses {rows[name]['lockstep_misses']}",
+                  file=sys.stderr)
+    for profile in profiles:
+        name = "dynamic (in-process)" if profile == "seed" else f"dynamic ({profile} profile, in-process)"
+        rows[name] = run_local(scenario, "dynamic", profile)
+    faulty = sorted({inj.replica for inj in scenario.injections()}, key=lambda r: int(r[1:]))
+    print(table(rows, faulty))
+    out = {"machine": machine(), "wall_s": round(time.monotonic() - began, 1),
+           "scenario": {"trace": "conv", "replicas": scenario.replicas, "load": scenario.load, "seed": scenario.seed,
+                        "run_s": scenario.run_s, "warmup_s": scenario.warmup_s,
+                        "faults": [{"kind": k, "replica": r, "at_s": a, "for_s": d, "params": p}
+                                   for k, r, a, d, p in FAULTS if a < scenario.run_s],
+                        "quick": args.quick},
+           "seed_claim": {k: {"p99_deviation_ms": v[0], "utilization_spread_pct": v[1]} for k, v in SEED_TABLE.items()},
+           "rows": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    plot(rows, scenario, args.plot)
+    print(f"wrote {args.out} and {args.plot} in {out['wall_s']:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
