@@ -469,6 +469,35 @@ def table(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def side_by_side(groups: Mapping[str, Mapping[str, Any]], source: str) -> str:
+    """The seed's defaults and the tuned profile on one source, one row per detector (README table)."""
+    profiles = [p for p in ("seed", "tuned") if f"{p}/{source}" in groups]
+    head = "| detector | target delay (s) | " + " | ".join(
+        f"{p}: recall | precision | delay median / P95 (s) | false alerts/h" for p in profiles) + " |"
+    lines = [head, "|---|---:|" + "---:|---:|---:|---:|" * len(profiles)]
+
+    def cells(s: Mapping[str, Any]) -> str:
+        met = s["targets_met"]
+
+        def mark(key: str) -> str:
+            return " ✗" if met[key] is False else ""
+
+        delay = f"{_fmt(s['delay_median_s'], 0)} / {_fmt(s['delay_p95_s'], 0)}"
+        return (f"{_fmt(s['recall'])}{mark('recall')} | {_fmt(s['precision'])}{mark('precision')} | "
+                f"{delay}{mark('delay')} | {_fmt(s['false_per_hour'], 1)}{mark('false_per_hour')}")
+
+    for detector in DETECTORS:
+        per = [groups[f"{p}/{source}"]["detectors"][detector] for p in profiles]
+        target = " / ".join(sorted({f"≤ {s['persistence_s'] + 10:.0f}" for s in per}))
+        lines.append(f"| {detector} | {target} | " + " | ".join(cells(s) for s in per) + " |")
+    totals = ["**all detectors**", ""]
+    for p in profiles:
+        rate = groups[f"{p}/{source}"]["clean_false_per_hour"]
+        totals += ["", "", "", f"{rate:.1f}{' ✗' if rate > 1 else ''}"]
+    lines.append("| " + " | ".join(totals) + " |")
+    return "\n".join(lines)
+
+
 def confusion_table(summary: Mapping[str, Any]) -> str:
     kinds = [*FAULT_KINDS, "clean"]
     lines = ["| alerts of \\ where | " + " | ".join(kinds) + " |", "|---|" + "---:|" * len(kinds)]
@@ -551,6 +580,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(table(summary))
         print("\nalerts by where they fired:\n")
         print(confusion_table(summary))
+    for source in sources:
+        if any(name.endswith(f"/{source}") for name in groups):
+            print(f"\n## {source}: profiles side by side\n")
+            print(side_by_side(groups, source))
     out = {
         "machine": machine(),
         "wall_s": round(time.monotonic() - began, 1),

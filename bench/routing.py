@@ -20,6 +20,13 @@ once per detector profile (``seed``: the seed's formula and defaults; ``tuned``:
 with the pure weights (:class:`~skewwatch.sim.loop.LocalWeightsLoop`: no Kafka, no lag, no
 detectors' actions), for comparison only.
 
+**One more router, defined here only** (not in the simulator's ``--policy`` list):
+``dynamic + least-request`` applies the same corrections from the real worker, but instead of
+smooth weighted round robin it sends each request to the replica with the fewest requests in
+flight *per unit of weight*, ``argmin (in_flight + 1) / weight`` (weighted least request, as
+Envoy and nginx do it). It shows what the weights are worth when the router also sees its own
+in-flight counts between two corrections.
+
 **Definitions** (:func:`routing_metrics`; requests that *arrived* in the measured span):
 
 - *P99 latency deviation* = population standard deviation, across replicas, of each replica's
@@ -79,6 +86,7 @@ from bench.common import (  # noqa: E402
 from skewwatch.pipeline.events import RequestColumns  # noqa: E402
 from skewwatch.pipeline.telemetry import TelemetrySample  # noqa: E402
 from skewwatch.sim.faults import Injection  # noqa: E402
+from skewwatch.sim.router import DynamicWeightRouter  # noqa: E402
 
 START_TS = 1_700_000_000.0
 REPLICAS = 8
@@ -188,12 +196,34 @@ def routing_metrics(requests: RequestColumns, telemetry: Sequence[TelemetrySampl
 # ----------------------------------------------------------------------------- runs
 
 
+class WeightedLeastRequestRouter(DynamicWeightRouter):
+    """The corrections' weights (and drain/isolate/throttle actions) applied as weighted least request.
+
+    >>> r = WeightedLeastRequestRouter()
+    >>> r.apply_correction({"model": "m", "weights": {"a": 0.75, "b": 0.25}, "actions": []}, now=0.0)
+    >>> r.choose("m", ["a", "b"], [2, 0], now=1.0), r.choose("m", ["a", "b"], [3, 0], now=1.0)
+    (0, 1)
+    """
+
+    def choose(self, model: str, pool: Sequence[str], inflight: Sequence[int], now: float) -> int:
+        weights = self.weights(model, pool, now)
+        if sum(weights) <= 0.0:
+            self.fallbacks += 1
+            return self._fallback.choose(model, pool, inflight, now)
+        # ties go to the lowest index: deterministic, and rare once in-flight counts differ
+        return min((i for i, w in enumerate(weights) if w > 0.0), key=lambda i: (inflight[i] + 1) / weights[i])
+
+
 def _simulator(scenario: Scenario, policy: str, on_step: Callable[..., None] | None) -> Any:
+    """``policy``: a simulator policy, or ``least_request`` (dynamic corrections, weighted least request)."""
     from skewwatch.sim.fleet import FleetConfig, FleetSimulator
 
-    config = FleetConfig(replicas=scenario.replicas, policy=policy, load=scenario.load, seed=scenario.seed,
-                         injections=scenario.injections())
-    return FleetSimulator(config, START_TS, scenario.run_s, on_step=on_step)
+    config = FleetConfig(replicas=scenario.replicas, policy="dynamic" if policy == "least_request" else policy,
+                         load=scenario.load, seed=scenario.seed, injections=scenario.injections())
+    sim = FleetSimulator(config, START_TS, scenario.run_s, on_step=on_step)
+    if policy == "least_request":
+        sim.router = WeightedLeastRequestRouter()
+    return sim
 
 
 def _finish(sim: Any, requests: list[RequestColumns], telemetry: list[TelemetrySample], scenario: Scenario,
@@ -205,11 +235,11 @@ def _finish(sim: Any, requests: list[RequestColumns], telemetry: list[TelemetryS
 
 
 def run_local(scenario: Scenario, policy: str, profile: str | None = None) -> dict[str, Any]:
-    """A policy without Kafka; ``dynamic`` with the pure weights in-process (``profile``'s weights)."""
+    """A policy without Kafka; ``dynamic``/``least_request`` with the pure weights in-process."""
     from skewwatch.sim.loop import LocalWeightsLoop
 
     loop = None
-    if policy == "dynamic":
+    if policy in ("dynamic", "least_request"):
         from bench.common import detector_settings
 
         loop = LocalWeightsLoop(weights=detector_settings(profile or "seed").weights)
@@ -229,8 +259,9 @@ def run_local(scenario: Scenario, policy: str, profile: str | None = None) -> di
     return _finish(sim, requests, telemetry, scenario, {"wall_s": round(time.monotonic() - began, 1)})
 
 
-def run_worker_loop(scenario: Scenario, bootstrap: str, workdir: Path, profile: str) -> dict[str, Any]:
-    """``dynamic`` through the real worker: lockstep on its ``llm.routing-corrections``."""
+def run_worker_loop(scenario: Scenario, bootstrap: str, workdir: Path, profile: str,
+                    policy: str = "dynamic") -> dict[str, Any]:
+    """``dynamic`` (or ``least_request``) through the real worker: lockstep on its ``llm.routing-corrections``."""
     from skewwatch.sim.emit import TrafficProducer
     from skewwatch.sim.loop import KafkaCorrections, run_kafka_loop
 
@@ -244,7 +275,7 @@ def run_worker_loop(scenario: Scenario, bootstrap: str, workdir: Path, profile: 
         requests.append(chunk.requests)
         telemetry.extend(chunk.telemetry)
 
-    sim = _simulator(scenario, "dynamic", keep)
+    sim = _simulator(scenario, policy, keep)
     original_apply = sim.apply_correction
 
     def apply_and_record(record: Any, now: float) -> None:
@@ -265,7 +296,7 @@ def run_worker_loop(scenario: Scenario, bootstrap: str, workdir: Path, profile: 
         finally:
             await corrections.stop()
 
-    worker = Worker(settings, workdir / f"routing-{profile}", profile, extra_env=EVERY_STEP_ENV, name="worker")
+    worker = Worker(settings, workdir / f"routing-{policy}-{profile}", profile, extra_env=EVERY_STEP_ENV)
     try:
         worker.start()
         asyncio.run(loop())
@@ -297,7 +328,7 @@ def table(rows: dict[str, dict[str, Any]], faulty: Sequence[str]) -> str:
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in rows.items():
         step, ustep = r["p99_deviation_per_step_ms"], r["utilization_spread_per_step_pp"]
-        seed = SEED_TABLE.get(name.split(" ")[0]) if not name.endswith("(in-process)") else None
+        seed = SEED_TABLE.get(name) if name in ("round_robin", "least_connections", "dynamic") else None
         share = sum(r["replicas"].get(f, {}).get("share", 0.0) for f in faulty)
         lines.append(
             f"| {name} | {_ms(r['p99_deviation_ms'])} | {_ms(step['mean'])} / {_ms(step['p95'])} | "
@@ -318,10 +349,11 @@ def plot(rows: dict[str, dict[str, Any]], scenario: Scenario, path: Path) -> Non
     for name, r in rows.items():
         p99 = r["series"]["p99_spread_ms"]
         util = r["series"]["utilization_spread_pp"]
-        style = "--" if name.endswith("(in-process)") else "-"
+        if name.endswith("in-process)"):
+            continue  # the plot shows what was measured through the real pipeline
         axes[0].plot(scenario.warmup_s + WINDOW_S + STEP_S * np.arange(len(p99)), np.asarray(p99) / 1000.0,
-                     style, label=name, lw=1.2)
-        axes[1].plot(scenario.warmup_s + STEP_S * (1 + np.arange(len(util))), util, style, label=name, lw=1.2)
+                     label=name, lw=1.1)
+        axes[1].plot(scenario.warmup_s + STEP_S * (1 + np.arange(len(util))), util, label=name, lw=1.1)
     for kind, replica, at, dur, _ in FAULTS:
         if at < scenario.run_s:
             for ax in axes:
@@ -340,6 +372,17 @@ def plot(rows: dict[str, dict[str, Any]], scenario: Scenario, path: Path) -> Non
     plt.close(fig)
 
 
+def row_name(policy: str, profile: str, in_process: bool = False) -> str:
+    """``dynamic``, ``dynamic (tuned)``, ``dynamic + least-request (tuned, in-process)``, ...
+
+    >>> row_name("dynamic", "seed"), row_name("least_request", "tuned", in_process=True)
+    ('dynamic', 'dynamic + least-request (tuned, in-process)')
+    """
+    base = "dynamic" if policy == "dynamic" else "dynamic + least-request"
+    notes = [n for n in (None if profile == "seed" else profile, "in-process" if in_process else None) if n]
+    return f"{base} ({', '.join(notes)})" if notes else base
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="300 simulated seconds (smoke run)")
@@ -356,15 +399,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows[policy] = run_local(scenario, policy)
         print(f"{policy}: {rows[policy]['wall_s']} s", file=sys.stderr)
     workdir = Path(tempfile.mkdtemp(prefix="skewwatch-routing-"))
+    looped = [(policy, profile) for policy in ("dynamic", "least_request") for profile in profiles]
     with kafka(workdir) as bootstrap:
-        for profile in profiles:
-            name = "dynamic" if profile == "seed" else f"dynamic ({profile} profile)"
-            rows[name] = run_worker_loop(scenario, bootstrap, workdir, profile)
+        for policy, profile in looped:
+            name = row_name(policy, profile)
+            rows[name] = run_worker_loop(scenario, bootstrap, workdir, profile, policy)
             print(f"{name}: {rows[name]['wall_s']} s, lockstep misses {rows[name]['lockstep_misses']}",
                   file=sys.stderr)
-    for profile in profiles:
-        name = "dynamic (in-process)" if profile == "seed" else f"dynamic ({profile} profile, in-process)"
-        rows[name] = run_local(scenario, "dynamic", profile)
+    for policy, profile in looped:
+        rows[row_name(policy, profile, in_process=True)] = run_local(scenario, policy, profile)
     faulty = sorted({inj.replica for inj in scenario.injections()}, key=lambda r: int(r[1:]))
     print(table(rows, faulty))
     out = {"machine": machine(), "wall_s": round(time.monotonic() - began, 1),
