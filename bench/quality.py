@@ -515,8 +515,12 @@ def plot(groups: Mapping[str, Mapping[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = list(groups)
-    fig, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 4.2), squeeze=False, sharey=True)
-    for ax, name in zip(axes[0], names, strict=True):
+    cols = 2 if len(names) > 1 else 1
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.0 * cols, 3.9 * rows), squeeze=False, sharey=True)
+    for ax in axes.flat[len(names):]:
+        ax.set_visible(False)
+    for ax, name in zip(axes.flat, names, strict=False):
         per = groups[name]["detectors"]
         for i, detector in enumerate(DETECTORS):
             s = per[detector]
@@ -531,9 +535,10 @@ def plot(groups: Mapping[str, Mapping[str, Any]], path: Path) -> None:
         ax.set_title(name, fontsize=10)
         ax.set_ylim(bottom=-12)
         ax.grid(axis="y", alpha=0.3)
-    axes[0][0].set_ylabel("detection delay from fault start (s, event time)")
-    fig.suptitle("Detection delay per detector (red: target = persistence + 10 s; n = detected/faults)",
-                 fontsize=10)
+    for row in axes:
+        row[0].set_ylabel("delay from fault start (s)")
+    fig.suptitle("Detection delay per detector, event time (red: target = persistence + 10 s; "
+                 "under each box: detected / faults)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
