@@ -247,7 +247,7 @@ def measure_memory(n_replicas: int, models: int, rate: float, warm: int) -> dict
         silent_since = fleet.t
         while fleet.t - silent_since <= idle_s + 2 * STEP_S:
             fleet.feed(active)
-            fleet.decide(fleet.close())
+            fleet.close()  # windows only: the deciders keep a silent replica for release_after_s (600 s)
             kept_over_time.append((fleet.t - silent_since, sum(len(w.keys) for w in fleet.windows)))
         gc.collect()
         after = tracemalloc.get_traced_memory()[0] - base
@@ -265,8 +265,8 @@ def measure_memory(n_replicas: int, models: int, rate: float, warm: int) -> dict
         "window_keys_after_silence": kept_over_time[-1][1],
         "released_after_s": released_at,
         "traced_bytes_after_release": after,
-        "note": "traced bytes after release include the deciders, which keep a silent replica for "
-                "release_after_s (600 s) so its alerts resolve and its weight goes to 0",
+        "note": "traced bytes after release include the deciders' state, which keeps a silent replica for "
+                "[detectors.decider] release_after_s (600 s) so its alerts resolve and its weight goes to 0",
     }
 
 
