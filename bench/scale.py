@@ -44,7 +44,9 @@ import dataclasses
 import gc
 import json
 import math
+import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -271,8 +273,11 @@ def measure_memory(n_replicas: int, models: int, rate: float, warm: int) -> dict
 
 
 async def measure_worker_rss(bootstrap: str, workdir: Path, n_replicas: int, models: int, rate: float,
-                             seconds: float) -> dict[str, Any]:
-    """RSS of the real worker after taking ``seconds`` of event time from ``n_replicas`` replicas."""
+                             seconds: float, trace: bool = False) -> dict[str, Any]:
+    """RSS of the real worker after taking ``seconds`` of event time from ``n_replicas`` replicas.
+
+    ``trace``: run the worker under tracemalloc (slower) and add what live Python data it holds at the
+    end, and its peak, next to the RSS."""
     from bench.throughput.worker import BenchWorker, model_steps_published
     from skewwatch.sim.emit import produce_traffic
     from skewwatch.sim.generator import GeneratorConfig, generate_chunks
@@ -299,13 +304,23 @@ async def measure_worker_rss(bootstrap: str, workdir: Path, n_replicas: int, mod
     await produce(bootstrap, settings.topics.requests,
                   [(f"bench-sentinel-{p}".encode(), encode_request_event(sentinel_event(p, sentinel_ts)))
                    for p in range(PARTITIONS * 4)])
-    worker = BenchWorker(settings, workdir / "worker-rss.log").start()
+    trace_path = workdir / "worker-rss.tracemalloc.json"
+    extra_env = {"SKEWWATCH_BENCH_TRACEMALLOC": str(trace_path)} if trace else None
+    worker = BenchWorker(settings, workdir / "worker-rss.log", extra_env=extra_env).start()
+    traced: dict[str, Any] | None = None
     try:
         published = await model_steps_published(bootstrap, settings.topics.features, names, last_end,
-                                                timeout_s=600)
+                                                timeout_s=1800 if trace else 600)
         metrics = worker.metrics() or {}
         rss = current_rss_bytes(worker.pid)
         peak = worker.peak_rss()
+        if trace:
+            os.kill(worker.pid, signal.SIGUSR1)
+            for _ in range(600):
+                await asyncio.sleep(0.5)
+                if trace_path.exists():
+                    traced = json.loads(trace_path.read_text())
+                    break
     finally:
         worker.stop()
     return {
@@ -318,6 +333,10 @@ async def measure_worker_rss(bootstrap: str, workdir: Path, n_replicas: int, mod
         "replica_vectors_published": int(metrics.get("skewwatch_features_published_total{scope=replica}", 0)),
         "rss_mib": round((rss or 0) / 2**20, 1),
         "peak_rss_mib": round((peak or 0) / 2**20, 1),
+        "tracemalloc": None if traced is None else {
+            "current_mib": round(traced["current"] / 2**20, 1), "peak_mib": round(traced["peak"] / 2**20, 1),
+            "top": [dict(t, where=t["where"].split("site-packages/")[-1].split("/work/main/")[-1])
+                    for t in traced["top"][:20]]},
     }
 
 
@@ -508,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-replicas", type=int, default=10_000, help="0: skip the real worker's RSS")
     parser.add_argument("--rss-rate", type=float, default=1.0)
     parser.add_argument("--rss-seconds", type=float, default=80.0, help="event time produced for the RSS run")
+    parser.add_argument("--rss-tracemalloc", action="store_true",
+                        help="run the RSS worker under tracemalloc: live Python data vs RSS (slower)")
     parser.add_argument("--trials", type=int, default=24)
     parser.add_argument("--reaction-replicas", type=int, default=64)
     parser.add_argument("--reaction-rate", type=float, default=10.0)
@@ -538,7 +559,8 @@ def main(argv: list[str] | None = None) -> int:
         with broker_bootstrap(workdir, args.bootstrap) as bootstrap:
             if "memory" in parts and args.rss_replicas > 0:
                 result["worker_rss"] = asyncio.run(measure_worker_rss(
-                    bootstrap, workdir, args.rss_replicas, args.models, args.rss_rate, args.rss_seconds))
+                    bootstrap, workdir, args.rss_replicas, args.models, args.rss_rate, args.rss_seconds,
+                    trace=args.rss_tracemalloc))
                 print(f"worker RSS: {result['worker_rss']['rss_mib']} MiB", flush=True)
             if "reaction" in parts:
                 result["reaction"] = asyncio.run(measure_reaction(

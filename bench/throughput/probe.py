@@ -7,6 +7,10 @@
 peer's (``bench/throughput/contenders.py``: the first poll or message handed to user code), which
 cannot be seen from outside the process: ``/metrics`` only moves after the first poll was
 processed, and one poll of batched messages can hold most of the topic.
+
+With ``SKEWWATCH_BENCH_TRACEMALLOC=PATH`` it also traces allocations from the start, and on SIGUSR1
+writes to PATH the traced bytes (current, peak) and the lines holding the most memory: how much of the
+RSS is live Python data, and whose (``bench/scale.py --rss-tracemalloc``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +43,22 @@ async def _probed_process(self: stage1.RequestStage, batches: dict[Any, list[Any
 
 
 stage1.RequestStage._process = _probed_process  # type: ignore[method-assign]
+
+_tracemalloc_path = os.environ.get("SKEWWATCH_BENCH_TRACEMALLOC")
+
+
+def _dump_tracemalloc(signum: int, frame: Any) -> None:
+    assert _tracemalloc_path is not None
+    current, peak = tracemalloc.get_traced_memory()
+    stats = tracemalloc.take_snapshot().statistics("lineno")
+    top = [{"where": f"{s.traceback[0].filename}:{s.traceback[0].lineno}", "bytes": s.size, "blocks": s.count}
+           for s in stats[:40]]
+    Path(_tracemalloc_path).write_text(json.dumps({"current": current, "peak": peak, "top": top}))
+
+
+if _tracemalloc_path:
+    tracemalloc.start()
+    signal.signal(signal.SIGUSR1, _dump_tracemalloc)
 
 if __name__ == "__main__":
     from skewwatch.cli import main
