@@ -345,7 +345,7 @@ def plot(rows: dict[str, dict[str, Any]], scenario: Scenario, path: Path) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
+    fig, axes = plt.subplots(2, 1, figsize=(12, 6.5), sharex=True)
     for name, r in rows.items():
         p99 = r["series"]["p99_spread_ms"]
         util = r["series"]["utilization_spread_pp"]
@@ -358,16 +358,17 @@ def plot(rows: dict[str, dict[str, Any]], scenario: Scenario, path: Path) -> Non
         if at < scenario.run_s:
             for ax in axes:
                 ax.axvspan(at, min(at + dur, scenario.run_s), alpha=0.06, color="gray")
-            axes[0].text(at + 3, axes[0].get_ylim()[1] * 0.92, f"{kind} {replica}", fontsize=7)
+            axes[1].text(at + 3, 0.97, f"{kind} {replica}", fontsize=7, va="top",
+                         transform=axes[1].get_xaxis_transform())
     axes[0].set_ylabel("std across replicas of\n60 s P99 latency (s)")
     axes[1].set_ylabel("std across replicas of\nGPU utilisation (pp)")
     axes[1].set_xlabel("event time (s)")
-    axes[0].legend(fontsize=8, ncol=3)
+    axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     axes[0].set_title(f"Routing policies, {scenario.replicas} replicas, load {scenario.load:g}, conv trace "
                       "(gray: injected faults)", fontsize=10)
     for ax in axes:
         ax.grid(alpha=0.3)
-    fig.tight_layout()
+    fig.tight_layout()  # keeps the legend on the right inside the figure
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
