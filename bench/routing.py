@@ -279,7 +279,8 @@ def run_worker_loop(scenario: Scenario, bootstrap: str, workdir: Path, profile: 
     original_apply = sim.apply_correction
 
     def apply_and_record(record: Any, now: float) -> None:
-        applied.append({"ts": record["ts"], "now": now, "weights": dict(record.get("weights") or {}),
+        weights = {str(r): round(float(w), 4) for r, w in dict(record.get("weights") or {}).items()}
+        applied.append({"ts": record["ts"], "now": now, "weights": weights,
                         "actions": [(a.get("replica"), a.get("action")) for a in record.get("actions") or []]})
         original_apply(record, now)
 
