@@ -3,7 +3,7 @@
 # quality of the real worker on labelled faults) and bench/results/routing.json + routing.png (the
 # seed's routing table on the fleet simulator, the real worker in the loop for `dynamic`).
 #
-#   bash scripts/results.sh            # the full suites (~20 min on 2 cores)
+#   bash scripts/results.sh            # the full suites (~15 min on 2 cores)
 #   bash scripts/results.sh --quick    # a smoke run of both (~3 min), written under $TMPDIR instead
 #
 # Needs Java 17+ and Maven for the embedded Kafka broker (or KAFKA_BOOTSTRAP=host:port of a running one).
