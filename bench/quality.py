@@ -57,6 +57,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -605,6 +606,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.write_text(json.dumps(out, indent=1, default=str) + "\n")
     if groups:
         plot(groups, args.plot)
+    if not failures:  # broker data and worker logs: kept only when something went wrong
+        shutil.rmtree(workdir, ignore_errors=True)
     print(f"\nwrote {args.out} and {args.plot} in {out['wall_s']:.0f} s", file=sys.stderr)
     return 1 if failures else 0
 

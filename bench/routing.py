@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -423,6 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     plot(rows, scenario, args.plot)
+    shutil.rmtree(workdir, ignore_errors=True)  # broker data and worker logs (a failure raised before this)
     print(f"wrote {args.out} and {args.plot} in {out['wall_s']:.0f} s", file=sys.stderr)
     return 0
 
