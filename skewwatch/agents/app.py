@@ -186,5 +186,8 @@ def worker_command(bootstrap: str | None, config_path: str | None, web_port: int
     app, _ = create_app(settings, bootstrap)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     logging.getLogger("skewwatch").setLevel(loglevel.upper())
+    # Faust sets the root logger to DEBUG-capable handlers; aiokafka's per-record debug logging
+    # measurably costs the hot path (bench/README.md), so keep it at the chosen level or above.
+    logging.getLogger("aiokafka").setLevel(max(logging.WARNING, logging.getLevelName(loglevel.upper())))
     worker.execute_from_commandline()
     sys.exit(0)
