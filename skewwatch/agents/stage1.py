@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from skewwatch.agents.checkpoint import CheckpointStore
 from skewwatch.agents.metrics import WorkerMetrics
+from skewwatch.agents.rebalance import StageRebalanceListener
 from skewwatch.config import Settings
 from skewwatch.pipeline.decide import DetectorSettings
 from skewwatch.pipeline.derived_batch import derive_batch
@@ -106,7 +107,7 @@ class RequestStage:
             max_partition_fetch_bytes=4 * 1024 * 1024,
         )
         await self.consumer.start()
-        self.consumer.subscribe([topics.requests, topics.gpu_telemetry], listener=_Rebalance(self))
+        self.consumer.subscribe([topics.requests, topics.gpu_telemetry], listener=StageRebalanceListener(self))
         try:
             while not self._stopping.is_set():
                 batches = await self.consumer.getmany(timeout_ms=200, max_records=20_000)
@@ -292,14 +293,3 @@ class RequestStage:
             position = state.next_offset if state is not None else None
             if high is not None and position is not None:
                 self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(high - position, 0))
-
-
-class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, stage: RequestStage) -> None:
-        self.stage = stage
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self.stage.on_revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self.stage.on_assigned(assigned)

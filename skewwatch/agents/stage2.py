@@ -16,10 +16,11 @@ import time
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from skewwatch.agents.checkpoint import CheckpointStore
 from skewwatch.agents.metrics import WorkerMetrics
+from skewwatch.agents.rebalance import StageRebalanceListener
 from skewwatch.config import Settings
 from skewwatch.pipeline.assembler import ModelStep, StepAssembler
 from skewwatch.pipeline.corrections import RoutingCorrection
@@ -86,7 +87,7 @@ class ModelStage:
             auto_offset_reset="earliest",
         )
         await self.consumer.start()
-        self.consumer.subscribe([self.settings.topics.replica_steps], listener=_Rebalance(self))
+        self.consumer.subscribe([self.settings.topics.replica_steps], listener=StageRebalanceListener(self))
         try:
             while not self._stopping.is_set():
                 batches = await self.consumer.getmany(timeout_ms=200, max_records=20_000)
@@ -229,14 +230,3 @@ class ModelStage:
                     published[model] = correction.seq
             await asyncio.gather(*sends)
         return published
-
-
-class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, stage: ModelStage) -> None:
-        self.stage = stage
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self.stage.on_revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self.stage.on_assigned(assigned)
