@@ -27,10 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,6 +39,7 @@ if str(REPO) not in sys.path:  # `python bench/quality.py` puts bench/ first on 
 
 from skewwatch.config import Settings, load_settings  # noqa: E402
 from skewwatch.pipeline.decide import DetectorSettings  # noqa: E402
+from tests.integration.worker_proc import WorkerProcess, settings_env  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 PROFILE_DIR = REPO / "bench" / "profiles"
@@ -111,7 +109,7 @@ def delete_run_topics(bootstrap: str, settings: Settings) -> None:
         print(f"  (could not delete the run's topics: {exc})", file=sys.stderr)
 
 
-class Worker:
+class Worker(WorkerProcess):
     """``skewwatch worker`` in a child process with ``settings`` and a profile, run in ``workdir``.
 
     The working directory matters: the worker keeps Faust's ``<group>-data`` directory there,
@@ -120,58 +118,17 @@ class Worker:
 
     def __init__(self, settings: Settings, workdir: Path, profile: str, extra_env: dict[str, str] | None = None,
                  name: str = "worker") -> None:
-        from tests.integration.worker_proc import free_port, settings_env
-
-        self.port = free_port()
+        super().__init__(settings, workdir / f"{name}.log", cwd=workdir, loglevel="warning")
         self.workdir = workdir
-        self.log_path = workdir / f"{name}.log"
         # the caller's own SKEWWATCH_* settings would silently change what is measured: only the profile counts
         inherited = {k: v for k, v in os.environ.items()
                      if k not in ("KAFKA_BOOTSTRAP", "SKEWWATCH_CONFIG")
                      and not (k.startswith("SKEWWATCH_") and "__" in k)}
         self.env = {**inherited, **profile_env(profile), **settings_env(settings), **(extra_env or {})}
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 90.0) -> Worker:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "skewwatch", "worker", "--web-port", str(self.port), "--loglevel", "warning"],
-            cwd=self.workdir, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise RuntimeError(f"worker not healthy after {timeout:.0f} s:\n{self.log_tail()}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def log_tail(self, n: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-    def __enter__(self) -> Worker:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().start(timeout)
+        return self
 
 
 def read_topics(bootstrap: str, topics: Sequence[str], done: Callable[[list[Any]], bool],

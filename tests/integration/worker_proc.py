@@ -41,19 +41,26 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 
 class WorkerProcess:
-    def __init__(self, settings: Settings, log_path: Path, extra_env: dict[str, str] | None = None) -> None:
+    """``skewwatch worker`` as a child process with exactly ``settings`` (tests and benchmarks)."""
+
+    def __init__(self, settings: Settings, log_path: Path, extra_env: dict[str, str] | None = None, *,
+                 cwd: Path | None = None, loglevel: str = "info") -> None:
         self.settings = settings
         self.port = free_port()
         self.log_path = log_path
+        self.cwd = cwd
+        self.loglevel = loglevel
         self.env = {**os.environ, **settings_env(settings), **(extra_env or {})}
         self.env.pop("KAFKA_BOOTSTRAP", None)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60.0) -> WorkerProcess:
+        if self.cwd is not None:
+            self.cwd.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "skewwatch", "worker", "--web-port", str(self.port), "--loglevel", "info"],
-            env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            [sys.executable, "-m", "skewwatch", "worker", "--web-port", str(self.port), "--loglevel", self.loglevel],
+            cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -65,6 +72,7 @@ class WorkerProcess:
             except OSError:
                 pass
             time.sleep(0.3)
+        self.stop()
         raise AssertionError(f"worker not healthy after {timeout}s:\n{self.log_tail()}")
 
     def get(self, path: str) -> Any:
@@ -90,6 +98,12 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+    def __enter__(self) -> WorkerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def log_tail(self, n: int = 60) -> str:
         try:
