@@ -52,8 +52,10 @@ measured reading telemetry ~45 s of event time ahead of the requests it was clos
 step whose samples have all been pushed out of the history sees no telemetry (stale), as during
 an outage, and never a sample from its future. Keys of a replica not heard from for
 ``retain_s`` are dropped when the replica's next sample comes, at most ``max_keys_per_replica``
-keys per replica (the key heard from least recently goes first), and :meth:`TelemetryJoin.forget`
-drops a replica. A GPU that *joins* a replica after its counter was seen adds its whole counter
+keys per replica (the key heard from least recently goes first), :meth:`TelemetryJoin.forget`
+drops a replica, and :meth:`TelemetryJoin.release_idle` drops every replica with no sample within a
+horizon of event time (``retain_s`` by default), so replicas that left the fleet do not stay forever.
+A GPU that *joins* a replica after its counter was seen adds its whole counter
 to the sum once (the health rule reads that as ECC growth if it is not 0): a replica map change
 is rare and a worker restart re-baselines.
 
@@ -251,6 +253,31 @@ class TelemetryJoin:
     def forget(self, replica: str) -> None:
         """Drop everything about ``replica`` (released by the windows, or gone from the fleet)."""
         self._samples.pop(replica, None)
+
+    def release_idle(self, now: float, horizon_s: float | None = None) -> list[str]:
+        """Drop the replicas with no sample newer than ``now - horizon_s``; their ids, sorted.
+
+        ``add`` only prunes a replica's keys when that replica's next sample comes, so a replica
+        that left the fleet (scaled down, renamed) would otherwise keep its samples forever.
+        ``now`` is event time (e.g. the newest telemetry ``ts`` seen), so a replay releases the same
+        replicas as the live run did; ``horizon_s`` defaults to ``retain_s``, the age after which a
+        key of a live replica is dropped too. Cost: one pass over the keys held.
+
+        >>> join = TelemetryJoin(retain_s=600.0)
+        >>> join.add(TelemetrySample(ts=100.0, replica="gone", source="vllm", queue_length=1))
+        >>> join.add(TelemetrySample(ts=650.0, replica="live", source="vllm", queue_length=2))
+        >>> join.release_idle(now=650.0), join.release_idle(now=701.0), join.replicas
+        ([], ['gone'], ['live'])
+        """
+        horizon = self.retain_s if horizon_s is None else horizon_s
+        if horizon < 0:
+            raise ValueError(f"horizon_s must be >= 0, got {horizon}")
+        cutoff = now - horizon
+        idle = sorted(replica for replica, keys in self._samples.items()
+                      if max(series.stamps[-1] for series in keys.values()) < cutoff)
+        for replica in idle:
+            del self._samples[replica]
+        return idle
 
     @property
     def replicas(self) -> list[str]:

@@ -216,6 +216,25 @@ def test_duplicates_replace_history_is_bounded_and_old_keys_go() -> None:
     assert join.replicas == ["r2"] and join.view("r1", 200.0, STALE) == (None, None, [])
 
 
+def test_release_idle_drops_replicas_gone_quiet_by_their_newest_sample() -> None:
+    join = TelemetryJoin(retain_s=600.0)
+    # "left": a GPU sample long ago and an engine sample at 300: its newest sample counts, not its oldest
+    join.add(gpu(100.0, 0, replica="left", power_w=1.0))
+    join.add(engine(300.0, replica="left", queue_length=1))
+    join.add(gpu(50.0, 0, replica="gone", power_w=1.0))
+    join.add(engine(900.0, replica="live", queue_length=2))
+    assert join.release_idle(now=900.0, horizon_s=700.0) == ["gone"]  # 50 < 200 <= 300
+    assert join.replicas == ["left", "live"]
+    assert join.release_idle(now=900.0, horizon_s=700.0) == []  # idempotent
+    assert join.release_idle(now=901.0) == ["left"]  # default horizon: retain_s (300 < 301)
+    assert join.replicas == ["live"] and len(join) == 1
+    assert join.view("left", 300.0, STALE) == (None, None, [])  # released: nothing of it remains
+    join.add(engine(902.0, replica="left", queue_length=3))  # a released replica that comes back starts afresh
+    assert join.view("left", 902.0, STALE)[0].queue_length == 3  # type: ignore[union-attr]
+    with pytest.raises(ValueError):
+        join.release_idle(now=1.0, horizon_s=-1.0)
+
+
 def test_every_measurement_field_has_a_group() -> None:
     assert sorted(f for g in FIELD_GROUPS for f in g.fields) == sorted(MEASUREMENT_FIELDS)
 
