@@ -14,7 +14,8 @@ on the threshold's edge must not flap. The shared machinery here turns a per-ste
 While an alert is open the detector returns its action on *every* step, with ``expires_at``
 set ``action_ttl_s`` ahead, so a router keeps it in force while the worker lives and drops it
 by itself if the worker dies. State is kept per key (``FeatureVector.key``: ``model/replica``
-or ``model``) as plain JSON-able data: ``state_dict()`` / ``load_state()``.
+or ``model``) as live objects between steps, and turned into plain JSON-able data only when a
+checkpoint asks for it: ``state_dict()`` / ``load_state()``.
 
 Every threshold is a field of the detector's ``Config`` dataclass, default = the seed's value,
 overridable from ``[detectors.<name>]`` in the TOML file or ``SKEWWATCH_DETECTORS__<NAME>__<KEY>``
@@ -318,7 +319,11 @@ class Hysteresis:
 
 
 class Detector(ABC):
-    """A pure, stateful detector: ``update`` once per key per step, state as plain data."""
+    """A pure, stateful detector: ``update`` once per key per step, state as plain data on request.
+
+    Live state is kept as objects between steps; ``state_dict`` serialises it only when a
+    checkpoint is taken, and ``load_state`` rebuilds the objects.
+    """
 
     name: ClassVar[str]
     Config: ClassVar[type[OverridableConfig]] = DetectorConfig
@@ -335,6 +340,20 @@ class Detector(ABC):
         ``telemetry`` is the replica's latest *fresh* sample (None when absent or stale);
         ``now`` is the step's event time (``fv.window_end``), never the wall clock.
         """
+
+    def update_into(
+        self,
+        fv: FeatureVector,
+        telemetry: TelemetrySample | None,
+        now: float,
+        alerts: list[Alert],
+        actions: list[Action],
+    ) -> None:
+        """``update``, appending to the caller's lists (the decider's hot path: no output object
+        per key and step). Detectors on that path override it and implement ``update`` with it."""
+        out = self.update(fv, telemetry, now)
+        alerts.extend(out.alerts)
+        actions.extend(out.actions)
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
@@ -363,6 +382,47 @@ class Finding:
     params: dict[str, Any] = field(default_factory=dict)  # the action's params when it holds
 
 
+_NOT_EVALUATED = Finding(holds=None)  # a rule missing from evaluate()'s answer (read only, shared)
+
+
+class _RuleState:
+    """One rule's live state for one key: its hysteresis and what its last holding step said."""
+
+    __slots__ = ("hysteresis", "message", "params")
+
+    def __init__(self) -> None:
+        self.hysteresis = Hysteresis()
+        self.message: str | None = None  # message of the last step where the rule held
+        self.params: dict[str, Any] | None = None  # its action params; None once resolved
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"h": self.hysteresis.to_dict()}
+        if self.message is not None:
+            data["message"] = self.message
+        if self.params is not None:
+            data["params"] = _plain(self.params)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> _RuleState:
+        rule_state = cls()
+        rule_state.hysteresis = Hysteresis.from_dict(data.get("h", {}))
+        rule_state.message = data.get("message")
+        params = data.get("params")
+        rule_state.params = None if params is None else _plain(params)
+        return rule_state
+
+
+class _KeyState:
+    """One key's live state: a :class:`_RuleState` per rule (in ``rules`` order) and the memory."""
+
+    __slots__ = ("rules", "memory")
+
+    def __init__(self, n_rules: int) -> None:
+        self.rules = [_RuleState() for _ in range(n_rules)]
+        self.memory: dict[str, Any] = {}
+
+
 class ThresholdDetector(Detector):
     """A detector made of named rules, each with its own hysteresis per key.
 
@@ -375,8 +435,9 @@ class ThresholdDetector(Detector):
 
     def __init__(self, config: DetectorConfig | None = None) -> None:
         super().__init__(config)
-        # key -> rule -> {"h": Hysteresis dict, "message", "params", "evidence"}; key -> "memory"
-        self._state: dict[str, dict[str, Any]] = {}
+        self._state: dict[str, _KeyState] = {}
+        # rule_meta depends on the (frozen) config only: computed once per rule, not per key and step
+        self._meta: dict[str, tuple[Severity, str | None, str]] = {}
 
     # --- what subclasses provide
 
@@ -394,41 +455,60 @@ class ThresholdDetector(Detector):
     # --- the machinery
 
     def update(self, fv: FeatureVector, telemetry: TelemetrySample | None, now: float) -> DetectorOutput:
-        cfg = self.config
-        key_state = self._state.setdefault(fv.key, {"rules": {}, "memory": {}})
-        findings = self.evaluate(fv, telemetry, key_state["memory"])
         out = DetectorOutput()
-        for rule in self.rules:
-            finding = findings.get(rule, Finding(holds=None))
-            rstate = key_state["rules"].setdefault(rule, {"h": Hysteresis().to_dict()})
-            hyst = Hysteresis.from_dict(rstate["h"])
-            transition = hyst.observe(finding.holds, persistence=cfg.persistence, clear_steps=cfg.clear_steps, now=now)
-            rstate["h"] = hyst.to_dict()
-            severity, action, reason = self.rule_meta(rule)
+        self.update_into(fv, telemetry, now, out.alerts, out.actions)
+        return out
+
+    def update_into(
+        self,
+        fv: FeatureVector,
+        telemetry: TelemetrySample | None,
+        now: float,
+        alerts: list[Alert],
+        actions: list[Action],
+    ) -> None:
+        cfg = self.config
+        key = fv.key
+        key_state = self._state.get(key)
+        if key_state is None:
+            key_state = self._state[key] = _KeyState(len(self.rules))
+        findings = self.evaluate(fv, telemetry, key_state.memory)
+        for rule, rule_state in zip(self.rules, key_state.rules, strict=True):
+            finding = findings.get(rule, _NOT_EVALUATED)
+            hysteresis = rule_state.hysteresis
+            transition = hysteresis.observe(
+                finding.holds, persistence=cfg.persistence, clear_steps=cfg.clear_steps, now=now
+            )
             if finding.holds:
                 # remember what the last holding step said: the action keeps these params while
                 # the alert is clearing, and the resolve alert can cite the opening message
-                rstate["message"] = finding.message
-                rstate["params"] = dict(finding.params)
+                rule_state.message = finding.message
+                rule_state.params = dict(finding.params)
+            if transition == "none":  # closed and not opening: nothing to say or do
+                continue
+            meta = self._meta.get(rule)
+            if meta is None:
+                meta = self._meta[rule] = self.rule_meta(rule)
+            severity, action, reason = meta
             if transition == "open":
-                out.alerts.append(self._alert(fv, now, severity, "open", finding.message, finding.evidence, rule))
+                alerts.append(self._alert(fv, now, severity, "open", finding.message, finding.evidence, rule))
             elif transition == "resolve":
                 why = "condition cleared" if finding.holds is False else "signal missing, condition not observed"
-                message = f"resolved ({why}): {rstate.get('message', reason)}"
-                out.alerts.append(self._alert(fv, now, severity, "resolved", message, finding.evidence, rule))
-                rstate.pop("params", None)
-            if hyst.is_open and action is not None and fv.replica is not None:
-                out.actions.append(
+                opened = rule_state.message if rule_state.message is not None else reason
+                message = f"resolved ({why}): {opened}"
+                alerts.append(self._alert(fv, now, severity, "resolved", message, finding.evidence, rule))
+                rule_state.params = None
+            if hysteresis.is_open and action is not None and fv.replica is not None:
+                actions.append(
                     Action(
                         replica=fv.replica,
                         action=action,
                         severity=severity,
                         reason=reason,
-                        params=dict(rstate.get("params", {})),
+                        params=dict(rule_state.params or {}),
                         expires_at=now + cfg.action_ttl_s,
                     )
                 )
-        return out
 
     def _alert(
         self,
@@ -455,13 +535,29 @@ class ThresholdDetector(Detector):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        # a deep copy through plain containers, so the caller may serialise it later safely
-        return {"v": STATE_VERSION, "detector": self.name, "keys": _plain(self._state)}
+        # serialised on request only (a checkpoint): fresh plain containers the caller may keep
+        keys = {
+            key: {
+                "rules": {rule: rs.to_dict() for rule, rs in zip(self.rules, ks.rules, strict=True)},
+                "memory": _plain(ks.memory),
+            }
+            for key, ks in self._state.items()
+        }
+        return {"v": STATE_VERSION, "detector": self.name, "keys": keys}
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         if state.get("v") != STATE_VERSION or state.get("detector") != self.name:
             raise ValueError(f"{self.name}: cannot load state {state.get('detector')!r} v{state.get('v')!r}")
-        self._state = _plain(dict(state.get("keys", {})))
+        loaded: dict[str, _KeyState] = {}
+        for key, data in state.get("keys", {}).items():
+            key_state = _KeyState(0)
+            rules = data.get("rules", {})
+            key_state.rules = [
+                _RuleState.from_dict(rules[rule]) if rule in rules else _RuleState() for rule in self.rules
+            ]
+            key_state.memory = _plain(dict(data.get("memory", {})))
+            loaded[str(key)] = key_state
+        self._state = loaded
 
     def forget(self, key: str) -> None:
         self._state.pop(key, None)
@@ -469,8 +565,8 @@ class ThresholdDetector(Detector):
     def open_alerts(self) -> dict[str, Severity]:
         result: dict[str, Severity] = {}
         for key, key_state in self._state.items():
-            for rule, rstate in key_state["rules"].items():
-                if rstate["h"].get("open"):
+            for rule, rule_state in zip(self.rules, key_state.rules, strict=True):
+                if rule_state.hysteresis.is_open:
                     suffix = f"#{rule}" if len(self.rules) > 1 else ""
                     result[key + suffix] = self.rule_meta(rule)[0]
         return result
