@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         package = baseline_package(args.baseline, Path(tmp)) if args.baseline else None
         for n in sizes:
-            row = {"replicas": n, "current": measure_in_child(REPO, n, args.steps, args.warm)}
+            row: dict[str, Any] = {"replicas": n, "current": measure_in_child(REPO, n, args.steps, args.warm)}
             if package is not None:
                 row["baseline"] = measure_in_child(package, n, args.steps, args.warm)
             rows.append(row)

@@ -120,7 +120,8 @@ class HealthConfig(OverridableConfig):
 
 @dataclass(slots=True)
 class HealthState:
-    """One replica's health memory; plain data (``to_dict`` / ``from_dict``)."""
+    """One replica's health memory, kept live between steps; plain data only for checkpoints
+    (``to_dict`` / ``from_dict``)."""
 
     last_error_ts: dict[str, float] = field(default_factory=dict)  # class -> event time of its latest error
     cause: dict[str, str] = field(default_factory=dict)  # class -> what its latest error was
@@ -180,7 +181,8 @@ def observe(
 ) -> list[Observation]:
     """Fold one step's errors into ``state``; return what was observed (non-success only)."""
     found: dict[tuple[str, str], int] = {}
-    reclassify = config.reclassify_map()
+    # parsed only when there is something to classify: most replicas report no error in a step
+    reclassify = config.reclassify_map() if cuda_errors else {}
     for value, count in sorted(cuda_errors.items()):
         if count <= 0:
             continue
@@ -206,7 +208,7 @@ def observe(
 def _telemetry_faults(state: HealthState, telemetry: TelemetrySample, config: HealthConfig) -> list[str]:
     """New hardware faults reported by NVML since the last sample seen; updates the baselines."""
     faults: list[str] = []
-    hardware_xids = frozenset(config.hardware_xids)
+    hardware_xids = config.hardware_xids  # a short tuple: membership without building a set per sample
     xid, count = telemetry.xid_last, telemetry.xid_count_5m
     if count is not None:
         prev = state.xid_count_baseline

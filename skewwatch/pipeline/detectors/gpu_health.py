@@ -72,25 +72,41 @@ class GpuHealthDetector(Detector):
 
     def __init__(self, config: HealthConfig | None = None) -> None:
         super().__init__(config)
-        # key -> {"health": HealthState dict, "alert_class": class str | None}
-        self._state: dict[str, dict[str, Any]] = {}
+        self._state: dict[str, _ReplicaHealth] = {}  # key -> live health state and open alert class
 
     def update(self, fv: FeatureVector, telemetry: TelemetrySample | None, now: float) -> DetectorOutput:
         out = DetectorOutput()
+        self.update_into(fv, telemetry, now, out.alerts, out.actions)
+        return out
+
+    def update_into(
+        self,
+        fv: FeatureVector,
+        telemetry: TelemetrySample | None,
+        now: float,
+        alerts: list[Alert],
+        actions: list[Action],
+    ) -> None:
         if fv.replica is None:
-            return out
-        key_state = self._state.setdefault(fv.key, {"health": HealthState().to_dict(), "alert_class": None})
-        health = HealthState.from_dict(key_state["health"])
-        observed = observe(health, fv.step_cuda_errors, telemetry, now, self.config)
-        key_state["health"] = health.to_dict()
+            return
+        key_state = self._state.get(fv.key)
+        if key_state is None:
+            key_state = self._state[fv.key] = _ReplicaHealth()
+        health = key_state.health
+        if fv.step_cuda_errors or telemetry is not None or health.last_error_ts:
+            observed = observe(health, fv.step_cuda_errors, telemetry, now, self.config)
+        else:
+            observed = []  # nothing to fold in and no active class to expire: observe() would be a no-op
+        previous = key_state.alert_class
+        if not health.last_error_ts and previous is None:
+            return  # healthy before and after (observe expired what is no longer active): nothing to say
         current = assess(health, now, self.config)
-        previous = key_state["alert_class"]
         evidence = self._evidence(current, observed, fv, telemetry, health)
 
         if current.error_class is ErrorClass.SUCCESS:
             if previous is not None:
                 prev_class = ErrorClass(previous)
-                out.alerts.append(
+                alerts.append(
                     Alert(
                         ts=now,
                         model=fv.model,
@@ -102,14 +118,14 @@ class GpuHealthDetector(Detector):
                         evidence=evidence,
                     )
                 )
-            key_state["alert_class"] = None
-            return out
+            key_state.alert_class = None
+            return
 
         cls = current.error_class
         severity = CLASS_SEVERITY[cls]
         if previous != str(cls):
             change = "" if previous is None else f" (was {previous})"
-            out.alerts.append(
+            alerts.append(
                 Alert(
                     ts=now,
                     model=fv.model,
@@ -124,9 +140,9 @@ class GpuHealthDetector(Detector):
                     evidence=evidence,
                 )
             )
-            key_state["alert_class"] = str(cls)
+            key_state.alert_class = str(cls)
         assert current.action is not None  # every non-success class has an action
-        out.actions.append(
+        actions.append(
             Action(
                 replica=fv.replica,
                 action=current.action,
@@ -136,7 +152,6 @@ class GpuHealthDetector(Detector):
                 expires_at=current.expires_at,
             )
         )
-        return out
 
     @staticmethod
     def _evidence(
@@ -176,14 +191,13 @@ class GpuHealthDetector(Detector):
     def assessment(self, key: str, now: float) -> HealthAssessment:
         """Health of ``model/replica`` at ``now`` (healthy when never seen)."""
         key_state = self._state.get(key)
-        if key_state is None:
+        if key_state is None or not key_state.health.last_error_ts:
             return HEALTHY
-        return assess(HealthState.from_dict(key_state["health"]), now, self.config)
+        return assess(key_state.health, now, self.config)
 
     def state_dict(self) -> dict[str, Any]:
         keys = {
-            key: {"health": HealthState.from_dict(ks["health"]).to_dict(), "alert_class": ks["alert_class"]}
-            for key, ks in self._state.items()
+            key: {"health": ks.health.to_dict(), "alert_class": ks.alert_class} for key, ks in self._state.items()
         }
         return {"v": STATE_VERSION, "detector": self.name, "keys": keys}
 
@@ -191,10 +205,7 @@ class GpuHealthDetector(Detector):
         if state.get("v") != STATE_VERSION or state.get("detector") != self.name:
             raise ValueError(f"{self.name}: cannot load state {state.get('detector')!r} v{state.get('v')!r}")
         self._state = {
-            key: {
-                "health": HealthState.from_dict(ks["health"]).to_dict(),
-                "alert_class": ks.get("alert_class"),
-            }
+            key: _ReplicaHealth(HealthState.from_dict(ks["health"]), ks.get("alert_class"))
             for key, ks in state.get("keys", {}).items()
         }
 
@@ -203,7 +214,17 @@ class GpuHealthDetector(Detector):
 
     def open_alerts(self) -> dict[str, Severity]:
         return {
-            key: CLASS_SEVERITY[ErrorClass(ks["alert_class"])]
+            key: CLASS_SEVERITY[ErrorClass(ks.alert_class)]
             for key, ks in self._state.items()
-            if ks["alert_class"] is not None
+            if ks.alert_class is not None
         }
+
+
+class _ReplicaHealth:
+    """One replica's live state: its health memory and the class of its open alert (None: none)."""
+
+    __slots__ = ("health", "alert_class")
+
+    def __init__(self, health: HealthState | None = None, alert_class: str | None = None) -> None:
+        self.health = health if health is not None else HealthState()
+        self.alert_class = alert_class
