@@ -13,6 +13,12 @@ A failed scrape (endpoint down, timeout, unparsable text) publishes nothing for 
 interval: missing telemetry means unknown, and the worker treats the replica's last sample
 as stale after three intervals.
 
+``--batch-capacity N`` (contract v1.1) fills ``batch_capacity``, the most requests the replica
+runs at once, for engines that do not expose it (vLLM ``--max-num-seqs``, TGI
+``--max-batch-size``; see :mod:`~skewwatch.telemetry.engine_maps`): the worker derives the
+batch fill of OTLP requests from it. A capacity the endpoint does expose wins over the flag
+(it is what the engine runs with now), with one warning when they differ.
+
 >>> normalize_target("http://10.0.0.5:8000")
 'http://10.0.0.5:8000/metrics'
 >>> normalize_target("http://dcgm:9400/metrics")
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import sys
 import time
@@ -40,6 +47,8 @@ from skewwatch.telemetry.engine_maps import ENGINE_MAPS, CounterTracker, EngineM
 from skewwatch.telemetry.publish import encode_sample, publish_sample, stop_on_signals
 
 log = logging.getLogger(__name__)
+
+ENGINE_KINDS: tuple[str, ...] = ("sglang", "tgi", "vllm")  # the kinds that serve requests (not dcgm)
 
 
 class ScrapeError(RuntimeError):
@@ -59,14 +68,20 @@ def normalize_target(url: str) -> str:
 class Scraper:
     """One target: fetch its exposition and map it, remembering counters between scrapes."""
 
-    def __init__(self, url: str, kind: str, replica: str | None = None, timeout_s: float = 4.0) -> None:
+    def __init__(self, url: str, kind: str, replica: str | None = None, timeout_s: float = 4.0,
+                 batch_capacity: int | None = None) -> None:
         if kind not in ENGINE_MAPS:
             raise ValueError(f"unknown kind {kind!r}; known: {', '.join(sorted(ENGINE_MAPS))}")
+        if batch_capacity is not None and (kind not in ENGINE_KINDS or batch_capacity < 1):
+            raise ValueError(f"batch_capacity: an integer >= 1 for engines ({', '.join(ENGINE_KINDS)}), "
+                             f"got {batch_capacity} for {kind}")
         self.url = normalize_target(url)
         self.kind = kind
         self.engine: EngineMap = ENGINE_MAPS[kind]
         self.replica = replica
         self.timeout_s = timeout_s
+        self.batch_capacity = batch_capacity  # the engine's setting, for engines that do not expose it
+        self._capacity_warned = False
         self.tracker = CounterTracker()  # previous counter values: hit rates from deltas, resets detected
 
     async def fetch(self, session: aiohttp.ClientSession) -> str:
@@ -82,9 +97,22 @@ class Scraper:
 
     def map(self, text: str, now: float) -> list[TelemetrySample]:
         try:
-            return map_exposition(text, self.engine, self.tracker, ts=now, replica=self.replica)
+            samples = map_exposition(text, self.engine, self.tracker, ts=now, replica=self.replica)
         except ValueError as exc:  # prometheus_client's parser on text that is not an exposition
             raise ScrapeError(f"{self.url}: not a Prometheus text exposition ({exc})") from None
+        if self.batch_capacity is None:
+            return samples
+        return [self._with_capacity(sample) for sample in samples]
+
+    def _with_capacity(self, sample: TelemetrySample) -> TelemetrySample:
+        exposed = sample.batch_capacity
+        if exposed is None:
+            return dataclasses.replace(sample, batch_capacity=self.batch_capacity)
+        if exposed != self.batch_capacity and not self._capacity_warned:
+            log.warning("%s exposes a batch capacity of %d; using it, not --batch-capacity %d",
+                        self.url, exposed, self.batch_capacity)
+            self._capacity_warned = True
+        return sample
 
     async def scrape(self, session: aiohttp.ClientSession, now: float | None = None) -> list[TelemetrySample]:
         """Fetch and map once. Raises :class:`ScrapeError`."""
@@ -166,6 +194,9 @@ async def _publish_loop(scraper: Scraper, bootstrap: str, topic: str, interval_s
 @click.option("--interval", "interval_s", type=click.FloatRange(min=0.05), default=None,
               help="Seconds between scrapes (default: the window step, 5 s).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=4.0, show_default=True)
+@click.option("--batch-capacity", type=click.IntRange(min=1), default=None,
+              help="Engines only: the most requests the replica runs at once (vLLM --max-num-seqs, TGI "
+                   "--max-batch-size), for engines that do not expose it; an exposed value wins.")
 @click.option("--once", is_flag=True, help="Scrape once, print one JSON sample per line, no Kafka.")
 @click.option("--rounds", "max_rounds", type=click.IntRange(min=1), default=None,
               help="Stop after this many scrapes (default: run until interrupted).")
@@ -179,6 +210,7 @@ def scrape_command(
     replica: str | None,
     interval_s: float | None,
     timeout_s: float,
+    batch_capacity: int | None,
     once: bool,
     max_rounds: int | None,
     bootstrap: str | None,
@@ -191,11 +223,14 @@ def scrape_command(
                         stream=sys.stderr)
     if replica is None and kind != "dcgm":
         raise click.UsageError(f"--replica is required for --kind {kind}")
+    if batch_capacity is not None and kind not in ENGINE_KINDS:
+        raise click.UsageError(f"--batch-capacity is an engine setting ({', '.join(ENGINE_KINDS)}), "
+                               f"not one of {kind}")
     try:
         settings = load_settings(config_path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    scraper = Scraper(target, kind, replica=replica, timeout_s=timeout_s)
+    scraper = Scraper(target, kind, replica=replica, timeout_s=timeout_s, batch_capacity=batch_capacity)
     if once:
         try:
             samples = asyncio.run(_scrape_once(scraper))

@@ -56,6 +56,8 @@ INT_FIELDS = frozenset(
     name for name, hint in _SAMPLE_TYPES.items() if int in typing.get_args(hint) and name != "gpu_index"
 )
 MEASURE_FIELDS = frozenset(_SAMPLE_TYPES) - {"ts", "replica", "source", "node", "gpu_index", "gpu_uuid", "v"}
+# Fields the contract requires to be >= 1 when present: an exporter's 0 there means "not set".
+POSITIVE_FIELDS = frozenset({"batch_capacity"})
 
 
 def normalize_name(name: str) -> str:
@@ -165,6 +167,13 @@ class CounterTracker:
 
 
 # --------------------------------------------------------------------------- the tables
+# batch_capacity (the most requests one replica runs at once, contract v1.1): only what an engine
+# really exposes. vLLM does not: its only info metric, vllm:cache_config_info, carries CacheConfig
+# labels (block_size, num_gpu_blocks, ...) and --max-num-seqs is a SchedulerConfig field. TGI does
+# not: it exports tgi_batch_max_total_tokens (a token budget, not a request count) and keeps
+# --max-batch-size for its /info route. SGLang's first exporter did (sglang:max_running_requests);
+# its current one does not (sglang:max_running_requests_under_SLO is an SLO estimate, not the cap).
+# Where nothing is exposed, `skewwatch scrape --batch-capacity N` supplies the engine's setting.
 _VLLM = EngineMap(
     source="vllm",
     rules=(
@@ -185,14 +194,27 @@ _VLLM = EngineMap(
     ),
 )
 
+def _sglang_first_exporter(values: dict[str, Any], group: Group) -> None:
+    """SGLang's first exporter (``sglang:num_requests_running``, label ``name``) wrote
+    ``sglang:cache_hit_rate`` as a percentage (its docs show 10.61), the current one as a 0..1
+    ratio. A percentage below 1 would pass as a ratio 100x too high, so from the first exporter
+    the hit rate is left unknown rather than guessed."""
+    if "sglang:num_requests_running" in group and "sglang:num_running_reqs" not in group:
+        values.pop("kv_cache_hit_rate", None)
+
+
 _SGLANG = EngineMap(
     source="sglang",
     rules=(
-        MetricRule("queue_length", ("sglang:num_queue_reqs",)),
-        MetricRule("running_requests", ("sglang:num_running_reqs",)),
+        # current names (collector.py, label model_name), then the first exporter's (label name)
+        MetricRule("queue_length", ("sglang:num_queue_reqs", "sglang:num_requests_waiting")),
+        MetricRule("running_requests", ("sglang:num_running_reqs", "sglang:num_requests_running")),
         MetricRule("kv_cache_usage", ("sglang:token_usage",), "ratio", aggregate="mean"),
         MetricRule("kv_cache_hit_rate", ("sglang:cache_hit_rate",), "ratio", aggregate="mean"),
+        # --max-running-requests as the scheduler resolved it; only the first exporter has it
+        MetricRule("batch_capacity", ("sglang:max_running_requests",)),
     ),
+    finalize=_sglang_first_exporter,
 )
 
 _TGI = EngineMap(
@@ -399,6 +421,11 @@ def map_series(series: list[Series], engine: EngineMap, tracker: CounterTracker,
             continue
         for name in INT_FIELDS & values.keys():
             values[name] = int(round(values[name]))
+        for name in POSITIVE_FIELDS & values.keys():
+            if values[name] < 1:
+                del values[name]
+        if not values:
+            continue
         ident = _identity(group, engine.identity_labels)
         gpu_index = int(ident["gpu_index"]) if ident.get("gpu_index", "").isdigit() else None
         node = ident.get("node")

@@ -105,6 +105,10 @@ ENGINE_CASES = [
      {"queue_length": 6, "running_requests": 60, "kv_cache_usage": 0.89, "preemptions_total": 75}),
     ("sglang_v0.4.txt", "sglang",
      {"queue_length": 6, "running_requests": 17, "kv_cache_usage": 0.63, "kv_cache_hit_rate": 0.71}),
+    # SGLang's first exporter (label `name`): exposes its --max-running-requests; its cache_hit_rate is a
+    # percentage (37.5), so the hit rate stays unknown rather than guessed
+    ("sglang_v0.3.txt", "sglang",
+     {"queue_length": 4, "running_requests": 31, "kv_cache_usage": 0.42, "batch_capacity": 256}),
     ("tgi_v2.txt", "tgi", {"queue_length": 11, "running_requests": 28}),
 ]
 
@@ -121,9 +125,54 @@ async def test_engine_fixture_maps_to_expected_sample(server: ExpositionServer, 
         assert measured[name] == pytest.approx(value), name
     assert (sample.ts, sample.replica, sample.source) == (1234.5, "replica-a", kind)
     assert decode_telemetry(encode_sample(sample)) == sample  # the wire form passes the worker's contract
-    for name in ("queue_length", "running_requests", "preemptions_total"):
+    for name in ("queue_length", "running_requests", "preemptions_total", "batch_capacity"):
         if name in wire:
             assert isinstance(wire[name], int)
+
+
+# batch_capacity per fixture: only SGLang's first exporter exposes it (vLLM's cache_config_info labels
+# hold no --max-num-seqs, TGI exports no --max-batch-size, DCGM is not an engine); the others need
+# `skewwatch scrape --batch-capacity N`, which fills it in and never overrides an exposed value.
+CAPACITY_CASES = [
+    ("vllm_v0.6.txt", "vllm", None, None), ("vllm_v0.8.txt", "vllm", None, None),
+    ("vllm_v0.10.txt", "vllm", None, None), ("sglang_v0.4.txt", "sglang", None, None),
+    ("sglang_v0.3.txt", "sglang", None, 256), ("tgi_v2.txt", "tgi", None, None),
+    ("vllm_v0.10.txt", "vllm", 512, 512), ("sglang_v0.4.txt", "sglang", 48, 48), ("tgi_v2.txt", "tgi", 64, 64),
+    ("sglang_v0.3.txt", "sglang", 128, 256),  # the engine's own figure wins over the flag
+]
+
+
+@pytest.mark.parametrize(("fixture", "kind", "flag", "expected"), CAPACITY_CASES,
+                         ids=[f"{c[0]}-flag{c[2]}" for c in CAPACITY_CASES])
+def test_each_fixture_maps_to_its_batch_capacity(fixture: str, kind: str, flag: int | None,
+                                                 expected: int | None) -> None:
+    scraper = Scraper("http://unused", kind, replica="r", batch_capacity=flag)
+    [sample] = scraper.map(fixture_text(fixture), now=1.0)
+    assert sample.batch_capacity == expected
+    if expected is not None:
+        assert decode_telemetry(encode_sample(sample)) == sample
+
+
+def test_dcgm_has_no_batch_capacity_and_refuses_the_flag() -> None:
+    samples = Scraper("http://unused", "dcgm").map(fixture_text("dcgm_3.3.txt"), now=1.0)
+    assert samples and all(s.batch_capacity is None for s in samples)
+    with pytest.raises(ValueError, match="batch_capacity"):
+        Scraper("http://unused", "dcgm", batch_capacity=8)
+    result = CliRunner().invoke(scrape_command, ["--target", "http://127.0.0.1:1", "--kind", "dcgm",
+                                                 "--batch-capacity", "8", "--once"])
+    assert result.exit_code == 2 and "--batch-capacity is an engine setting" in result.output
+
+
+def test_an_exposed_capacity_of_zero_is_unknown_not_a_contract_violation() -> None:
+    text = set_value(fixture_text("sglang_v0.3.txt"), "sglang:max_running_requests{", 0)
+    [sample] = map_exposition(text, ENGINE_MAPS["sglang"], CounterTracker(), ts=1.0, replica="r")
+    assert sample.batch_capacity is None and sample.running_requests == 31
+
+
+def test_a_first_exporter_hit_rate_below_one_percent_is_not_read_as_a_ratio() -> None:
+    text = set_value(fixture_text("sglang_v0.3.txt"), "sglang:cache_hit_rate{", 0.8)  # 0.8 %, not 80 %
+    [sample] = map_exposition(text, ENGINE_MAPS["sglang"], CounterTracker(), ts=1.0, replica="r")
+    assert sample.kv_cache_hit_rate is None
 
 
 async def test_dcgm_fixture_gives_one_sample_per_gpu_with_units_and_join_labels(server: ExpositionServer) -> None:
@@ -292,6 +341,15 @@ def test_scrape_once_command_prints_samples(server: ExpositionServer) -> None:
     [line] = result.stdout.strip().splitlines()
     wire = orjson.loads(line)
     assert (wire["replica"], wire["source"], wire["queue_length"]) == ("s1", "sglang", 6)
+
+
+def test_scrape_once_command_with_batch_capacity(server: ExpositionServer) -> None:
+    url = server.serve("/metrics", fixture_text("vllm_v0.10.txt"))
+    result = CliRunner().invoke(scrape_command, ["--target", url, "--kind", "vllm", "--replica", "v1",
+                                                 "--batch-capacity", "256", "--once"])
+    assert result.exit_code == 0, result.output
+    wire = orjson.loads(result.stdout.strip())
+    assert (wire["replica"], wire["batch_capacity"], wire["running_requests"]) == ("v1", 256, 60)
 
 
 def test_scrape_command_needs_a_replica_for_engines() -> None:
