@@ -60,6 +60,7 @@ from skewwatch.pipeline.detectors.base import Action, Alert, Detector, Overridab
 from skewwatch.pipeline.detectors.gpu_health import GpuHealthDetector
 from skewwatch.pipeline.detectors.registry import DETECTORS
 from skewwatch.pipeline.features import FeatureVector
+from skewwatch.pipeline.health import HEALTHY
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.weights import ReplicaWeight, WeightConfig, WeightInput, compute_weights
 
@@ -156,6 +157,8 @@ class StepDecision:
 
 @dataclass(slots=True)
 class _Track:
+    """A known replica's silence bookkeeping."""
+
     silent_steps: int = 0
     last_seen: float | None = None  # last window_end with a request in its newest step
     first_seen: float = 0.0
@@ -176,6 +179,7 @@ class ModelDecider:
         self.model = model
         self.detectors = self.settings.build_detectors()
         self._tracks: dict[str, _Track] = {}
+        self._order: list[str] | None = None  # sorted(self._tracks), kept between steps
         self._last_seq: int | None = None
         self._last_published: RoutingCorrection | None = None
         # event time of the step the last published correction reflects: the heartbeat counts
@@ -222,14 +226,19 @@ class ModelDecider:
             if fv.model != model or fv.replica is None:
                 raise ValueError(f"step of model {model!r} got the vector of {fv.key!r}")
             by_replica[fv.replica] = fv
+        tracks = self._tracks
         for replica in by_replica:
-            self._tracks.setdefault(replica, _Track(first_seen=now))
+            if replica not in tracks:
+                tracks[replica] = _Track(first_seen=now)
+                self._order = None
 
         max_age = self.settings.weights.telemetry_max_age_s
         alerts: list[Alert] = []
         actions: list[Action] = []
-        for replica in sorted(self._tracks):
-            track = self._tracks[replica]
+        updaters = [detector.update_into for detector in self.detectors.values()]
+        no_telemetry: tuple[None, None] = (None, None)
+        for replica in self._sorted_replicas():
+            track = tracks[replica]
             fv_or_none = by_replica.get(replica)
             if fv_or_none is not None and fv_or_none.step_count > 0:
                 track.silent_steps = 0
@@ -243,40 +252,43 @@ class ModelDecider:
                 window_end=now,
                 count=0,
             )
-            sample, age = telemetry.get(replica, (None, None))
+            sample, age = telemetry.get(replica, no_telemetry)
             fresh = sample if sample is not None and age is not None and age <= max_age else None
-            for detector in self.detectors.values():
-                out = detector.update(fv, fresh, now)
-                alerts.extend(out.alerts)
-                actions.extend(out.actions)
+            for update_into in updaters:
+                update_into(fv, fresh, now, alerts, actions)
 
         if model_features is not None:
             for name in self.settings.decider.model_level:
                 if name in self.detectors:
                     alerts.extend(self.detectors[name].update(model_features, None, now).alerts)
 
+        release_after = self.settings.decider.release_after_s
         released = [
             r
-            for r, t in self._tracks.items()
-            if now - (t.last_seen if t.last_seen is not None else t.first_seen) >= self.settings.decider.release_after_s
+            for r, t in tracks.items()
+            if now - (t.last_seen if t.last_seen is not None else t.first_seen) >= release_after
         ]
         for replica in released:
             self.forget_replica(replica)
-        actions = [a for a in actions if a.replica in self._tracks]
+        if released:
+            actions = [a for a in actions if a.replica in tracks]
 
         health = self._health(now)
-        inputs = [
-            WeightInput(
-                replica=r,
-                features=by_replica.get(r),
-                telemetry=telemetry.get(r, (None, None))[0],
-                telemetry_age_s=telemetry.get(r, (None, None))[1],
-                health=health[r][0],
-                health_note=health[r][1],
-                silent_steps=self._tracks[r].silent_steps,
+        inputs = []
+        for r in self._sorted_replicas():
+            sample, age = telemetry.get(r, no_telemetry)
+            score, note = health[r]
+            inputs.append(
+                WeightInput(
+                    replica=r,
+                    features=by_replica.get(r),
+                    telemetry=sample,
+                    telemetry_age_s=age,
+                    health=score,
+                    health_note=note,
+                    silent_steps=tracks[r].silent_steps,
+                )
             )
-            for r in sorted(self._tracks)
-        ]
         weights = compute_weights(inputs, self.settings.weights)
         correction = RoutingCorrection(
             model=model,
@@ -335,15 +347,24 @@ class ModelDecider:
 
     def _health(self, now: float) -> dict[str, tuple[float, str | None]]:
         detector = self.detectors.get(GpuHealthDetector.name)
+        if not isinstance(detector, GpuHealthDetector):
+            return dict.fromkeys(self._tracks, (1.0, None))
         result: dict[str, tuple[float, str | None]] = {}
+        healthy = (1.0, None)
         for replica in self._tracks:
-            if not isinstance(detector, GpuHealthDetector):
-                result[replica] = (1.0, None)
-                continue
             assessment = detector.assessment(f"{self.model}/{replica}", now)
+            if assessment is HEALTHY:
+                result[replica] = healthy
+                continue
             note = f"{assessment.action}: {assessment.cause}" if assessment.action else None
             result[replica] = (assessment.score, note)
         return result
+
+    def _sorted_replicas(self) -> list[str]:
+        """The known replicas in name order, re-sorted only when the set changed."""
+        if self._order is None:
+            self._order = sorted(self._tracks)
+        return self._order
 
     # ------------------------------------------------------------------ inspection
 
@@ -371,6 +392,7 @@ class ModelDecider:
     def forget_replica(self, replica: str) -> None:
         """Drop a replica (released by the windows, or silent for ``release_after_s``)."""
         self._tracks.pop(replica, None)
+        self._order = None
         for detector in self.detectors.values():
             detector.forget(f"{self.model}/{replica}")
 
@@ -402,6 +424,7 @@ class ModelDecider:
             if name in decider.detectors:
                 decider.detectors[name].load_state(det_state)
         decider._tracks = {r: _Track.from_dict(t) for r, t in state.get("replicas", {}).items()}
+        decider._order = None
         decider._last_seq = state.get("last_seq")
         published = state.get("last_published")
         decider._last_published = None if published is None else RoutingCorrection.from_dict(published)
