@@ -172,19 +172,28 @@ def load_denominator(inp: WeightInput, config: WeightConfig) -> tuple[float, dic
     >>> d, notes[-1]
     (1.0, 'no load signal: treated as fully loaded')
     """
-    signals = {
-        "mem": (config.mem_coef, *_mem(inp, config)),
-        "queue": (config.queue_coef, *_queue(inp, config)),
-        "latency": (config.latency_coef, *_latency(inp, config)),
-    }
-    total_coef = config.mem_coef + config.queue_coef + config.latency_coef
-    present_coef = sum(coef for coef, value, _ in signals.values() if value is not None)
-    weighted = sum(coef * value for coef, value, _ in signals.values() if value is not None)
-    notes = [note for _, value, note in signals.values() if value is None and note is not None]
-    components: dict[str, float | None] = {name: value for name, (_, value, _) in signals.items()}
+    # the three signals in the seed's order (mem, queue, latency), summed in that order
+    mem, mem_note = _mem(inp, config)
+    queue, queue_note = _queue(inp, config)
+    latency, latency_note = _latency(inp, config)
+    components: dict[str, float | None] = {"mem": mem, "queue": queue, "latency": latency}
+    notes: list[str] = []
+    present_coef = weighted = 0.0
+    for coef, value, note in (
+        (config.mem_coef, mem, mem_note),
+        (config.queue_coef, queue, queue_note),
+        (config.latency_coef, latency, latency_note),
+    ):
+        if value is None:
+            if note is not None:
+                notes.append(note)
+        else:
+            present_coef += coef
+            weighted += coef * value
     if present_coef <= 0:
         notes.append("no load signal: treated as fully loaded")
         return 1.0, components, notes
+    total_coef = config.mem_coef + config.queue_coef + config.latency_coef
     return total_coef * weighted / present_coef, components, notes
 
 
