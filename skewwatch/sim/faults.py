@@ -16,7 +16,9 @@ Kinds and their parameters (defaults in :data:`DEFAULT_PARAMS`):
 - ``batch_collapse``: the scheduler is stuck at batch 1-2 for a ``stuck_share`` of requests and
   runs 4..``max_batch`` for the rest (std ~ 3.4 > 2, fill ~ 11 % < 30 % at capacity 32) while the
   queue grows by ``queue_growth_per_s`` up to ``queue_max``; each queued request adds
-  ``wait_ms_per_queued`` to latency and TTFT.
+  ``wait_ms_per_queued`` to latency and TTFT. The fleet simulator draws the limit (1-2 with
+  probability ``stuck_share``, else 4..``max_batch``) once per ``phase_s`` seconds and only stops
+  admissions, so its queue grows by itself; the generator ignores ``phase_s``.
 - ``context_burst``: prompts log-normal with mean ``mean_tokens`` and coefficient of variation ``cv``.
 - ``gpu_fault``: a ``share`` of requests fail with a CUDA error of class ``class``
   (``transient``, ``resource``, ``hardware``) or exactly ``error``; ``codes=1`` sends the integer
@@ -57,7 +59,7 @@ DEFAULT_PARAMS: dict[str, dict[str, ParamValue]] = {
     "long_tail": {"share": 0.2, "factor_min": 5.0, "factor_max": 10.0},
     "slow_replica": {"factor": 3.0},
     "batch_collapse": {"stuck_share": 0.7, "max_batch": 12.0, "queue_growth_per_s": 2.0, "queue_max": 128.0,
-                       "wait_ms_per_queued": 10.0},
+                       "wait_ms_per_queued": 10.0, "phase_s": 10.0},
     "context_burst": {"mean_tokens": 16384.0, "cv": 0.5, "max_tokens": 32768.0},
     "gpu_fault": {"class": "hardware", "share": 0.25, "error": "", "codes": 0.0, "xid": -1.0},
     "kv_pressure": {"mode": "fragmentation", "hit_rate": 0.3, "fragmentation": 0.6, "tokens_per_s": 60.0},

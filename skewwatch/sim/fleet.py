@@ -24,12 +24,13 @@ The engine model, per replica (every constant in :class:`FleetConfig`, defaults 
   (prefill time counts fully, decode steps in proportion to batch fill), KV usage, memory =
   weights + runtime + KV in use, power and temperature from utilisation, queue and running batch.
 - **Faults** (:mod:`skewwatch.sim.faults`): ``slow_replica`` multiplies the decode step,
-  ``batch_collapse`` makes the scheduler admit up to 1-2 requests (``stuck_share`` of
-  iterations) or 4..``max_batch``, ``context_burst`` gives requests routed to the replica long
-  prompts, ``gpu_fault`` fails a ``share`` of its requests with CUDA errors (XID in telemetry for
-  hardware faults), ``kv_pressure`` lowers the prefix-cache hit rate (more prefill) and shrinks
-  the usable KV cache by the fragmentation, ``replica_silence`` keeps the replica serving but
-  hides its events and telemetry. ``long_tail`` slows a ``share`` of its requests' decode.
+  ``batch_collapse`` makes the scheduler admit only while the running batch is under 1-2
+  (a ``stuck_share`` of ``phase_s`` phases) or under 4..``max_batch`` (the other phases),
+  ``context_burst`` gives requests routed to the replica long prompts, ``gpu_fault`` fails a
+  ``share`` of its requests with CUDA errors (XID in telemetry for hardware faults),
+  ``kv_pressure`` lowers the prefix-cache hit rate (more prefill) and shrinks the usable KV
+  cache by the fragmentation, ``replica_silence`` keeps the replica serving but hides its
+  events and telemetry. ``long_tail`` slows a ``share`` of its requests' decode.
 
 Runs are deterministic under a seed and as fast as the machine allows (an hour of 4 replicas in
 seconds). :meth:`FleetSimulator.chunks` yields one :class:`~skewwatch.sim.generator.TrafficChunk`
@@ -177,6 +178,8 @@ class _Replica:
         self.fault_rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(11, index)))
         self.telemetry_rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(12, index)))
         self.xid_count = 0
+        self.collapse_phase = -1  # batch_collapse: the phase whose batch limit is collapse_cap
+        self.collapse_cap = 1
         # invariants and totals, for tests and reports
         self.arrivals = self.finished = self.failed = 0
         self.max_running = 0
@@ -263,11 +266,7 @@ class FleetSimulator:
         cap = cfg.max_batch
         collapse = r.active("batch_collapse", t)
         if collapse is not None:
-            top = max(min(int(collapse.param("max_batch")), cfg.max_batch), 1)
-            if r.fault_rng.random() < float(collapse.param("stuck_share")):
-                cap = int(r.fault_rng.integers(1, 3))
-            else:
-                cap = int(r.fault_rng.integers(min(4, top), top + 1))
+            cap = self._collapsed_cap(r, collapse, t)
         kv_cap = cfg.kv_capacity_tokens
         pressure = r.active("kv_pressure", t)
         if pressure is not None and pressure.param("mode") == "fragmentation":
@@ -309,6 +308,24 @@ class FleetSimulator:
         active_ms = prefill_ms + step_ms * min(r.running / cfg.max_batch, 1.0)
         self._account_busy(r, t, duration_s, active_ms / 1000.0)
         self._push(t + duration_s, _ITER_END, r.index)
+
+    def _collapsed_cap(self, r: _Replica, collapse: Injection, t: float) -> int:
+        """The stuck scheduler's batch limit at ``t``: drawn once per ``phase_s`` of the fault.
+
+        A limit only stops admissions (nothing is preempted), so it must last long enough for
+        the running batch to drain to it: drawn per iteration, the 4..``max_batch`` draws would
+        refill the batch every few iterations and it would sit near ``max_batch``, never at 1-2.
+        """
+        start = collapse.window(self.start_ts)[0]
+        phase = int((t - start) // float(collapse.param("phase_s")))
+        if r.collapse_phase != phase:
+            top = max(min(int(collapse.param("max_batch")), self.config.max_batch), 1)
+            if r.fault_rng.random() < float(collapse.param("stuck_share")):
+                r.collapse_cap = int(r.fault_rng.integers(1, 3))
+            else:
+                r.collapse_cap = int(r.fault_rng.integers(min(4, top), top + 1))
+            r.collapse_phase = phase
+        return r.collapse_cap
 
     def _account_busy(self, r: _Replica, t: float, duration_s: float, active_s: float) -> None:
         """Add the iteration's active time to this interval, the part past its end to the next."""

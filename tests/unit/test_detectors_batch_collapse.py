@@ -118,3 +118,104 @@ def test_silent_when_no_event_had_a_batch_size_contract_v1_1() -> None:
     for v in vectors:
         out = det.update(v, None, v.window_end)
         assert out.alerts == [] and out.actions == []
+
+
+# --- option stuck_rule: a scheduler stuck at batch 1-2 while the queue grows (off by default)
+
+STUCK = BatchCollapseConfig(stuck_rule=True, seed_rule=False)
+
+
+def tel(t: float, queue: int, running: int, kv_usage: float = 0.1, frag: float = 0.1,
+        capacity: int | None = 32) -> TelemetrySample:
+    return TelemetrySample(ts=t, replica="r1", source="vllm", queue_length=queue, running_requests=running,
+                           kv_cache_usage=kv_usage, batch_capacity=capacity, memory_reserved_bytes=10e9,
+                           memory_allocated_bytes=10e9 * (1 - frag))
+
+
+def test_stuck_rule_fires_on_a_queue_beside_a_small_batch_with_memory_to_spare() -> None:
+    det = BatchCollapseDetector(STUCK)
+    out = det.update(fv(60.0, 0.5, 0.3), tel(60.0, queue=30, running=2), 60.0)
+    (alert,) = out.alerts
+    assert alert.state == "open" and alert.evidence["stuck"] == 1 and alert.evidence["stuck_source"] == "telemetry"
+    assert "stuck scheduler" in alert.message and alert.evidence["stuck_fill"] == 2 / 32
+    assert out.actions[0].action == "adjust_batch_policy"
+
+
+def test_stuck_rule_is_off_by_default_and_the_seed_rule_is_unchanged() -> None:
+    det = BatchCollapseDetector()
+    assert not det.update(fv(60.0, 0.5, 0.05), tel(60.0, queue=300, running=1), 60.0).alerts
+    both = BatchCollapseDetector(BatchCollapseConfig(stuck_rule=True))  # seed rule still judges too
+    assert both.update(fv(60.0, 3.0, 0.1), tel(60.0, queue=0, running=20), 60.0).alerts
+
+
+@pytest.mark.parametrize(
+    ("queue", "running", "kv_usage", "frag", "why"),
+    [
+        (7, 2, 0.1, 0.1, "queue under stuck_queue_min"),
+        (30, 13, 0.3, 0.1, "batch at 40 % of capacity: admitting"),
+        (30, 32, 0.9, 0.1, "full batch: a healthy engine under load"),
+        (30, 2, 0.6, 0.1, "two long prompts hold 60 % of the KV cache: room for 1.3 more (context_burst)"),
+        (30, 8, 0.35, 0.6, "fragmented allocator (kv_pressure)"),
+    ],
+)
+def test_stuck_rule_stays_quiet_when_something_else_explains_the_small_batch(
+        queue: int, running: int, kv_usage: float, frag: float, why: str) -> None:
+    det = BatchCollapseDetector(STUCK)
+    for i in range(5):
+        t = 60.0 + 5 * i
+        assert not det.update(fv(t, 0.5, 0.2), tel(t, queue, running, kv_usage, frag), t).alerts, why
+
+
+def test_stuck_rule_without_telemetry_reads_the_window_and_capacity_from_events() -> None:
+    det = BatchCollapseDetector(STUCK)
+    assert det.update(fv(60.0, 1.0, 0.1, queue_length_mean=20.0), None, 60.0).alerts[0].evidence["stuck_source"] \
+        == "events"
+    quiet = BatchCollapseDetector(STUCK)
+    assert not quiet.update(fv(60.0, 1.0, 0.1, queue_length_mean=2.0), None, 60.0).alerts
+    # telemetry without batch_capacity: capacity = batch_size_mean / batch_fill_mean = 6 / 0.1875 = 32
+    derived = BatchCollapseDetector(STUCK)
+    out = derived.update(fv(60.0, 1.0, 0.1875), tel(60.0, queue=30, running=2, capacity=None), 60.0)
+    assert out.alerts[0].evidence["stuck_fill"] == pytest.approx(2 / 32)
+
+
+def test_stuck_rule_config_is_validated() -> None:
+    from skewwatch.config import ConfigError
+
+    with pytest.raises(ConfigError, match="seed_rule"):
+        BatchCollapseConfig.from_overrides({"seed_rule": "false"})
+    with pytest.raises(ConfigError, match="stuck_fill_max"):
+        BatchCollapseConfig.from_overrides({"stuck_rule": "true", "stuck_fill_max": "0"})
+
+
+def _fleet_steps(injections: tuple[Any, ...], load: float, seed: int) -> list[tuple[FeatureVector, Any]]:
+    """Per-replica feature vectors and the step's telemetry of a short fleet-simulator run."""
+    from skewwatch.config import WindowSettings
+    from skewwatch.pipeline.window import PartitionWindows
+    from skewwatch.sim.fleet import FleetConfig, FleetSimulator
+
+    sim = FleetSimulator(FleetConfig(replicas=4, load=load, seed=seed, injections=injections), 1_700_000_000.0, 240)
+    windows = PartitionWindows(WindowSettings())
+    steps = []
+    for chunk in sim.chunks():
+        windows.apply(chunk.requests)
+        windows.advance_watermark(chunk.end_ts)
+        samples = {s.replica: s for s in chunk.telemetry}
+        steps += [(s.features, samples.get(s.features.replica or "")) for s in windows.close_steps()]
+    return steps
+
+
+@pytest.mark.parametrize("load", [0.5, 0.8])
+def test_stuck_rule_on_the_fleet_simulator_catches_the_fault_within_15_s_and_nothing_else(load: float) -> None:
+    from skewwatch.sim.faults import Injection
+
+    t0 = 1_700_000_000.0
+    faults = (Injection("batch_collapse", "r1", 120, 90), Injection("context_burst", "r2", 120, 90),
+              Injection("kv_pressure", "r3", 120, 90))
+    det = BatchCollapseDetector(STUCK)
+    opened: dict[str, float] = {}
+    for features, sample in _fleet_steps(faults, load, seed=4):
+        for alert in det.update(features, sample, features.window_end).alerts:
+            if alert.state == "open":
+                opened.setdefault(alert.replica or "", alert.ts - t0)
+    assert set(opened) == {"r1"}, opened  # not r0 (clean), r2 (long prompts), r3 (fragmented KV)
+    assert 120 < opened["r1"] <= 135

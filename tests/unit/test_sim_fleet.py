@@ -159,3 +159,20 @@ def test_bad_fleet_config_is_refused() -> None:
         FleetConfig(replicas=2, injections=(Injection("slow_replica", "r7", 0, 10),))
     with pytest.raises(ValueError, match="policy 'dynamic'"):
         FleetSimulator(FleetConfig(), T0, 10).apply_correction({"model": "m", "weights": {}}, T0)
+
+
+def test_batch_collapse_holds_the_running_batch_at_1_2_while_the_queue_grows() -> None:
+    """The stuck scheduler only stops admissions, so its limit must last long enough (phase_s) for
+    the batch to drain to 1-2; drawn per iteration, the batch would sit near max_batch instead."""
+    config = FleetConfig(replicas=2, load=0.6, seed=5, injections=(Injection("batch_collapse", "r0", 60, 90),))
+    _, cols, telemetry = simulate(config, 180)
+    during = [s for s in telemetry if s.replica == "r0" and T0 + 90 <= s.ts <= T0 + 150]
+    before = [s for s in telemetry if s.replica == "r0" and T0 + 20 <= s.ts < T0 + 60]
+    assert max(s.queue_length or 0 for s in before) <= 2
+    assert sum((s.running_requests or 0) <= 2 for s in during) >= len(during) / 2  # stuck in most phases
+    queue = [s.queue_length or 0 for s in during]
+    assert queue[-1] > queue[0] + 20 and queue[-1] > 40  # the queue grows
+    admitted = cols.batch_size[(cols.replica == "r0") & (cols.ts >= T0 + 120) & (cols.ts < T0 + 150)]
+    assert np.median(admitted) <= 2
+    other = [s for s in telemetry if s.replica == "r1" and T0 + 90 <= s.ts <= T0 + 150]
+    assert max(s.queue_length or 0 for s in other) < 8  # only the faulty replica

@@ -5,6 +5,22 @@ scheduler策略" (std(batch_size) > 2 and mean fill < 30 % → CRITICAL; change 
 scheduler's policy). The seed gives no persistence, so the alert opens on the first step the rule
 holds (``persistence = 1``) and resolves after ``clear_steps`` steps without it.
 
+**Option ``stuck_rule``** (ours, off by default; on in ``bench/profiles/tuned.toml``): the rule
+also holds when requests wait while the running batch is small and memory is not the reason,
+the signature of a *stuck* scheduler (batch 1-2 while the queue grows). A healthy
+continuous-batching engine admits waiting requests until its batch or its KV cache is full, so
+a queue of at least ``stuck_queue_min`` next to a running batch under ``stuck_fill_max`` of its
+capacity, with free KV cache for at least ``stuck_kv_room`` more requests the size of the
+running ones (``(1 - kv_cache_usage) / (kv_cache_usage / running_requests)``) and allocator
+fragmentation under ``stuck_fragmentation_max`` (else long prompts or kv_pressure explain the
+small batch), means the scheduler is not admitting. It reads the replica's fresh telemetry (``queue_length``,
+``running_requests``, ``kv_cache_usage``, allocator memory; capacity from ``batch_capacity``
+else the window's ``batch_size_mean / batch_fill_mean``), which follows the scheduler within a
+step; without telemetry it falls back to the window's ``queue_length_mean`` and
+``batch_fill_mean``, which lag by a request's latency. The seed's signature (std > 2) does not
+fit a scheduler stuck at 1-2 (its batches barely vary) and holds on healthy replicas at low load
+and on long prompts; ``seed_rule = false`` leaves the judgement to the stuck rule.
+
 The action ``adjust_batch_policy`` sends ``params.max_batch_size`` from the seed's §4.2
 controller (:mod:`skewwatch.pipeline.batch_controller`): queue length from the window's mean
 ``queue_length`` (else the engine's telemetry, else the window's mean batch size, so the
@@ -18,10 +34,19 @@ P95 from the window.
 >>> out = BatchCollapseDetector().update(fv, None, now=60.0)
 >>> str(out.alerts[0].severity), out.actions[0].action, out.actions[0].params
 ('CRITICAL', 'adjust_batch_policy', {'max_batch_size': 10})
+>>> from skewwatch.pipeline.telemetry import TelemetrySample
+>>> stuck = BatchCollapseDetector(BatchCollapseConfig(stuck_rule=True))
+>>> tel = TelemetrySample(ts=60.0, replica="r1", source="vllm", queue_length=40, running_requests=2,
+...                       kv_cache_usage=0.1, batch_capacity=32)
+>>> fv = FeatureVector(model="m", replica="r1", window_start=0.0, window_end=60.0, count=50,
+...                    batch_size_mean=8.0, batch_size_std=1.0, batch_fill_mean=0.25)
+>>> stuck.update(fv, tel, now=60.0).alerts[0].evidence["stuck"]
+1
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -45,6 +70,13 @@ class BatchCollapseConfig(DetectorConfig):
     high_util: float = 0.85
     low_p95_ms: float = 80.0
     grow: float = 1.3
+    seed_rule: bool = True  # the seed's std/fill signature above (off: only the stuck rule judges)
+    # ours, off by default: a stuck scheduler (requests wait, the batch runs small, memory has room)
+    stuck_rule: bool = False
+    stuck_queue_min: float = 8.0  # waiting requests
+    stuck_fill_max: float = 0.4  # running batch / batch capacity
+    stuck_kv_room: float = 4.0  # KV free for fewer requests (of the running ones' mean size): KV limits the batch
+    stuck_fragmentation_max: float = 0.4  # above: fragmentation limits it (kv_pressure's seed bound)
 
     section: ClassVar[str] = "batch_collapse"
 
@@ -54,6 +86,11 @@ class BatchCollapseConfig(DetectorConfig):
         self._require(self.std_threshold >= 0, "std_threshold", "must be >= 0")
         self._require(self.queue_cap >= 1, "queue_cap", "must be >= 1")
         self._require(self.max_batch_size >= 1, "max_batch_size", "must be >= 1")
+        self._require(self.seed_rule or self.stuck_rule, "seed_rule", "or stuck_rule must be on")
+        self._require(self.stuck_queue_min > 0, "stuck_queue_min", "must be > 0")
+        self._require(0.0 < self.stuck_fill_max <= 1.0, "stuck_fill_max", "must be in (0, 1]")
+        self._require(self.stuck_kv_room >= 0, "stuck_kv_room", "must be >= 0")
+        self._require(0.0 < self.stuck_fragmentation_max <= 1.0, "stuck_fragmentation_max", "must be in (0, 1]")
 
     @property
     def controller(self) -> BatchControllerConfig:
@@ -76,11 +113,13 @@ class BatchCollapseDetector(ThresholdDetector):
 
     def rule_meta(self, rule: str) -> tuple[Severity, str | None, str]:
         cfg = self.config
-        return (
-            Severity.CRITICAL,
-            "adjust_batch_policy",
-            f"batch collapse: std(batch_size) > {cfg.std_threshold:g} and fill < {cfg.fill_threshold:.0%}",
-        )
+        rules = []
+        if cfg.seed_rule:
+            rules.append(f"std(batch_size) > {cfg.std_threshold:g} and fill < {cfg.fill_threshold:.0%}")
+        if cfg.stuck_rule:
+            rules.append(f"queue >= {cfg.stuck_queue_min:g} with running batch < {cfg.stuck_fill_max:.0%}")
+        reason = "batch collapse: " + ", or ".join(rules)
+        return Severity.CRITICAL, "adjust_batch_policy", reason
 
     def evaluate(
         self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]
@@ -94,9 +133,12 @@ class BatchCollapseDetector(ThresholdDetector):
             "std_threshold": cfg.std_threshold,
             "fill_threshold": cfg.fill_threshold,
         }
-        if fv.count == 0 or std is None or fill is None:
+        seed_holds = None if not cfg.seed_rule or fv.count == 0 or std is None or fill is None else (
+            std > cfg.std_threshold and fill < cfg.fill_threshold)
+        stuck_holds = self._stuck(fv, telemetry, evidence) if cfg.stuck_rule else None
+        if seed_holds is None and stuck_holds is None:
             return {"main": Finding(holds=None, evidence=evidence)}
-        holds = std > cfg.std_threshold and fill < cfg.fill_threshold
+        holds = bool(seed_holds or stuck_holds)
         params: dict[str, Any] = {}
         if holds:
             queue, queue_source = _queue_length(fv, telemetry)
@@ -112,13 +154,60 @@ class BatchCollapseDetector(ThresholdDetector):
                     "max_batch_size": size,
                 }
             )
-        message = (
-            f"batch collapse: std(batch_size) {fmt(std, 2)} > {cfg.std_threshold:g} and mean fill "
-            f"{fmt(None if fill is None else 100 * fill)} % < {100 * cfg.fill_threshold:g} %"
-        )
+        if stuck_holds and not seed_holds:
+            message = (
+                f"batch collapse (stuck scheduler): {fmt(_num(evidence, 'stuck_queue'), 0)} requests waiting while "
+                f"the running batch fills {fmt(100 * _num(evidence, 'stuck_fill'), 0)} % "
+                f"< {100 * cfg.stuck_fill_max:g} % ({evidence['stuck_source']})"
+            )
+        else:
+            message = (
+                f"batch collapse: std(batch_size) {fmt(std, 2)} > {cfg.std_threshold:g} and mean fill "
+                f"{fmt(None if fill is None else 100 * fill)} % < {100 * cfg.fill_threshold:g} %"
+            )
         if params:
             message += f"; recommend max_batch_size {params['max_batch_size']}"
         return {"main": Finding(holds=holds, message=message, evidence=evidence, params=params)}
+
+
+    def _stuck(self, fv: FeatureVector, telemetry: TelemetrySample | None, evidence: dict[str, Any]) -> bool | None:
+        """The stuck-scheduler rule (None: not enough signals); its numbers go into ``evidence``."""
+        cfg = self.config
+        capacity: float | None = None
+        if telemetry is not None and telemetry.batch_capacity:
+            capacity = float(telemetry.batch_capacity)
+        elif fv.batch_size_mean is not None and fv.batch_fill_mean:
+            capacity = fv.batch_size_mean / fv.batch_fill_mean  # events report size and size/capacity
+        queue: float | None
+        fill: float | None
+        kv_room: float | None = None
+        if telemetry is not None and telemetry.queue_length is not None and telemetry.running_requests is not None:
+            queue, source = float(telemetry.queue_length), "telemetry"
+            fill = None if not capacity else telemetry.running_requests / capacity
+            frag = telemetry.fragmentation
+            usage, running = telemetry.kv_cache_usage, telemetry.running_requests
+            if usage is not None:  # free KV in requests of the running batch's mean size
+                kv_room = math.inf if running == 0 or usage <= 0 else (1.0 - usage) * running / usage
+        else:
+            queue, fill, source = fv.queue_length_mean, fv.batch_fill_mean, "events"
+            frag = None  # events say nothing about memory
+            if fv.count == 0:
+                queue = None
+        evidence.update({"stuck_queue": queue, "stuck_fill": fill,
+                         "stuck_kv_room": None if kv_room is None else min(kv_room, 1e6),
+                         "stuck_fragmentation": frag, "stuck_source": source})
+        if queue is None or fill is None:
+            return None
+        holds = (queue >= cfg.stuck_queue_min and fill < cfg.stuck_fill_max
+                 and (kv_room is None or kv_room >= cfg.stuck_kv_room)
+                 and (frag is None or frag < cfg.stuck_fragmentation_max))
+        evidence["stuck"] = int(holds)
+        return holds
+
+
+def _num(evidence: dict[str, Any], key: str) -> float:
+    value = evidence.get(key)
+    return float(value) if isinstance(value, int | float) else float("nan")
 
 
 def _queue_length(fv: FeatureVector, telemetry: TelemetrySample | None) -> tuple[float, str]:
