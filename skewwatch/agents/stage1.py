@@ -39,7 +39,7 @@ from skewwatch.pipeline.derived_batch import derive_batch
 from skewwatch.pipeline.events import RequestColumns
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.telemetry_join import TelemetryJoin
-from skewwatch.pipeline.window import PartitionWindows, ReplicaStep
+from skewwatch.pipeline.window import ClosedSteps, PartitionWindows
 from skewwatch.schemas.dead_letter import dead_letter_record
 from skewwatch.schemas.features import encode_features
 from skewwatch.schemas.requests import Rejection, decode_request_messages
@@ -267,10 +267,10 @@ class RequestStage:
         await asyncio.gather(*[await self.producer.send(topics.replica_steps, value=body, partition=target)
                                for target in sorted(targets)])
 
-    async def _publish_steps(self, steps: list[ReplicaStep]) -> None:
+    async def _publish_steps(self, steps: ClosedSteps) -> None:
         topics = self.settings.topics
         pending = []
-        for step in steps:
+        for step in steps:  # the columnar batches become per-replica objects here, to be published
             fv = step.features
             pending.append(await self.producer.send(topics.features, key=fv.key.encode(),
                                                     value=encode_features(fv)))

@@ -82,6 +82,12 @@ class LogBins:
             raise ValueError("too many bins for int32 slots; use a coarser accuracy or range")
         self._top_slot = self.n_slots - 1
         self._scale = 2.0 / (self.gamma + 1.0)  # slot value = 2 gamma**i / (gamma + 1)
+        # every slot's answer, computed once with the same scalar expression as before, so the
+        # per-sketch and the vectorised (per-row) quantiles return bit-identical floats
+        self.slot_values: FloatArray = np.array(
+            [0.0] + [self._scale * math.exp((slot + self._offset) * self._ln_gamma)
+                     for slot in range(1, self.n_slots)])
+        self.slot_values.flags.writeable = False
 
     def index(self, values: npt.ArrayLike) -> SlotArray:
         """The slot of each value: 0 for values <= min_value, clamped to the top slot above max_value."""
@@ -137,11 +143,33 @@ class LogBins:
         # numpy's "lower" virtual index, verbatim: floor((n - 1) * q) in float64
         ranks = [math.floor((n - 1) * x) for x in qs]
         positions = np.searchsorted(cumulative, ranks, side="right")  # first slot whose cumsum > rank
-        chosen = (positions if slots is None else np.asarray(slots)[positions]).tolist()
-        # plain Python per answer: a handful of values, cheaper than numpy's per-call overhead
-        answers = [0.0 if slot == 0 else self._scale * math.exp((slot + self._offset) * self._ln_gamma)
-                   for slot in chosen]
+        chosen = positions if slots is None else np.asarray(slots)[positions]
+        answers: list[float] = self.slot_values[chosen].tolist()
         return answers[0] if isinstance(q, (int, float)) else answers
+
+    def row_quantiles(self, counts: npt.NDArray[np.integer], offset: int, qs: Sequence[float]) -> FloatArray:
+        """Quantiles of many sketches at once: row ``r`` of ``counts`` is a dense sketch over slots
+        ``[offset, offset + counts.shape[1])``. Returns ``(rows, len(qs))``, NaN for an empty row.
+
+        The same rank rule and answers as :meth:`quantile` (bit-identical), with one cumulative
+        sum and one comparison pass per quantile over the whole matrix instead of a call per row.
+        """
+        rows = counts.shape[0]
+        out = np.full((rows, len(qs)), np.nan)
+        if not rows or not counts.shape[1]:
+            return out
+        cumulative = np.cumsum(counts, axis=1, dtype=np.int64)
+        n = cumulative[:, -1]
+        has = n > 0
+        cumulative, n = cumulative[has], n[has]
+        for j, q in enumerate(qs):
+            if not 0.0 <= q <= 1.0:
+                raise ValueError(f"quantiles must be in [0, 1], got {q}")
+            rank = np.floor((n - 1).astype(np.float64) * q)  # numpy's "lower": floor((n - 1) * q)
+            # first slot whose cumulative count > rank == how many cumulative counts are <= rank
+            position = np.count_nonzero(cumulative <= rank[:, None], axis=1)
+            out[has, j] = self.slot_values[position + offset]
+        return out
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,0 +1,481 @@
+"""The windows of every (model, replica) of one Kafka partition, as columns.
+
+One partition's state is a handful of arrays with one row per key (a key registry maps
+``(model, replica)`` to its row; released rows are reused):
+
+* ``_stats[row, ring, :]``: the ring of ``n_buckets`` sealed buckets, bucket ``b`` in ring
+  position ``b % n_buckets``, one float64 bucket row each (layout in ``summary.py``);
+* open buckets (still collecting events, usually 1-2): per bucket id a dense ``(rows, _STATS_LEN)``
+  array, the sketch as ``(row, slot, count)`` parts, and the CUDA error counts of the rows that had any;
+* the sealed buckets' sketches as one ``(3, k)`` int32 ``(row, slot, count)`` array per ring position
+  (latency in slots ``[0, n_slots)``, TTFT in ``[n_slots, 2 * n_slots)``);
+* two dense running totals per row (latency, TTFT) over the slot range in use by the partition
+  (grown when a value falls outside it, trimmed when its edges empty out): a step *adds* the newly
+  sealed bucket's entries and *subtracts* the leaving one's, instead of re-merging 12 buckets.
+
+A step is then a few whole-array operations for all rows: Chan's merge of the 12 buckets'
+moments, one cumulative sum + rank search over the dense totals for the quantiles
+(:meth:`LogBins.row_quantiles`), and a :class:`StepBatch` of columns. Per-row Python runs only
+when someone iterates the batch (to publish it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from skewwatch.config import WindowSettings
+from skewwatch.pipeline import moments
+from skewwatch.pipeline.events import BATCH_DERIVED, RequestColumns
+from skewwatch.pipeline.sketch import log_bins
+from skewwatch.pipeline.window.steps import LATENCY_QUANTILES, TTFT_QUANTILES, ClosedSteps, StepBatch
+from skewwatch.pipeline.window.summary import (
+    _BATCH_N,
+    _COMPLETION,
+    _COUNT,
+    _DERIVED_N,
+    _ERRORS,
+    _FILL_N,
+    _M2,
+    _MEAN,
+    _MOMENT_COUNT_COLUMNS,
+    _OPT_N,
+    _OPT_SUM,
+    _STATS_LEN,
+    OPTIONAL_FIELDS,
+)
+
+FloatArray = npt.NDArray[np.float64]
+Entries = npt.NDArray[np.int32]  # (3, k): row, slot, count; (row, slot) pairs unique
+EMPTY_ENTRIES: Entries = np.zeros((3, 0), dtype=np.int32)
+EMPTY_ENTRIES.flags.writeable = False
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
+# Merge an open bucket's sketch parts (one per apply that touched it) once this many piled up.
+_MAX_OPEN_PARTS = 8
+# Slots of margin kept on each side of a running total's range, so a range that wobbles by a
+# few slots does not reallocate every step.
+_TOTAL_MARGIN = 8
+
+
+class ApplyResult(NamedTuple):
+    accepted: int  # events folded into open buckets
+    late: int  # events whose bucket was already sealed: counted, not applied
+
+
+def merge_stats(a: FloatArray, b: FloatArray) -> FloatArray:
+    """Merge bucket rows ``a[i]`` and ``b[i]`` (each ``(g, _STATS_LEN)``): sums added, moments by Chan,
+    each MOMENT_FIELDS with its own count."""
+    out = a + b  # right for the counts and sums; the moments are replaced below
+    merged = moments.merge(moments.Moments(a[:, _MOMENT_COUNT_COLUMNS], a[:, _MEAN], a[:, _M2]),
+                           moments.Moments(b[:, _MOMENT_COUNT_COLUMNS], b[:, _MEAN], b[:, _M2]))
+    out[:, _MEAN] = merged.mean
+    out[:, _M2] = merged.m2
+    return out
+
+
+def window_stats(ring: FloatArray) -> FloatArray:
+    """Merge each row's ``n_buckets`` bucket rows (``(rows, n_buckets, _STATS_LEN)``) into one row:
+    the k-way form of Chan's formula (moments.merge_many), vectorised over rows and fields."""
+    out = ring.sum(axis=1)
+    count = ring[:, :, _MOMENT_COUNT_COLUMNS]  # (rows, buckets, fields)
+    n = count.sum(axis=1)
+    safe = np.where(n > 0, n, 1.0)
+    bucket_mean = ring[:, :, _MEAN]
+    mean = (count * bucket_mean).sum(axis=1) / safe
+    deviation = bucket_mean - mean[:, None, :]
+    out[:, _MEAN] = mean
+    out[:, _M2] = ring[:, :, _M2].sum(axis=1) + (count * deviation * deviation).sum(axis=1)
+    return out
+
+
+def consolidate(parts: list[Entries], n_codes: int) -> Entries:
+    """Sum several ``(row, slot, count)`` arrays into one with unique pairs, sorted by (row, slot)."""
+    parts = [p for p in parts if p.shape[1]]
+    if not parts:
+        return EMPTY_ENTRIES
+    both = np.concatenate(parts, axis=1)
+    code = both[0].astype(np.int64) * n_codes + both[1]
+    pairs, where = np.unique(code, return_inverse=True)
+    counts = np.bincount(where, weights=both[2], minlength=pairs.size)
+    if counts.size and counts.max() > _INT32_MAX:
+        raise OverflowError("sketch count exceeds int32")
+    return np.stack([pairs // n_codes, pairs % n_codes, counts.astype(np.int64)]).astype(np.int32)
+
+
+class OpenBucket:
+    """A bucket still collecting events, for every row of the partition at once."""
+
+    __slots__ = ("stats", "parts", "cuda_errors")
+
+    def __init__(self, capacity: int) -> None:
+        self.stats: FloatArray = np.zeros((capacity, _STATS_LEN))
+        self.parts: list[Entries] = []  # sketch entries, one part per apply (pairs unique within a part)
+        self.cuda_errors: dict[int, Counter[str]] = {}  # row -> cuda_error value -> count
+
+    def add_entries(self, entries: Entries, n_codes: int) -> None:
+        self.parts.append(entries)
+        if len(self.parts) >= _MAX_OPEN_PARTS:
+            self.sketch(n_codes)
+
+    def sketch(self, n_codes: int) -> Entries:
+        """The merged sketch entries; kept as the only part (so asking twice is free)."""
+        if len(self.parts) != 1:
+            self.parts = [consolidate(self.parts, n_codes)]
+        return self.parts[0]
+
+
+class RowTotals:
+    """A dense running total of sketch counts per row, over one slot range shared by all rows."""
+
+    __slots__ = ("counts", "offset", "n_slots")
+
+    def __init__(self, capacity: int, n_slots: int) -> None:
+        self.counts: npt.NDArray[np.int32] = np.zeros((capacity, 0), dtype=np.int32)
+        self.offset = 0
+        self.n_slots = n_slots
+
+    def grow_rows(self, capacity: int) -> None:
+        grown = np.zeros((capacity, self.counts.shape[1]), dtype=np.int32)
+        grown[:self.counts.shape[0]] = self.counts
+        self.counts = grown
+
+    def _cover(self, lo: int, hi: int) -> None:
+        width = self.counts.shape[1]
+        if width and lo >= self.offset and hi <= self.offset + width:
+            return
+        new_lo = max(min(lo - _TOTAL_MARGIN, self.offset if width else lo), 0)
+        new_hi = min(max(hi + _TOTAL_MARGIN, self.offset + width if width else hi), self.n_slots)
+        grown = np.zeros((self.counts.shape[0], new_hi - new_lo), dtype=np.int32)
+        if width:
+            grown[:, self.offset - new_lo:self.offset - new_lo + width] = self.counts
+        self.counts, self.offset = grown, new_lo
+
+    def add(self, rows: npt.NDArray[np.int32], slots: npt.NDArray[np.int32], counts: npt.NDArray[np.int32],
+            sign: int = 1) -> None:
+        """Add (or with ``sign=-1`` subtract) entries whose (row, slot) pairs are unique."""
+        if not rows.size:
+            return
+        if sign > 0:
+            self._cover(int(slots.min()), int(slots.max()) + 1)
+            self.counts[rows, slots - self.offset] += counts
+        else:
+            self.counts[rows, slots - self.offset] -= counts
+
+    def trim(self) -> None:
+        """Shrink the range when its edges emptied out (values that left the window)."""
+        width = self.counts.shape[1]
+        if not width:
+            return
+        used = np.flatnonzero(self.counts.any(axis=0))
+        if not used.size:
+            self.counts, self.offset = np.zeros((self.counts.shape[0], 0), dtype=np.int32), 0
+            return
+        first, last = int(used[0]), int(used[-1])
+        if first > 2 * _TOTAL_MARGIN or width - 1 - last > 2 * _TOTAL_MARGIN:
+            lo, hi = max(first - _TOTAL_MARGIN, 0), min(last + 1 + _TOTAL_MARGIN, width)
+            self.counts, self.offset = self.counts[:, lo:hi].copy(), self.offset + lo
+
+
+class PartitionWindows:
+    """The windows of every (model, replica) of one Kafka partition, with its watermark."""
+
+    def __init__(self, settings: WindowSettings) -> None:
+        n = settings.length_s / settings.step_s
+        if settings.step_s <= 0 or n < 1 or abs(n - round(n)) > 1e-9:
+            raise ValueError(f"window length {settings.length_s} s must be a whole number of "
+                             f"{settings.step_s} s steps")
+        self.settings = settings
+        self.n_buckets = round(n)
+        self.bins = log_bins(settings.sketch_relative_accuracy)
+        self.keys: dict[tuple[str, str], int] = {}  # (model, replica) -> row, in first-seen order
+        self.watermark: float | None = None
+        self.closed_through: int | None = None  # id of the newest sealed bucket
+        self.late_total = 0
+        n_slots = self.bins.n_slots
+        self._capacity = 0
+        self._next_row = 0  # rows [0, _next_row) have been handed out (some may be free again)
+        self._free: list[int] = []
+        self._stats: FloatArray = np.zeros((0, self.n_buckets, _STATS_LEN))
+        self._last_ts: FloatArray = np.zeros(0)
+        self._open: dict[int, OpenBucket] = {}  # bucket id -> bucket not sealed yet
+        self._ring: list[Entries] = [EMPTY_ENTRIES] * self.n_buckets  # sealed sketches by ring position
+        self._latency = RowTotals(0, n_slots)  # always the sum of the ring's latency entries
+        self._ttft = RowTotals(0, n_slots)  # ... and of its TTFT entries (slot - n_slots)
+
+    @property
+    def last_closed_end(self) -> float | None:
+        """End of the newest closed step: events before it are late."""
+        return None if self.closed_through is None else (self.closed_through + 1) * self.settings.step_s
+
+    def advance_watermark(self, watermark: float) -> None:
+        """Move the watermark to ``watermark`` if that is ahead (an idle partition following the others)."""
+        if self.watermark is None or watermark > self.watermark:
+            self.watermark = float(watermark)
+
+    # -- rows -----------------------------------------------------------------------------------
+
+    def _grow(self, needed: int) -> None:
+        """Make room for ``needed`` rows (by a quarter at least: memory per replica matters more
+        than the occasional copy)."""
+        capacity = max(needed, self._capacity + self._capacity // 4, 16)
+        stats = np.zeros((capacity, self.n_buckets, _STATS_LEN))
+        stats[:self._capacity] = self._stats
+        last_ts = np.full(capacity, -math.inf)
+        last_ts[:self._capacity] = self._last_ts
+        self._stats, self._last_ts = stats, last_ts
+        for bucket in self._open.values():
+            grown = np.zeros((capacity, _STATS_LEN))
+            grown[:self._capacity] = bucket.stats
+            bucket.stats = grown
+        self._latency.grow_rows(capacity)
+        self._ttft.grow_rows(capacity)
+        self._capacity = capacity
+
+    def _add_key(self, key: tuple[str, str]) -> int:
+        if self._free:
+            row = self._free.pop()
+        else:
+            row = self._next_row
+            self._next_row += 1
+            if row >= self._capacity:
+                self._grow(row + 1)
+        self.keys[key] = row
+        return row
+
+    def _release(self, rows: npt.NDArray[np.intp], keys: list[tuple[str, str]]) -> None:
+        """Forget keys idle past the window: their rows hold no data (all of it left the window)."""
+        for key in keys:
+            del self.keys[key]
+        # with idle_release_s < length_s an event at exactly E - length_s is still in the ring: drop
+        # it with its key, as the per-key state did, so a reused row starts empty
+        for position, entries in enumerate(self._ring):
+            if entries.shape[1]:
+                mine = np.isin(entries[0], rows)
+                if mine.any():
+                    self._ring[position] = entries[:, ~mine]
+        self._stats[rows] = 0.0
+        self._last_ts[rows] = -math.inf
+        self._latency.counts[rows] = 0
+        self._ttft.counts[rows] = 0
+        self._free.extend(rows.tolist())
+
+    def _open_bucket(self, bucket_id: int) -> OpenBucket:
+        bucket = self._open.get(bucket_id)
+        if bucket is None:
+            bucket = self._open[bucket_id] = OpenBucket(self._capacity)
+        return bucket
+
+    def _add_ring_entries(self, entries: Entries, sign: int) -> None:
+        n_slots = self.bins.n_slots
+        if not entries.shape[1]:
+            return
+        cut = entries[1] < n_slots
+        if cut.all():  # no TTFT at all (a fleet without it): skip the split
+            self._latency.add(entries[0], entries[1], entries[2], sign)
+            return
+        self._latency.add(entries[0, cut], entries[1, cut], entries[2, cut], sign)
+        ttft = ~cut
+        self._ttft.add(entries[0, ttft], entries[1, ttft] - n_slots, entries[2, ttft], sign)
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def apply(self, cols: RequestColumns) -> ApplyResult:
+        """Fold a batch of validated events into their open buckets, in one vectorised pass."""
+        n = len(cols)
+        if n == 0:
+            return ApplyResult(0, 0)
+        step = self.settings.step_s
+        self.advance_watermark(float(cols.ts.max()) - self.settings.allowed_lateness_s)
+        bucket = np.floor(cols.ts / step).astype(np.int64)
+        late = 0
+        if self.closed_through is not None:
+            on_time = bucket > self.closed_through
+            late = int(n - np.count_nonzero(on_time))
+            if late:
+                self.late_total += late
+                if late == n:
+                    return ApplyResult(0, late)
+                cols, bucket = cols.take(on_time), bucket[on_time]
+        accepted = n - late
+
+        # group rows by (key, bucket) once; every statistic below is computed per group
+        key_index: dict[tuple[str, str], int] = {}
+        key_code = np.fromiter(
+            (key_index.setdefault(k, len(key_index))
+             for k in zip(cols.model.tolist(), cols.replica.tolist(), strict=True)),
+            dtype=np.int64, count=accepted)
+        code_row = np.fromiter((self.keys.get(k) if k in self.keys else self._add_key(k) for k in key_index),
+                               dtype=np.intp, count=len(key_index))
+        bucket_ids, bucket_code = np.unique(bucket, return_inverse=True)
+        n_ids = bucket_ids.size
+        groups, g = np.unique(key_code * n_ids + bucket_code, return_inverse=True)
+        n_groups = groups.size
+
+        stats = np.zeros((n_groups, _STATS_LEN))
+        stats[:, _COUNT] = np.bincount(g, minlength=n_groups)
+        stats[:, _ERRORS] = np.bincount(g, weights=cols.is_error, minlength=n_groups)
+        stats[:, _COMPLETION] = np.bincount(g, weights=cols.completion_tokens, minlength=n_groups)
+        self._batch_moments(cols, g, n_groups, stats)
+        for j, name in enumerate(OPTIONAL_FIELDS):
+            x = getattr(cols, name)
+            reported = ~np.isnan(x)
+            stats[:, _OPT_N.start + j] = np.bincount(g[reported], minlength=n_groups)
+            stats[:, _OPT_SUM.start + j] = np.bincount(g[reported], weights=x[reported], minlength=n_groups)
+        entry_group, entry_slot, entry_count = self._group_sketches(cols, g)
+        cuda: dict[int, Counter[str]] = {}
+        for event, code in enumerate(cols.cuda_error.tolist()):  # object column: no vectorised "is None"
+            if code is not None:
+                cuda.setdefault(int(g[event]), Counter())[str(code)] += 1
+        last_ts = np.full(len(key_index), -math.inf)
+        np.maximum.at(last_ts, key_code, cols.ts)
+        self._last_ts[code_row] = np.maximum(self._last_ts[code_row], last_ts)
+
+        group_row = code_row[groups // n_ids]
+        group_bucket = groups % n_ids
+        entry_bucket = group_bucket[entry_group]
+        n_codes = 2 * self.bins.n_slots
+        for b, bucket_id in enumerate(bucket_ids.tolist()):  # a loop over bucket ids (1-2), not keys
+            open_bucket = self._open_bucket(bucket_id)
+            mine = np.flatnonzero(group_bucket == b) if n_ids > 1 else slice(None)
+            rows = group_row[mine]  # unique: one group per (key, bucket)
+            open_bucket.stats[rows] = merge_stats(open_bucket.stats[rows], stats[mine])
+            entries = entry_bucket == b if n_ids > 1 else slice(None)
+            open_bucket.add_entries(np.stack([group_row[entry_group[entries]], entry_slot[entries],
+                                              entry_count[entries]]).astype(np.int32), n_codes)
+        for group, counter in cuda.items():
+            errors = self._open[int(bucket_ids[group_bucket[group]])].cuda_errors
+            errors.setdefault(int(group_row[group]), Counter()).update(counter)
+        return ApplyResult(accepted, late)
+
+    @staticmethod
+    def _batch_moments(cols: RequestColumns, g: npt.NDArray[np.intp], n_groups: int, stats: FloatArray) -> None:
+        """Per group, the MOMENT_FIELDS moments and the batch counts, into ``stats``. Batch moments
+        are over the rows with a known batch only (v1.1: the batch fields are optional)."""
+        fill = cols.batch_fill  # NaN where the size or the capacity is unknown
+        size_known = cols.batch_size > 0
+        fill_known = ~np.isnan(fill)
+        if size_known.all() and fill_known.all():  # every row has a batch: one grouped pass
+            values = np.column_stack([cols.latency_ms, cols.prompt_tokens, cols.completion_tokens,
+                                      cols.batch_size, fill]).astype(np.float64)
+            group_moments = moments.grouped(values, g, n_groups)
+            stats[:, _MEAN] = group_moments.mean
+            stats[:, _M2] = group_moments.m2
+            stats[:, _BATCH_N] = stats[:, _FILL_N] = stats[:, _COUNT]
+        else:
+            values = np.column_stack([cols.latency_ms, cols.prompt_tokens,
+                                      cols.completion_tokens]).astype(np.float64)
+            per_event = moments.grouped(values, g, n_groups)
+            size = moments.grouped(cols.batch_size[size_known].astype(np.float64), g[size_known], n_groups)
+            filled = moments.grouped(fill[fill_known], g[fill_known], n_groups)
+            stats[:, _MEAN] = np.column_stack([per_event.mean, size.mean, filled.mean])
+            stats[:, _M2] = np.column_stack([per_event.m2, size.m2, filled.m2])
+            stats[:, _BATCH_N] = size.count
+            stats[:, _FILL_N] = filled.count
+        derived = cols.batch_source == BATCH_DERIVED
+        if derived.any():
+            stats[:, _DERIVED_N] = np.bincount(g[derived], minlength=n_groups)
+
+    def _group_sketches(self, cols: RequestColumns, g: npt.NDArray[np.intp]
+                        ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Per group, the combined latency + TTFT sketch entries (group, slot, count), from one np.unique."""
+        n_slots = self.bins.n_slots
+        has_ttft = ~np.isnan(cols.ttft_ms)
+        slots = np.concatenate([self.bins.index(cols.latency_ms),
+                                self.bins.index(cols.ttft_ms[has_ttft]) + n_slots])
+        owner = np.concatenate([g, g[has_ttft]]).astype(np.int64)
+        pairs, counts = np.unique(owner * (2 * n_slots) + slots, return_counts=True)
+        return pairs // (2 * n_slots), pairs % (2 * n_slots), counts
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    def close_steps(self) -> ClosedSteps:
+        """Close every step whose end is <= the watermark, oldest first, for every known key.
+
+        A step ending at ``E`` seals bucket ``E/step - 1`` and reports ``[E - length_s, E)``.
+        After each step, keys without an event in ``(E - idle, E]`` are released, where
+        ``idle = max(idle_release_s, length_s)``. One :class:`StepBatch` per closed step.
+        """
+        if self.watermark is None:
+            return ClosedSteps([])
+        step = self.settings.step_s
+        if self.closed_through is None:
+            first_open = min(self._open, default=None)
+            if first_open is None or (first_open + 1) * step > self.watermark:
+                return ClosedSteps([])  # no step can close yet: declare nothing closed (that would make events late)
+            self.closed_through = first_open - 1
+        idle = max(self.settings.idle_release_s, self.settings.length_s)
+        batches: list[StepBatch] = []
+        while (self.closed_through + 2) * step <= self.watermark:
+            if not self.keys:  # nobody to report: jump straight to the watermark
+                self.closed_through = math.floor(self.watermark / step) - 1
+                break
+            bucket_id = self.closed_through + 1
+            keys = list(self.keys)
+            rows = np.fromiter(self.keys.values(), dtype=np.intp, count=len(keys))
+            batch = self._step(bucket_id, keys, rows)
+            batches.append(batch)
+            self.closed_through = bucket_id
+            idle_rows = np.flatnonzero(self._last_ts[rows] <= batch.window_end - idle)
+            if idle_rows.size:
+                self._release(rows[idle_rows], [keys[i] for i in idle_rows.tolist()])
+        return ClosedSteps(batches)
+
+    def _step(self, bucket_id: int, keys: list[tuple[str, str]], rows: npt.NDArray[np.intp]) -> StepBatch:
+        """Seal bucket ``bucket_id`` (it enters the ring, ``bucket_id - n`` leaves) and summarise
+        every key's window."""
+        settings = self.settings
+        position = bucket_id % self.n_buckets
+        self._add_ring_entries(self._ring[position], -1)
+        entering = self._open.pop(bucket_id, None)
+        cuda: dict[int, dict[str, int]] = {}
+        if entering is None:
+            self._stats[:, position] = 0.0
+            self._ring[position] = EMPTY_ENTRIES
+            step_count = np.zeros(rows.size, dtype=np.int64)
+        else:
+            self._stats[:, position] = entering.stats
+            entries = self._ring[position] = entering.sketch(2 * self.bins.n_slots)
+            self._add_ring_entries(entries, +1)
+            step_count = entering.stats[rows, _COUNT].astype(np.int64)
+            if entering.cuda_errors:
+                index_of_row = dict(zip(rows.tolist(), range(rows.size), strict=True))
+                cuda = {index_of_row[row]: dict(errors) for row, errors in entering.cuda_errors.items()}
+        self._latency.trim()
+        self._ttft.trim()
+        latency = self._latency.counts[rows]
+        ttft = self._ttft.counts[rows]
+        return StepBatch(
+            window_end=(bucket_id + 1) * settings.step_s,
+            length_s=settings.length_s,
+            relative_accuracy=settings.sketch_relative_accuracy,
+            keys=keys,
+            stats=window_stats(self._stats[rows]),
+            step_count=step_count,
+            step_cuda_errors=cuda,
+            latency_q=self.bins.row_quantiles(latency, self._latency.offset, LATENCY_QUANTILES),
+            ttft_q=self.bins.row_quantiles(ttft, self._ttft.offset, TTFT_QUANTILES),
+            latency_counts=latency,
+            latency_offset=self._latency.offset,
+            ttft_counts=ttft,
+            ttft_offset=self._ttft.offset,
+        )
+
+    # -- checkpoint -----------------------------------------------------------------------------
+
+    def snapshot(self) -> bytes:
+        """The complete state as compact bytes (see ``snapshot.py``); :meth:`restore` reads it back."""
+        from skewwatch.pipeline.window import snapshot
+
+        return snapshot.encode(self)
+
+    @classmethod
+    def restore(cls, data: bytes, settings: WindowSettings) -> PartitionWindows:
+        """Rebuild from :meth:`snapshot`; ValueError if the bytes are not a compatible snapshot."""
+        from skewwatch.pipeline.window import snapshot
+
+        return snapshot.decode(data, settings)

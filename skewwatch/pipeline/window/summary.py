@@ -1,0 +1,233 @@
+"""The stage 1 -> stage 2 hand-off: :class:`WindowSummary`, the bucket row layout, and THE feature
+definitions (:meth:`WindowSummary.features`; the columnar step in ``steps.py`` computes the same
+numbers for many rows at once and the tests hold the two bit-identical).
+
+>>> import numpy as np
+>>> from skewwatch.pipeline.sketch import EMPTY_SPARSE
+>>> s = WindowSummary(model="m", replica="r1", window_end=60.0, length_s=60.0, relative_accuracy=0.01,
+...                   count=2, errors=0, completion_tokens=40, mean=np.array([200.0, 10, 20, 4, 0.25]),
+...                   m2=np.array([20000.0, 0, 0, 0, 0]), optional_count=np.zeros(3, np.int64),
+...                   optional_sum=np.zeros(3), latency=EMPTY_SPARSE, ttft=EMPTY_SPARSE, step_count=2,
+...                   step_cuda_errors={}, batch_count=2, fill_count=2)
+>>> fv = s.features()
+>>> fv.latency_mean, fv.batch_size_std, fv.tokens_per_s
+(200.0, 0.0, 0.6666666666666666)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from skewwatch.pipeline import moments
+from skewwatch.pipeline.features import FeatureVector
+from skewwatch.pipeline.sketch import SparseCounts, log_bins
+
+FloatArray = npt.NDArray[np.float64]
+
+# Kept as Welford moments. The first three are on every event (their count is the bucket's event
+# count); batch_size is over the events with a known batch size (count _BATCH_N) and batch_fill
+# over those with a known size and capacity (count _FILL_N): v1.1 batch fields are optional.
+MOMENT_FIELDS: tuple[str, ...] = (
+    "latency_ms", "prompt_tokens", "completion_tokens", "batch_size", "batch_fill",
+)
+_EVENT_MOMENTS = 3  # MOMENT_FIELDS[:3] are counted by _COUNT
+# Optional fields (NaN = not reported): kept as (reported count, sum), so missing never reads as 0.
+OPTIONAL_FIELDS: tuple[str, ...] = ("ttft_ms", "queue_length", "kv_cache_hit_rate")
+_M, _O = len(MOMENT_FIELDS), len(OPTIONAL_FIELDS)
+# All numbers of a bucket live in ONE float64 row: one numpy object per bucket instead of several
+# (each array costs ~100 bytes of header and memory per replica matters); counts are exact in
+# float64 up to 2**53. Layout of a row:
+_COUNT, _ERRORS, _COMPLETION = 0, 1, 2  # events; events with status "error"; completion tokens
+_MEAN = slice(3, 3 + _M)  # mean of each MOMENT_FIELDS
+_M2 = slice(3 + _M, 3 + 2 * _M)  # sum of squared deviations of each MOMENT_FIELDS
+_OPT_N = slice(3 + 2 * _M, 3 + 2 * _M + _O)  # events that reported each OPTIONAL_FIELDS
+_OPT_SUM = slice(3 + 2 * _M + _O, 3 + 2 * _M + 2 * _O)  # their sum
+# appended in snapshot v2 (a v1 row is read as "every event had a reported batch"):
+_BATCH_N = 3 + 2 * _M + 2 * _O  # events with a known batch_size (reported or derived)
+_FILL_N = _BATCH_N + 1  # events with a known batch_size and batch_capacity
+_DERIVED_N = _BATCH_N + 2  # events whose batch_size was derived from telemetry
+_STATS_LEN_V1 = _BATCH_N
+_STATS_LEN = _BATCH_N + 3
+# the count column of each MOMENT_FIELDS, for merging moments (each field with its own count)
+_MOMENT_COUNT_COLUMNS: tuple[int, ...] = (_COUNT,) * _EVENT_MOMENTS + (_BATCH_N, _FILL_N)
+
+SUMMARY_VERSION = 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The summary of one window, and THE feature definitions
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(slots=True, eq=False)
+class WindowSummary:
+    """Everything mergeable about one window ``[window_end - length_s, window_end)`` of one key.
+
+    Stage 1 sends this (as JSON, :meth:`to_dict`) to stage 2, which merges a model's replicas
+    (``model_merge.merge_summaries``) for the same ``window_end``. ``replica is None`` marks a
+    per-model summary, whose ``replicas`` says how many replica summaries were merged.
+    """
+
+    model: str
+    replica: str | None
+    window_end: float
+    length_s: float
+    relative_accuracy: float  # of the sketches; summaries merge only with equal accuracy
+    count: int
+    errors: int  # events with status "error"
+    completion_tokens: int  # sum over the window
+    mean: FloatArray  # (len(MOMENT_FIELDS),) means over the window's events
+    m2: FloatArray  # (len(MOMENT_FIELDS),) sums of squared deviations
+    optional_count: npt.NDArray[np.int64]  # (len(OPTIONAL_FIELDS),) events that reported the field
+    optional_sum: FloatArray  # (len(OPTIONAL_FIELDS),) sum over those events
+    latency: SparseCounts  # latency_ms sketch, (2, k): slots, counts
+    ttft: SparseCounts  # ttft_ms sketch (events that reported it)
+    step_count: int  # events in the newest step [window_end - step, window_end)
+    step_cuda_errors: dict[str, int]  # cuda_error value (as str) -> count, newest step
+    replicas: int | None = None
+    batch_count: int = 0  # events with a known batch_size: the count of the batch_size moments
+    fill_count: int = 0  # events with a known batch_size and batch_capacity: batch_fill's count
+    derived_count: int = 0  # events whose batch_size the worker derived from telemetry
+
+    @property
+    def window_start(self) -> float:
+        return self.window_end - self.length_s
+
+    def moments(self) -> moments.Moments:
+        """The window's moments for MOMENT_FIELDS (each field with its own count)."""
+        counts = np.array([self.count] * _EVENT_MOMENTS + [self.batch_count, self.fill_count], dtype=np.float64)
+        return moments.Moments(counts, self.mean, self.m2)
+
+    def features(self) -> FeatureVector:
+        """The feature vector of this window. Every feature is defined here and only here."""
+        n = self.count
+        length = self.length_s
+        bins = log_bins(self.relative_accuracy)
+        # quantiles: sketch, rank floor(q*(n-1)) (numpy "lower"), <= relative_accuracy error
+        latency_q: list[float | None] = [None] * 3
+        ttft_q: list[float | None] = [None] * 2
+        if self.latency.shape[1]:
+            latency_q = list(bins.quantile(self.latency[1], [0.5, 0.95, 0.99], slots=self.latency[0]) or [])
+        if self.ttft.shape[1]:
+            ttft_q = list(bins.quantile(self.ttft[1], [0.5, 0.99], slots=self.ttft[0]) or [])
+        mean: dict[str, float | None] = dict.fromkeys(MOMENT_FIELDS)
+        var: dict[str, float | None] = dict.fromkeys(MOMENT_FIELDS)
+        counts = [n] * _EVENT_MOMENTS + [self.batch_count, self.fill_count]
+        for f, count, field_mean, m2 in zip(MOMENT_FIELDS, counts, self.mean.tolist(), self.m2.tolist(),
+                                            strict=True):
+            if count > 0:  # no event with the field: unknown (None), never 0
+                mean[f] = field_mean
+                var[f] = m2 / count  # population
+        optional_mean = {
+            f: (total / reported if reported else None)
+            for f, reported, total in zip(OPTIONAL_FIELDS, self.optional_count.tolist(),
+                                          self.optional_sum.tolist(), strict=True)
+        }
+        batch_var = var["batch_size"]
+        return FeatureVector(
+            model=self.model,
+            replica=self.replica,
+            window_start=self.window_start,
+            window_end=self.window_end,
+            count=n,
+            rps=n / length,
+            latency_p50=latency_q[0],
+            latency_p95=latency_q[1],
+            latency_p99=latency_q[2],
+            latency_mean=mean["latency_ms"],
+            ttft_p50=ttft_q[0],
+            ttft_p99=ttft_q[1],
+            batch_size_mean=mean["batch_size"],
+            batch_size_std=None if batch_var is None else math.sqrt(max(batch_var, 0.0)),
+            batch_fill_mean=mean["batch_fill"],
+            prompt_tokens_mean=mean["prompt_tokens"],
+            prompt_tokens_var=var["prompt_tokens"],
+            completion_tokens_mean=mean["completion_tokens"],
+            completion_tokens_var=var["completion_tokens"],
+            tokens_per_s=self.completion_tokens / length,
+            error_rate=self.errors / n if n else None,
+            queue_length_mean=optional_mean["queue_length"],
+            kv_cache_hit_rate_mean=optional_mean["kv_cache_hit_rate"],
+            step_count=self.step_count,
+            step_cuda_errors=dict(self.step_cuda_errors),
+            replicas=self.replicas,
+            batch_count=self.batch_count,
+            batch_derived_count=self.derived_count,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (internal topic stage 1 -> stage 2); per-field stats as named maps."""
+        return {
+            "v": SUMMARY_VERSION,
+            "model": self.model,
+            "replica": self.replica,
+            "window_end": self.window_end,
+            "length_s": self.length_s,
+            "relative_accuracy": self.relative_accuracy,
+            "count": self.count,
+            "errors": self.errors,
+            "completion_tokens": self.completion_tokens,
+            "mean": dict(zip(MOMENT_FIELDS, self.mean.tolist(), strict=True)),
+            "m2": dict(zip(MOMENT_FIELDS, self.m2.tolist(), strict=True)),
+            "optional_count": dict(zip(OPTIONAL_FIELDS, self.optional_count.tolist(), strict=True)),
+            "optional_sum": dict(zip(OPTIONAL_FIELDS, self.optional_sum.tolist(), strict=True)),
+            "latency": self.latency.tolist(),
+            "ttft": self.ttft.tolist(),
+            "step_count": self.step_count,
+            "step_cuda_errors": dict(self.step_cuda_errors),
+            "replicas": self.replicas,
+            "batch_count": self.batch_count,
+            "fill_count": self.fill_count,
+            "derived_count": self.derived_count,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WindowSummary:
+        """Inverse of :meth:`to_dict`; raises ValueError (with the field) on a malformed record."""
+        if data.get("v") != SUMMARY_VERSION:
+            raise ValueError(f"window summary: unsupported version {data.get('v')!r}")
+        try:
+            n_slots = log_bins(float(data["relative_accuracy"])).n_slots
+
+            def sparse(name: str) -> SparseCounts:
+                arr = np.asarray(data[name], dtype=np.int64).reshape(2, -1)
+                if arr.shape[1] and (arr[0].min() < 0 or arr[0].max() >= n_slots or arr[1].min() <= 0
+                                     or np.any(np.diff(arr[0]) <= 0)):
+                    raise ValueError(f"{name}: slots must be sorted, in range, with positive counts")
+                return arr.astype(np.int32)
+
+            def per_field(name: str, names: tuple[str, ...], dtype: type) -> npt.NDArray[Any]:
+                return np.array([data[name][f] for f in names], dtype=dtype)
+
+            replicas = data.get("replicas")
+            count = int(data["count"])
+            return cls(
+                model=str(data["model"]),
+                replica=None if data["replica"] is None else str(data["replica"]),
+                window_end=float(data["window_end"]),
+                length_s=float(data["length_s"]),
+                relative_accuracy=float(data["relative_accuracy"]),
+                count=count,
+                errors=int(data["errors"]),
+                completion_tokens=int(data["completion_tokens"]),
+                mean=per_field("mean", MOMENT_FIELDS, np.float64),
+                m2=per_field("m2", MOMENT_FIELDS, np.float64),
+                optional_count=per_field("optional_count", OPTIONAL_FIELDS, np.int64),
+                optional_sum=per_field("optional_sum", OPTIONAL_FIELDS, np.float64),
+                latency=sparse("latency"),
+                ttft=sparse("ttft"),
+                step_count=int(data["step_count"]),
+                step_cuda_errors={str(k): int(v) for k, v in data["step_cuda_errors"].items()},
+                replicas=None if replicas is None else int(replicas),
+                # a summary from a worker before contract v1.1: every event had a reported batch
+                batch_count=int(data.get("batch_count", count)),
+                fill_count=int(data.get("fill_count", count)),
+                derived_count=int(data.get("derived_count", 0)),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"window summary: malformed ({exc!r})") from exc
+
