@@ -208,6 +208,16 @@ class AttributeMap:
                                  " default_model, span_kinds, fields)")
         return replace(self, **changed)
 
+    def replica_of(self, resource: Mapping[str, Any]) -> str | None:
+        """The replica id a resource names (first of ``replica_keys`` present), or None.
+
+        >>> DEFAULT_ATTRIBUTE_MAP.replica_of({"host.name": "n1", "k8s.pod.name": "vllm-0"})
+        'vllm-0'
+        """
+        replica = next((resource[k] for k in self.replica_keys
+                        if isinstance(resource.get(k), str | int) and resource[k] != ""), None)
+        return None if replica is None else str(replica)
+
     def _first(self, rule: FieldRule, attributes: Mapping[str, Any]) -> tuple[str | None, Any]:
         for key in rule.keys:
             if key in attributes and attributes[key] is not None:
@@ -243,15 +253,14 @@ class AttributeMap:
                 return SpanOutcome(skip_reason="no_model")
             event["model"] = model
 
-        replica = next((span.resource[k] for k in self.replica_keys
-                        if isinstance(span.resource.get(k), str | int) and span.resource[k] != ""), None)
+        replica = self.replica_of(span.resource)
         if replica is None:
             return SpanOutcome(
                 reject_code="missing_field",
                 reject_reason=(f"span {span.span_id}: replica: none of the resource attributes "
                                f"{', '.join(self.replica_keys)} is set; start the server with "
                                "OTEL_RESOURCE_ATTRIBUTES=service.instance.id=<replica id>"))
-        event["replica"] = str(replica)
+        event["replica"] = replica
 
         if span.end_ns <= 0:
             return SpanOutcome(reject_code="missing_field",

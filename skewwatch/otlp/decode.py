@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -63,6 +64,7 @@ class OtlpDecodeResult:
     skipped: Counter[str] = field(default_factory=Counter)
     rejections: list[Rejection] = field(default_factory=list)
     spans_total: int = 0
+    event_spans: list[int] = field(default_factory=list)  # per event: its span's position in the walk
 
     @property
     def rejected_spans(self) -> int:
@@ -175,6 +177,7 @@ def request_to_events(request: ExportTraceServiceRequest,
                 outcome = attribute_map.map_span(view)
                 if outcome.event is not None:
                     result.events.append(outcome.event)
+                    result.event_spans.append(index)
                 elif outcome.skip_reason is not None:
                     result.skipped[outcome.skip_reason] += 1
                 else:
@@ -183,6 +186,70 @@ def request_to_events(request: ExportTraceServiceRequest,
                 index += 1
     result.spans_total = index
     return result
+
+
+def span_requests(request: ExportTraceServiceRequest,
+                  positions: Iterable[int]) -> dict[int, ExportTraceServiceRequest]:
+    """Each span at ``positions`` (of the walk in :func:`request_to_events`) as a request of its own,
+    with its resource and scope: what a dead letter keeps of one rejected span, so that it can be
+    fixed and sent again on its own. One pass over the request, whatever the number of positions.
+
+    >>> from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+    >>> request = ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(
+    ...     spans=[Span(name="a"), Span(name="b"), Span(name="c")])])])
+    >>> [r.resource_spans[0].scope_spans[0].spans[0].name for r in span_requests(request, [2, 0]).values()]
+    ['a', 'c']
+    """
+    wanted = set(positions)
+    out: dict[int, ExportTraceServiceRequest] = {}
+    index = 0
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                if index in wanted:
+                    single = ExportTraceServiceRequest()
+                    target = single.resource_spans.add(resource=resource_spans.resource,
+                                                       schema_url=resource_spans.schema_url)
+                    target.scope_spans.add(scope=scope_spans.scope, schema_url=scope_spans.schema_url,
+                                           spans=[span])
+                    out[index] = single
+                index += 1
+    return out
+
+
+def _base64_ids_to_hex(node: Any) -> None:
+    """The inverse of :func:`_hex_ids_to_base64`, in place (protobuf's JSON mapping -> OTLP/JSON ids)."""
+    if isinstance(node, dict):
+        for key, child in node.items():
+            if key in _ID_FIELDS and isinstance(child, str):
+                node[key] = base64.b64decode(child).hex()
+            elif isinstance(child, dict | list):
+                _base64_ids_to_hex(child)
+    elif isinstance(node, list):
+        for child in node:
+            _base64_ids_to_hex(child)
+
+
+def encode_export_request(request: ExportTraceServiceRequest,
+                          encoding: Literal["otlp_proto", "otlp_json"]) -> bytes:
+    """An ExportTraceServiceRequest as protobuf bytes or OTLP/JSON (hex ids, integer enums,
+    lowerCamelCase names, as the OTLP spec writes it); :func:`parse_export_request` reads both back.
+
+    >>> from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+    >>> request = ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(
+    ...     spans=[Span(span_id=bytes.fromhex("00f067aa0ba902b7"), kind=Span.SPAN_KIND_SERVER)])])])
+    >>> text = encode_export_request(request, "otlp_json")
+    >>> b'"spanId":"00f067aa0ba902b7"' in text, b'"kind":2' in text
+    (True, True)
+    >>> parse_export_request(text, "otlp_json") == request == parse_export_request(
+    ...     encode_export_request(request, "otlp_proto"), "otlp_proto")
+    True
+    """
+    if encoding == "otlp_proto":
+        return request.SerializeToString()
+    document = json_format.MessageToDict(request, use_integers_for_enums=True)
+    _base64_ids_to_hex(document)
+    return orjson.dumps(document)
 
 
 def encode_by_replica(events: list[dict[str, Any]]) -> list[tuple[bytes, bytes]]:

@@ -12,9 +12,24 @@ Answers per the OTLP/HTTP specification (opentelemetry.io/docs/specs/otlp/#otlph
   that looked like requests but could not be mapped or failed the worker's validation, and
   ``error_message`` quotes the first reasons. Spans that are not inference requests are accepted
   and ignored (counted in ``/stats``), as they are not errors of the sender.
-* 400 with a ``google.rpc.Status`` when the body cannot be decoded; 415 for another content type
-  or encoding; 503 with ``Retry-After`` while Kafka is unreachable or backed up, so the sender's
-  OTLP exporter retries instead of us buffering without bound.
+* Errors carry a ``google.rpc.Status`` body (protobuf for a protobuf request, JSON for a JSON
+  one; ``code`` INVALID_ARGUMENT, or UNAVAILABLE for 503): 400 when the body cannot be decoded
+  (or does not gunzip); 413 above the body limit; 415 for another content type or encoding
+  (answered in protobuf); 503 with ``Retry-After`` while Kafka is unreachable or backed up, so
+  the sender's OTLP exporter retries instead of us buffering without bound.
+
+Dead letters (seed rule: every rejected input lands on ``llm.dead-letter`` with its bytes and the
+reason, and is counted): each rejected span is published there as a ``dead-letter.v1`` record,
+keyed by its replica when the resource names one, holding that span alone as an
+``ExportTraceServiceRequest`` (its resource and scope kept, in the request's encoding, so a fixed
+copy can be POSTed again) and the reason (``wrong_type``, ``missing_field``, ``out_of_range``...).
+A body that is not OTLP (400, ``malformed_otlp``) is dead-lettered whole: decompressed, or as
+received when it does not gunzip. ``source_topic`` is ``otlp-http:/v1/traces``, ``partition`` and
+``offset`` are 0, and ``origin`` says what came in (content type and encoding of the value, the
+peer address, the span's position in the export). Spans that are not inference requests are
+skipped and counted, never dead-lettered; 413/415/503 refuse the request before its body is
+interpreted (the sender is told, nothing is dead-lettered). ``/stats`` counts
+``dead_letters_published`` and ``rejected_<reason_code>``.
 
 >>> receiver = OtlpReceiver(ListPublisher())
 >>> sorted({r.resource.canonical for r in receiver.app.router.routes()})
@@ -27,22 +42,36 @@ import asyncio
 import contextlib
 import gzip
 import logging
+import time
 import zlib
 from collections import Counter
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import click
 from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.message import Message
+from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
+    ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 
 from skewwatch.config import LimitSettings, load_settings
 from skewwatch.otlp.attribute_map import DEFAULT_ATTRIBUTE_MAP, AttributeMap, as_sequence
-from skewwatch.otlp.decode import decode_otlp_traces, encode_by_replica
+from skewwatch.otlp.decode import (
+    MALFORMED_OTLP,
+    OtlpDecodeError,
+    attributes_to_dict,
+    encode_by_replica,
+    encode_export_request,
+    parse_export_request,
+    request_to_events,
+    span_requests,
+)
+from skewwatch.schemas.dead_letter import DEAD_LETTER_TOPIC_MAX_MESSAGE_BYTES, dead_letter_record
+from skewwatch.schemas.rejection import Rejection
 from skewwatch.schemas.requests import check_request_event
 
 log = logging.getLogger(__name__)
@@ -54,17 +83,22 @@ _MAX_REASONS_SHOWN = 5
 _RETRY_AFTER_S = "2"
 _GRPC_INVALID_ARGUMENT = 3  # google.rpc.Code
 _GRPC_UNAVAILABLE = 14
+DEAD_LETTER_SOURCE = "otlp-http:/v1/traces"  # source_topic of the receiver's dead letters (not a topic)
 
 
 class EventPublisher(Protocol):
-    """Where mapped events go: one message per replica."""
+    """Where mapped events go (one message per replica), and the dead letters of rejected input."""
 
     def ready(self) -> bool:
         """False while messages cannot be delivered (the receiver then answers 503)."""
         ...
 
     def publish(self, key: bytes, value: bytes) -> None:
-        """Queue one message; must not block."""
+        """Queue one request-events message; must not block."""
+        ...
+
+    def publish_dead_letter(self, key: bytes | None, value: bytes) -> None:
+        """Queue one ``dead-letter.v1`` record; must not block."""
         ...
 
 
@@ -73,6 +107,7 @@ class ListPublisher:
 
     def __init__(self) -> None:
         self.messages: list[tuple[bytes, bytes]] = []
+        self.dead_letters: list[tuple[bytes | None, bytes]] = []
         self.is_ready = True
 
     def ready(self) -> bool:
@@ -81,28 +116,42 @@ class ListPublisher:
     def publish(self, key: bytes, value: bytes) -> None:
         self.messages.append((key, value))
 
+    def publish_dead_letter(self, key: bytes | None, value: bytes) -> None:
+        self.dead_letters.append((key, value))
+
 
 class KafkaPublisher:
-    """Publishes through :class:`~skewwatch.bounded_producer.BoundedProducer` (never blocks)."""
+    """Publishes through two :class:`~skewwatch.bounded_producer.BoundedProducer` (never blocks):
+    request events to ``topic``, dead letters to ``dead_letter_topic``."""
 
-    def __init__(self, bootstrap: str, topic: str, *, max_buffered: int = 10_000) -> None:
+    def __init__(self, bootstrap: str, topic: str, *, dead_letter_topic: str = "llm.dead-letter",
+                 max_buffered: int = 10_000) -> None:
         from skewwatch.bounded_producer import BoundedProducer
 
         self.producer = BoundedProducer(bootstrap, topic, max_buffered=max_buffered,
                                         client_id="skewwatch-otlp-receiver")
+        # a dead letter holds up to 4 MiB of original bytes, base64: above aiokafka's 1 MiB default
+        self.dead_letters = BoundedProducer(
+            bootstrap, dead_letter_topic, max_buffered=max_buffered, client_id="skewwatch-otlp-receiver-dlq",
+            producer_options={"max_request_size": DEAD_LETTER_TOPIC_MAX_MESSAGE_BYTES})
 
     def ready(self) -> bool:
-        # Refuse (503) rather than fill the buffer past half: the sender retries, nothing is dropped.
-        return self.producer.connected and self.producer.buffered < self.producer.max_buffered // 2
+        # Refuse (503) rather than fill a buffer past half: the sender retries, nothing is dropped.
+        return all(p.connected and p.buffered < p.max_buffered // 2 for p in (self.producer, self.dead_letters))
 
     def publish(self, key: bytes, value: bytes) -> None:
         self.producer.offer(key, value)
 
+    def publish_dead_letter(self, key: bytes | None, value: bytes) -> None:
+        self.dead_letters.offer(key, value)
+
     async def start(self) -> None:
         await self.producer.start()
+        await self.dead_letters.start()
 
     async def close(self) -> None:
         await self.producer.close()
+        await self.dead_letters.close()
 
 
 def _media_type(content_type: str) -> str:
@@ -149,15 +198,29 @@ class OtlpReceiver:
 
     def _error(self, status: int, text: str, media_type: str,
                headers: dict[str, str] | None = None) -> web.Response:
+        """The OTLP/HTTP failure answer: a google.rpc.Status in the request's encoding."""
         self.stats[f"http_{status}"] += 1
         log.info("OTLP request answered %d: %s", status, text)
-        try:
-            from google.rpc.status_pb2 import Status  # googleapis-common-protos, when installed
-        except ImportError:  # the spec says SHOULD: a plain-text reason is still actionable
-            return web.Response(text=text, status=status, headers=headers)
         code = _GRPC_UNAVAILABLE if status == 503 else _GRPC_INVALID_ARGUMENT
         return self._respond(Status(code=code, message=text), media_type if media_type in (JSON, PROTOBUF)
                              else PROTOBUF, status, headers)
+
+    def _dead_letter(self, key: bytes | None, value: bytes, rejects: list[Rejection],
+                     origin: dict[str, Any]) -> None:
+        for reject in rejects:
+            self.stats[f"rejected_{reject.reason_code}"] += 1
+        record = dead_letter_record(source_topic=DEAD_LETTER_SOURCE, partition=0, offset=0, key=key, value=value,
+                                    rejects=rejects, ts=time.time(), origin=origin)
+        self.publisher.publish_dead_letter(key, record)
+        self.stats["dead_letters_published"] += 1
+
+    def _malformed(self, request: web.Request, body: bytes, reason: str, media_type: str,
+                   content_encoding: str) -> web.Response:
+        """400 for a body that is not OTLP, after dead-lettering it whole."""
+        self._dead_letter(None, body, [Rejection.message_level(MALFORMED_OTLP, reason)],
+                          {"protocol": "otlp-http", "content_type": media_type,
+                           "content_encoding": content_encoding, "peer": request.remote})
+        return self._error(400, reason, media_type)
 
     async def handle_traces(self, request: web.Request) -> web.Response:
         media_type = _media_type(request.headers.get("Content-Type", ""))
@@ -172,32 +235,46 @@ class OtlpReceiver:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return self._error(413, f"body larger than {self.max_body_bytes} bytes", media_type)
+        # before interpreting the body: a refused request (503) is retried by the sender, so
+        # nothing of it is dead-lettered yet
+        if not self.publisher.ready():
+            return self._error(503, "Kafka is not reachable or backed up; retry later", media_type,
+                               {"Retry-After": _RETRY_AFTER_S})
         if encoding == "gzip":
             try:
                 body = _decompress_gzip(body, self.max_body_bytes)
             except (ValueError, zlib.error, gzip.BadGzipFile) as exc:
-                return self._error(400, f"Content-Encoding gzip but the body does not gunzip: {exc}",
-                                   media_type)
-        if not self.publisher.ready():
-            return self._error(503, "Kafka is not reachable or backed up; retry later", media_type,
-                               {"Retry-After": _RETRY_AFTER_S})
+                return self._malformed(request, body, f"Content-Encoding gzip but the body does not gunzip: {exc}",
+                                       media_type, "gzip")
 
-        result = decode_otlp_traces(body, "otlp_json" if media_type == JSON else "otlp_proto",
-                                    self.attribute_map)
-        if result.is_malformed:
-            return self._error(400, result.rejections[0].reason, media_type)
+        wire_encoding: Literal["otlp_proto", "otlp_json"] = "otlp_json" if media_type == JSON else "otlp_proto"
+        try:  # an empty body is an empty export (a valid zero-length protobuf), in either encoding
+            export = parse_export_request(body, wire_encoding) if body else ExportTraceServiceRequest()
+        except OtlpDecodeError as exc:
+            return self._malformed(request, body, str(exc), media_type, "identity")
+        result = request_to_events(export, self.attribute_map)
 
-        reasons = [r.reason for r in result.rejections]
+        # per rejected span: (its position in the export, why), mapping problems and contract problems
+        rejected: list[tuple[int, Rejection]] = [(r.event_index or 0, r) for r in result.rejections]
         valid: list[dict[str, Any]] = []
-        for event in result.events:
-            rejection = check_request_event(_with_batch_placeholders(event), self.limits)
-            if rejection is not None:
-                reasons.append(f"request {event.get('request_id')}: {rejection.reason}")
-                self.stats[f"rejected_{rejection.reason_code}"] += 1
-            else:
+        for event, position in zip(result.events, result.event_spans, strict=True):
+            problem = check_request_event(event, self.limits)  # contract v1.1: batch fields optional
+            if problem is None:
                 valid.append(event)
-        for rejection in result.rejections:
-            self.stats[f"rejected_{rejection.reason_code}"] += 1
+            else:
+                rejected.append((position, Rejection(problem.reason_code,
+                                                     f"request {event.get('request_id')}: {problem.reason}", 0)))
+        rejected.sort(key=lambda item: item[0])
+        reasons = [r.reason for _, r in rejected]
+        singles = span_requests(export, [position for position, _ in rejected])
+        for position, rejection in rejected:
+            single = singles[position]
+            replica = self.attribute_map.replica_of(attributes_to_dict(single.resource_spans[0].resource.attributes))
+            self._dead_letter(None if replica is None else replica.encode(),
+                              encode_export_request(single, wire_encoding),
+                              [Rejection(rejection.reason_code, rejection.reason, 0)],
+                              {"protocol": "otlp-http", "content_type": media_type, "content_encoding": "identity",
+                               "peer": request.remote, "span_index": position})
         for key, value in encode_by_replica(valid):
             self.publisher.publish(key, value)
         self.stats["events_published"] += len(valid)
@@ -216,20 +293,6 @@ class OtlpReceiver:
         return self._respond(response, media_type)
 
 
-def _with_batch_placeholders(event: dict[str, Any]) -> dict[str, Any]:
-    """Validate every field with the worker's rules except the batch fields a span may lack.
-
-    Spans carry no per-request batch size (vLLM's do not); contract v1.1 makes the batch fields
-    optional and lets the worker fill them from telemetry. Until then, leave absence to the contract
-    rather than reject every vLLM span here; present batch fields are still checked.
-    """
-    if "batch_size" in event and "batch_capacity" in event:
-        return event
-    size = event.get("batch_size", 1)
-    return {**event, "batch_size": size, "batch_capacity": event.get("batch_capacity", max(size, 1)
-                                                                      if isinstance(size, int) else 1)}
-
-
 async def serve(receiver: OtlpReceiver, host: str, port: int) -> web.AppRunner:
     """Start serving on ``host:port``; the caller awaits ``runner.cleanup()`` to stop."""
     runner = web.AppRunner(receiver.app, access_log=None)
@@ -238,12 +301,14 @@ async def serve(receiver: OtlpReceiver, host: str, port: int) -> web.AppRunner:
     return runner
 
 
-async def _run(host: str, port: int, bootstrap: str, topic: str, attribute_map: AttributeMap) -> None:
-    publisher = KafkaPublisher(bootstrap, topic)
+async def _run(host: str, port: int, bootstrap: str, topic: str, dead_letter_topic: str,
+               attribute_map: AttributeMap, limits: LimitSettings) -> None:
+    publisher = KafkaPublisher(bootstrap, topic, dead_letter_topic=dead_letter_topic)
     await publisher.start()
-    receiver = OtlpReceiver(publisher, attribute_map)
+    receiver = OtlpReceiver(publisher, attribute_map, limits=limits)
     runner = await serve(receiver, host, port)
-    click.echo(f"OTLP/HTTP receiver on http://{host}:{port}/v1/traces -> {topic} at {bootstrap}", err=True)
+    click.echo(f"OTLP/HTTP receiver on http://{host}:{port}/v1/traces -> {topic} at {bootstrap} "
+               f"(dead letters -> {dead_letter_topic})", err=True)
     try:
         await asyncio.Event().wait()
     finally:
@@ -259,6 +324,8 @@ async def _run(host: str, port: int, bootstrap: str, topic: str, attribute_map: 
 @click.option("--bootstrap", envvar="KAFKA_BOOTSTRAP", help="Kafka bootstrap servers (host:port).")
 @click.option("--topic", default=None,
               help="Topic for request events [default: setting topics.requests, llm.requests].")
+@click.option("--dead-letter-topic", default=None,
+              help="Topic for rejected spans and bodies [default: setting topics.dead_letter, llm.dead-letter].")
 @click.option("--model", "default_model", default=None,
               help="Model name for spans that carry none (vLLM V1 spans do not).")
 @click.option("--replica-attributes", default=None,
@@ -267,8 +334,8 @@ async def _run(host: str, port: int, bootstrap: str, topic: str, attribute_map: 
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="TOML config file.")
 def otlp_receiver_command(host: str, port: int, bootstrap: str | None, topic: str | None,
-                          default_model: str | None, replica_attributes: str | None,
-                          config_path: str | None) -> None:
+                          dead_letter_topic: str | None, default_model: str | None,
+                          replica_attributes: str | None, config_path: str | None) -> None:
     """Accept OTLP/HTTP trace exports (vLLM --otlp-traces-endpoint) and publish request events."""
     settings = load_settings(config_path)
     bootstrap = bootstrap or settings.kafka.bootstrap
@@ -283,4 +350,5 @@ def otlp_receiver_command(host: str, port: int, bootstrap: str | None, topic: st
     attribute_map = DEFAULT_ATTRIBUTE_MAP.with_overrides(overrides)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_run(host, port, bootstrap, topic or settings.topics.requests, attribute_map))
+        asyncio.run(_run(host, port, bootstrap, topic or settings.topics.requests,
+                         dead_letter_topic or settings.topics.dead_letter, attribute_map, settings.limits))

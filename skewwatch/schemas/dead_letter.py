@@ -29,7 +29,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import orjson
@@ -53,11 +53,14 @@ def _b64(data: bytes | None, cap: int) -> tuple[str | None, bool]:
 
 def dead_letter_record(*, source_topic: str, partition: int, offset: int, key: bytes | None,
                        value: bytes | None, rejects: Sequence[Rejection], ts: float,
-                       max_value_bytes: int = DEAD_LETTER_MAX_VALUE_BYTES) -> bytes:
+                       max_value_bytes: int = DEAD_LETTER_MAX_VALUE_BYTES,
+                       origin: Mapping[str, Any] | None = None) -> bytes:
     """The ``llm.dead-letter`` value for one rejected input message (``rejects`` non-empty).
 
     ``ts`` is the wall-clock time of the rejection (epoch seconds). Produce it with the original
-    key so a replica's rejects stay together.
+    key so a replica's rejects stay together. ``origin`` (optional, additive to v1) describes an
+    input that was not read from Kafka, e.g. an OTLP/HTTP request the receiver refused: then
+    ``source_topic`` names the endpoint and ``partition`` / ``offset`` are 0.
     """
     key_b64, key_truncated = _b64(key, DEAD_LETTER_MAX_KEY_BYTES)
     value_b64, value_truncated = _b64(value, max_value_bytes)
@@ -81,6 +84,8 @@ def dead_letter_record(*, source_topic: str, partition: int, offset: int, key: b
     }
     if key_truncated:
         record["key_truncated"] = True
+    if origin is not None:
+        record["origin"] = dict(origin)
     if len(rejects) > len(listed):  # what the unlisted ones were, by code
         record["rejects_by_code"] = dict(Counter(r.reason_code for r in rejects))
     return orjson.dumps(record)
