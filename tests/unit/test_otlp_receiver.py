@@ -28,6 +28,7 @@ from skewwatch.otlp.decode import parse_export_request
 from skewwatch.otlp.receiver import JSON, PROTOBUF, KafkaPublisher, ListPublisher, OtlpReceiver
 from skewwatch.schemas.dead_letter import decode_dead_letter
 from tests.unit.test_otlp_decode import T0_NS, record_spans, to_otlp_json, vllm_attributes, vllm_request
+from tests.unit.test_schemas import DEAD_LETTER
 
 
 @pytest.fixture
@@ -174,6 +175,8 @@ async def test_each_rejected_span_is_dead_lettered_alone_with_its_reason(client:
     assert response.status == 200
     assert len(publisher.dead_letters) == 2  # the /health span is skipped, not dead-lettered
     letters = [decode_dead_letter(value) for _key, value in publisher.dead_letters]
+    for _key, value in publisher.dead_letters:
+        DEAD_LETTER.validate(orjson.loads(value))  # the dead-letter.v1 contract
     assert [key for key, _ in publisher.dead_letters] == [b"r1", b"r1"]  # keyed by the span's replica
     assert [[r["reason_code"] for r in d["rejects"]] for d in letters] == [["wrong_type"], ["out_of_range"]]
     assert "gen_ai.usage.prompt_tokens" in letters[0]["rejects"][0]["reason"]
@@ -199,6 +202,7 @@ async def test_a_malformed_body_is_dead_lettered_whole(client: TestClient, publi
     response = await client.post("/v1/traces", data=body, headers={"Content-Type": media_type})
     assert response.status == 400
     [(key, value)] = publisher.dead_letters
+    DEAD_LETTER.validate(orjson.loads(value))
     letter = decode_dead_letter(value)
     assert key is None and letter["value"] == body and letter["value_bytes"] == len(body)
     [reject] = letter["rejects"]
