@@ -252,19 +252,31 @@ def encode_export_request(request: ExportTraceServiceRequest,
     return orjson.dumps(document)
 
 
-def encode_by_replica(events: list[dict[str, Any]]) -> list[tuple[bytes, bytes]]:
-    """Events -> ``llm.requests`` messages ``(replica key, {"v": 1, "events": [...]})``, one per replica.
+def encode_by_replica(events: list[dict[str, Any]],
+                      max_events_per_message: int | None = None) -> list[tuple[bytes, bytes]]:
+    """Events -> ``llm.requests`` messages ``(replica key, {"v": 1, "events": [...]})``, per replica,
+    at most ``max_events_per_message`` events each (None: one message per replica).
 
     OTLP records are not keyed by replica (nil or trace-id keys), so a consumer of an OTLP topic must
     re-key before per-replica windows see the events: this is that step, shared with the receiver.
+    The cap keeps a large export (16 MiB of spans is ~50 000 events) under the worker's
+    ``limits.max_message_bytes`` (1 MiB), which would otherwise reject the whole message as too_large.
 
     >>> [key for key, _ in encode_by_replica([{"replica": "b"}, {"replica": "a"}, {"replica": "b"}])]
     [b'b', b'a']
+    >>> [key for key, _ in encode_by_replica([{"replica": "b"}, {"replica": "a"}, {"replica": "b"}], 1)]
+    [b'b', b'b', b'a']
     """
+    if max_events_per_message is not None and max_events_per_message < 1:
+        raise ValueError(f"max_events_per_message must be >= 1, got {max_events_per_message}")
     by_replica: dict[str, list[dict[str, Any]]] = {}
     for event in events:
         by_replica.setdefault(str(event["replica"]), []).append(event)
-    return [(replica.encode(), encode_request_events(group)) for replica, group in by_replica.items()]
+    messages = []
+    for replica, group in by_replica.items():
+        step = max_events_per_message or len(group)
+        messages += [(replica.encode(), encode_request_events(group[i:i + step])) for i in range(0, len(group), step)]
+    return messages
 
 
 def decode_otlp_traces(value: bytes | None, encoding: Encoding = "auto",

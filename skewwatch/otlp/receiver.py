@@ -2,7 +2,8 @@
 
 Issue 7 ("OTLP in"): point vLLM's ``--otlp-traces-endpoint http://HOST:4318/v1/traces`` here and
 its per-request spans become contract-v1 events on ``llm.requests``, keyed by replica, as
-``{"events": [...]}`` batches (one message per replica per export), with no Collector needed.
+``{"events": [...]}`` batches (per replica per export, at most ``otlp.max_events_per_message``
+events each), with no Collector needed.
 
 Answers per the OTLP/HTTP specification (opentelemetry.io/docs/specs/otlp/#otlphttp):
 
@@ -58,7 +59,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from skewwatch.config import LimitSettings, load_settings
+from skewwatch.config import LimitSettings, Settings, load_settings
 from skewwatch.otlp.attribute_map import DEFAULT_ATTRIBUTE_MAP, AttributeMap, as_sequence
 from skewwatch.otlp.decode import (
     MALFORMED_OTLP,
@@ -173,11 +174,17 @@ class OtlpReceiver:
     """The aiohttp application; counters in :attr:`stats` (also served at ``GET /stats``)."""
 
     def __init__(self, publisher: EventPublisher, attribute_map: AttributeMap = DEFAULT_ATTRIBUTE_MAP, *,
-                 limits: LimitSettings | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+                 limits: LimitSettings | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+                 max_events_per_message: int = 1000) -> None:
+        if max_events_per_message < 1:
+            raise ValueError(f"max_events_per_message must be >= 1, got {max_events_per_message}")
         self.publisher = publisher
         self.attribute_map = attribute_map
         self.limits = limits or LimitSettings()
         self.max_body_bytes = max_body_bytes
+        # as the worker's OTLP stage (setting otlp.max_events_per_message): ~250 B an event, far below the
+        # worker's 1 MiB message limit however large the export
+        self.max_events_per_message = max_events_per_message
         self.stats: Counter[str] = Counter()
         # auto_decompress off: aiohttp would gunzip without a size cap and refuse unknown encodings
         # with a 400 before the handler could answer the spec's 415.
@@ -275,7 +282,7 @@ class OtlpReceiver:
                               [Rejection(rejection.reason_code, rejection.reason, 0)],
                               {"protocol": "otlp-http", "content_type": media_type, "content_encoding": "identity",
                                "peer": request.remote, "span_index": position})
-        for key, value in encode_by_replica(valid):
+        for key, value in encode_by_replica(valid, self.max_events_per_message):
             self.publisher.publish(key, value)
         self.stats["events_published"] += len(valid)
 
@@ -302,10 +309,11 @@ async def serve(receiver: OtlpReceiver, host: str, port: int) -> web.AppRunner:
 
 
 async def _run(host: str, port: int, bootstrap: str, topic: str, dead_letter_topic: str,
-               attribute_map: AttributeMap, limits: LimitSettings) -> None:
+               attribute_map: AttributeMap, settings: Settings) -> None:
     publisher = KafkaPublisher(bootstrap, topic, dead_letter_topic=dead_letter_topic)
     await publisher.start()
-    receiver = OtlpReceiver(publisher, attribute_map, limits=limits)
+    receiver = OtlpReceiver(publisher, attribute_map, limits=settings.limits,
+                            max_events_per_message=settings.otlp.max_events_per_message)
     runner = await serve(receiver, host, port)
     click.echo(f"OTLP/HTTP receiver on http://{host}:{port}/v1/traces -> {topic} at {bootstrap} "
                f"(dead letters -> {dead_letter_topic})", err=True)
@@ -351,4 +359,4 @@ def otlp_receiver_command(host: str, port: int, bootstrap: str | None, topic: st
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_run(host, port, bootstrap, topic or settings.topics.requests,
-                         dead_letter_topic or settings.topics.dead_letter, attribute_map, settings.limits))
+                         dead_letter_topic or settings.topics.dead_letter, attribute_map, settings))

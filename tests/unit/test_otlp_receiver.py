@@ -23,10 +23,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.trace import SpanKind
 
-from skewwatch.config import Settings
+from skewwatch.config import LimitSettings, Settings
 from skewwatch.otlp.decode import parse_export_request
 from skewwatch.otlp.receiver import JSON, PROTOBUF, KafkaPublisher, ListPublisher, OtlpReceiver
 from skewwatch.schemas.dead_letter import decode_dead_letter
+from skewwatch.schemas.requests import decode_request_message
 from tests.unit.test_otlp_decode import T0_NS, record_spans, to_otlp_json, vllm_attributes, vllm_request
 from tests.unit.test_schemas import DEAD_LETTER
 
@@ -352,3 +353,24 @@ async def consume(bootstrap: str, topic: str, count: int, timeout: float = 30.0)
     finally:
         await consumer.stop()
     return out
+
+
+async def test_a_large_export_is_split_into_messages_the_worker_accepts() -> None:
+    """A 2500-span export of one replica: messages of at most max_events_per_message events, each under the
+    worker's message limit and accepted whole by its decoder, in the export's order."""
+    publisher = ListPublisher()
+    async with TestClient(TestServer(OtlpReceiver(publisher, max_events_per_message=1000).app)) as small_client:
+        body = vllm_request(2500, replica="big").SerializeToString()
+        response = await small_client.post("/v1/traces", data=body, headers={"Content-Type": PROTOBUF})
+        assert response.status == 200
+    assert [len(orjson.loads(value)["events"]) for _key, value in publisher.messages] == [1000, 1000, 500]
+    limits = LimitSettings()
+    ids = []
+    for key, value in publisher.messages:
+        assert key == b"big" and len(value) < limits.max_message_bytes
+        decoded = decode_request_message(value, limits)
+        assert decoded.rejects == []
+        ids += [e["request_id"] for e in orjson.loads(value)["events"]]
+    assert ids == [f"cmpl-{i}" for i in range(2500)]
+    with pytest.raises(ValueError):
+        OtlpReceiver(publisher, max_events_per_message=0)
