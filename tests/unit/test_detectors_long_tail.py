@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from skewwatch.config import ConfigError
@@ -96,3 +97,84 @@ def test_thresholds_are_configurable_from_env_strings() -> None:
 def test_bad_config_is_rejected_with_the_setting_named(overrides: dict[str, Any]) -> None:
     with pytest.raises(ConfigError, match="detectors.long_tail"):
         LongTailConfig.from_overrides(overrides)
+
+
+# --- option length_normalized: P99 against what the window's output lengths explain (off by default)
+
+NORM = LongTailConfig(length_normalized=True)
+
+
+def lfv(t: float, p99: float, p50: float = 3000.0, mean: float = 6000.0, tokens: float = 200.0,
+        cv: float = 1.0, count: int = 100) -> FeatureVector:
+    return fv(t, p99, p50, count=count, latency_mean=mean, completion_tokens_mean=tokens,
+              completion_tokens_var=(cv * tokens) ** 2)
+
+
+def test_lognormal_p99_matches_a_sample() -> None:
+    from skewwatch.pipeline.detectors.long_tail import lognormal_p99
+
+    rng = np.random.default_rng(1)
+    sigma = 0.9
+    x = rng.lognormal(5.0, sigma, 400_000)
+    assert lognormal_p99(float(x.mean()), float(x.var())) == pytest.approx(np.percentile(x, 99), rel=0.02)
+    assert lognormal_p99(50.0, 0.0) == 50.0  # every request the same length
+
+
+def test_length_normalized_fires_on_a_tail_its_lengths_do_not_explain() -> None:
+    # 30 ms/token; lengths mean 200, CV 1 -> P99 length ~981 tokens -> expected P99 ~29.4 s
+    det = LongTailDetector(NORM)
+    steps = [det.update(lfv(60.0 + 5 * i, 40_000.0), None, 60.0 + 5 * i).alerts for i in range(3)]
+    assert [len(s) for s in steps] == [0, 0, 1]  # the seed's persistence (3) still applies
+    alert = steps[2][0]
+    assert alert.evidence["p99_over_expected"] == pytest.approx(40_000 / 29_430, rel=0.01)
+    assert alert.evidence["latency_per_token_ms"] == pytest.approx(30.0)
+    assert "output lengths explain" in alert.message
+
+
+def test_length_normalized_is_quiet_on_a_p99_that_output_lengths_explain() -> None:
+    # P99/P50 = 12: the seed's rule (and ratio 8) fire; a heavy-tailed length mix explains it
+    seed, norm = LongTailDetector(), LongTailDetector(NORM)
+    opened_seed = opened_norm = 0
+    for i in range(6):
+        t = 60.0 + 5 * i
+        window = lfv(t, 36_000.0, cv=1.2)  # expected P99 ~ 30 ms x 1152 tokens = 34.6 s
+        opened_seed += len(seed.update(window, None, t).alerts)
+        opened_norm += len(norm.update(window, None, t).alerts)
+    assert opened_seed == 1 and opened_norm == 0
+
+
+def test_length_normalized_needs_the_length_statistics_and_is_off_by_default() -> None:
+    det = LongTailDetector(NORM)
+    missing = fv(60.0, 90_000.0, latency_mean=6000.0)  # no completion token statistics
+    assert not any(det.update(missing, None, 60.0 + 5 * i).alerts for i in range(5))
+    assert LongTailConfig().length_normalized is False
+    with pytest.raises(ConfigError, match="length_ratio"):
+        LongTailConfig.from_overrides({"length_normalized": "true", "length_ratio": "0"})
+
+
+def test_length_normalized_on_the_fleet_simulator_fires_on_the_fault_and_not_on_healthy_replicas() -> None:
+    """Realistic traffic: latency follows output length, so the seed's P99/P50 rule holds on healthy
+    replicas; the length-normalised rule fires only on the replica with the injected tail."""
+    from skewwatch.config import WindowSettings
+    from skewwatch.pipeline.window import PartitionWindows
+    from skewwatch.sim.faults import Injection
+    from skewwatch.sim.fleet import FleetConfig, FleetSimulator
+
+    t0 = 1_700_000_000.0
+    config = FleetConfig(replicas=3, load=0.7, seed=3, injections=(Injection("long_tail", "r1", 60, 200),))
+    windows = PartitionWindows(WindowSettings())
+    seed, norm = LongTailDetector(), LongTailDetector(NORM)
+    opened: dict[str, set[str]] = {"seed": set(), "norm": set()}
+    first_norm: float | None = None
+    for chunk in FleetSimulator(config, t0, 300).chunks():
+        windows.apply(chunk.requests)
+        windows.advance_watermark(chunk.end_ts)
+        for step in windows.close_steps():
+            v = step.features
+            opened["seed"] |= {a.replica or "" for a in seed.update(v, None, v.window_end).alerts}
+            for alert in norm.update(v, None, v.window_end).alerts:
+                opened["norm"].add(alert.replica or "")
+                if alert.state == "open" and first_norm is None:
+                    first_norm = alert.ts - t0
+    assert opened["seed"] >= {"r0", "r2"}  # healthy replicas: the seed's rule is open there
+    assert opened["norm"] == {"r1"} and first_norm is not None and 60 < first_norm < 260
