@@ -46,7 +46,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, cast
 
 import msgspec
 import numpy as np
@@ -615,12 +615,16 @@ def _columns_from_valid_rows(rows: list[dict[str, Any]]) -> RequestColumns:
     )
 
 
-# --- the typed fast path: msgspec validates while it parses -----------------------------------------
+# --- the typed fast path: msgspec validates while it parses, numpy takes whole columns -------------
 # Why a second decoder: for a valid message, parsing to dicts and then scanning each column's types
 # in Python costs ~3x more than letting msgspec check every type and range in C while it parses
 # (bench/decode_bench.py). msgspec is strict (no bool for int, no 12.0 for int, no NaN), so it
 # accepts a subset of what the contract accepts; anything it refuses takes the general path, which
 # is the reference and words the reasons. Built from EVENT_FIELDS so the two cannot drift apart.
+#
+# The fast path is three functions: decode_poll_typed (a clean poll in one C-level map, no
+# per-message Python), columns_from_typed_events (structs to columns: one C pass to tuples, one
+# transpose, one np.fromiter per field) and _finish_typed (the one rule msgspec cannot state).
 
 def _typed_field(spec: FieldSpec, max_tokens: int) -> Any:
     typed: Any
@@ -641,57 +645,133 @@ def _typed_field(spec: FieldSpec, max_tokens: int) -> Any:
     return typed if spec.required else typed | None
 
 
-@functools.lru_cache(maxsize=8)
-def _typed_decoders(max_tokens: int) -> tuple[msgspec.json.Decoder[Any], msgspec.json.Decoder[Any]]:
-    """(batch decoder, single-event decoder) for a token limit."""
+def _typed_event_fields(max_tokens: int) -> list[Any]:
+    """msgspec field rows, in EVENT_FIELDS order then ``v``. An absent batch field defaults to 0
+    (the column's "unknown", never a valid value: minimum 1), so int64 columns need no None pass."""
     fields: list[Any] = [(f.name, _typed_field(f, max_tokens)) for f in EVENT_FIELDS if f.required]
-    fields += [(f.name, _typed_field(f, max_tokens), None) for f in EVENT_FIELDS if not f.required]
+    fields += [(f.name, _typed_field(f, max_tokens), 0 if f.name in BATCH_FIELDS else None)
+               for f in EVENT_FIELDS if not f.required]
     fields.append(("v", Literal[1] | None, None))
+    return fields
+
+
+@dataclass(frozen=True, slots=True)
+class TypedDecoders:
+    """The msgspec decoders for one token limit."""
+
+    batch: msgspec.json.Decoder[Any]  # {"events": [...], "v": 1}
+    single: msgspec.json.Decoder[Any]  # one event object; refuses any "events" key (the batch form)
+
+
+@functools.lru_cache(maxsize=8)
+def typed_decoders(max_tokens: int) -> TypedDecoders:
+    fields = _typed_event_fields(max_tokens)
     event = msgspec.defstruct("TypedRequestEvent", fields, gc=False)
+    # A single-event message with an "events" key is the batch form: UnsetType refuses any value,
+    # null included, so such a message never decodes as one event.
+    single = msgspec.defstruct("TypedSingleRequestEvent",
+                               [*fields, ("events", msgspec.UnsetType, msgspec.UNSET)], gc=False)
     batch = msgspec.defstruct("TypedRequestBatch", [("events", list[event]),  # type: ignore[valid-type]
                                                     ("v", Literal[1] | None, None)], gc=False)
-    return msgspec.json.Decoder(batch), msgspec.json.Decoder(event)
+    return TypedDecoders(msgspec.json.Decoder(batch), msgspec.json.Decoder(single))
 
 
-_get_typed = operator.attrgetter(*(f.name for f in EVENT_FIELDS))
-_TYPED_INDEX = {f.name: i for i, f in enumerate(EVENT_FIELDS)}
+# Position of each field in msgspec.structs.astuple(event) (both event structs start alike).
+_TYPED_AT: Final = {name: i for i, (name, *_) in enumerate(_typed_event_fields(0))}
+_TYPED_FLOATS: Final = tuple(f.name for f in EVENT_FIELDS if f.kind == "number" or
+                             (f.kind == "integer" and f.name not in INT64_COLUMNS))
+_TYPED_INTS: Final = tuple(f.name for f in EVENT_FIELDS if f.name in INT64_COLUMNS)
+_TYPED_OBJECTS: Final = tuple(f.name for f in EVENT_FIELDS if f.kind in ("string", "cuda_error"))
 
 
-def _columns_from_typed(events: list[Any]) -> tuple[RequestColumns, BoolArray]:
-    """Columns of msgspec-validated events, and the rows whose batch_size > batch_capacity
-    (both present)."""
+def _float_column(values: tuple[Any, ...], n: int) -> FloatArray:
+    try:
+        return np.fromiter(values, dtype=np.float64, count=n)
+    except TypeError:  # an absent optional value (None): np.array makes it NaN
+        return np.array(values, dtype=np.float64)
+
+
+def _int_column(values: tuple[Any, ...], n: int) -> IntArray:
+    try:
+        return np.fromiter(values, dtype=np.int64, count=n)
+    except TypeError:  # an explicit null batch field: unknown, 0 like an absent one
+        return np.fromiter((0 if x is None else x for x in values), dtype=np.int64, count=n)
+
+
+def columns_from_typed_events(events: list[Any]) -> tuple[RequestColumns, BoolArray]:
+    """Columns of msgspec-validated events, and the rows whose batch_size > batch_capacity (both
+    present). Per event only C runs: astuple, the zip transpose and np.fromiter."""
     n = len(events)
-    cols = list(zip(*map(_get_typed, events), strict=True))
-    at = _TYPED_INDEX
-
-    def objects(name: str) -> Any:
-        out = np.empty(n, dtype=object)
-        out[:] = cols[at[name]]
-        return out
-
-    def floats(name: str) -> FloatArray:
-        return np.array(cols[at[name]], dtype=np.float64)  # None -> NaN
-
-    stacked_ints = np.array([cols[at[name]] for name in _STACKED_INTS], dtype=np.int64)
-    size, capacity = (np.array([0 if x is None else x for x in col] if None in col else col, dtype=np.int64)
-                      for col in (cols[at[name]] for name in BATCH_FIELDS))
-    columns = RequestColumns(
-        request_id=objects("request_id"),
-        ts=floats("ts"),
-        model=objects("model"),
-        replica=objects("replica"),
-        latency_ms=floats("latency_ms"),
-        prompt_tokens=stacked_ints[0],
-        completion_tokens=stacked_ints[1],
-        batch_size=size,
-        batch_capacity=capacity,
-        ttft_ms=floats("ttft_ms"),
-        queue_length=floats("queue_length"),
-        kv_cache_hit_rate=floats("kv_cache_hit_rate"),
-        is_error=np.fromiter(map(operator.eq, cols[at["status"]], repeat("error")), dtype=np.bool_, count=n),
-        cuda_error=objects("cuda_error"),
-    )
+    if n == 0:
+        return RequestColumns.empty(), np.zeros(0, dtype=np.bool_)
+    # not strict: a single-event struct has one more field, last (UNSET), which zip leaves out
+    cols = list(zip(*map(msgspec.structs.astuple, events)))  # noqa: B905
+    at = _TYPED_AT
+    out: dict[str, Any] = {name: _float_column(cols[at[name]], n) for name in _TYPED_FLOATS}
+    out.update((name, _int_column(cols[at[name]], n)) for name in _TYPED_INTS)
+    out.update((name, np.fromiter(cols[at[name]], dtype=object, count=n)) for name in _TYPED_OBJECTS)
+    is_error = np.fromiter(map(operator.eq, cols[at["status"]], repeat("error")), dtype=np.bool_, count=n)
+    columns = RequestColumns(is_error=is_error, **out)
+    size, capacity = columns.batch_size, columns.batch_capacity
     return columns, (size > capacity) & (capacity > 0)
+
+
+def _typed_as_event(event: Any) -> dict[str, Any]:
+    """A typed event as the reference path would read it: absent fields (None, the batch fields'
+    0, the single struct's UNSET) left out."""
+    return {name: value for name, value in msgspec.structs.asdict(event).items()
+            if value is not None and value is not msgspec.UNSET and not (name in BATCH_FIELDS and value == 0)}
+
+
+def _finish_typed(events: list[Any], message_index: IntArray, batch_form: Sequence[bool],
+                  limits: LimitSettings) -> tuple[RequestColumns, IntArray, list[tuple[int, Rejection]]]:
+    """Columns of typed events (``message_index`` sorted: row -> message), less the rows over
+    capacity, the one rule a typed decoder cannot state: the reference words those, returned as
+    (message, rejection) pairs."""
+    columns, over_capacity = columns_from_typed_events(events)
+    rejections: list[tuple[int, Rejection]] = []
+    if over_capacity.any():
+        for i in np.flatnonzero(over_capacity).tolist():
+            m = int(message_index[i])
+            k = i - int(np.searchsorted(message_index, m))  # the event's position in its message
+            problems = event_problems(_typed_as_event(events[i]), limits.max_tokens)
+            rejections.append((m, _rejection(problems, f"events[{k}]." if batch_form[m] else "", k)))
+        columns, message_index = columns.take(~over_capacity), message_index[~over_capacity]
+    return columns, message_index, rejections
+
+
+_get_events = operator.attrgetter("events")
+
+
+def decode_poll_typed(values: Sequence[bytes | None], limits: LimitSettings) -> DecodedMessages | None:
+    """A whole poll through msgspec with no per-message Python, or None when any message is
+    unusual (empty, too large, of the other form, refused by msgspec): the caller then takes
+    each message on its own path. The first message says which form the poll is in."""
+    decoders = typed_decoders(limits.max_tokens)
+    raw = cast(Sequence[bytes], values)  # a None among them raises in the try below, as wanted
+    try:
+        if max(map(len, raw)) > limits.max_message_bytes:
+            return None
+        if b'"events"' in raw[0]:
+            batches = list(map(_get_events, map(decoders.batch.decode, raw)))
+            counts = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
+            if counts.max() > limits.max_events_per_message:
+                return None
+            events = list(chain.from_iterable(batches))
+            message_index = np.repeat(np.arange(len(values)), counts)
+            batch_form = True
+        else:
+            events = list(map(decoders.single.decode, raw))
+            message_index = np.arange(len(values))
+            batch_form = False
+    except Exception:  # anything unusual (msgspec's errors, None, an empty poll): message by message
+        return None
+    columns, message_index, rejections = _finish_typed(events, message_index, [batch_form] * len(values), limits)
+    # Made last: hundreds of young lists alive while msgspec allocates cost ~40 % more in GC passes.
+    rejects: list[list[Rejection]] = [[] for _ in values]
+    for m, rejection in rejections:
+        rejects[m].append(rejection)
+    return DecodedMessages(columns, message_index, rejects)
 
 
 # --- message envelope -------------------------------------------------------------------------------
@@ -795,16 +875,20 @@ def decode_request_messages(values: Sequence[bytes | None], limits: LimitSetting
     """Decode many ``llm.requests`` values (e.g. one poll of a partition) in one vectorised pass.
 
     Single-event messages are cheap this way: the per-column numpy cost is paid once per poll,
-    not once per message. Never raises on any input. ``typed_fast_path=False`` skips the msgspec
-    path (tests check both paths give the same result).
+    not once per message, and a clean poll (every message valid, all of one form) is decoded by
+    :func:`decode_poll_typed` with no per-message Python at all. Never raises on any input.
+    ``typed_fast_path=False`` skips the msgspec paths (tests check both give the same result).
     """
+    if typed_fast_path:
+        decoded = decode_poll_typed(values, limits)
+        if decoded is not None:
+            return decoded
     rejects: list[list[Rejection]] = [[] for _ in values]
     typed: list[Any] = []
     typed_message: list[int] = []
-    typed_event: list[int] = []
     typed_batch_form: dict[int, bool] = {}
     general: list[int] = []
-    decoders = _typed_decoders(limits.max_tokens) if typed_fast_path else None
+    decoders = typed_decoders(limits.max_tokens) if typed_fast_path else None
     for m, value in enumerate(values):
         if value is None or len(value) == 0:
             rejects[m].append(Rejection.message_level("empty", "value is null or zero bytes"))
@@ -817,17 +901,15 @@ def decode_request_messages(values: Sequence[bytes | None], limits: LimitSetting
         if decoders is not None:
             try:
                 if b'"events"' in value:
-                    batch = decoders[0].decode(value).events
+                    batch = decoders.batch.decode(value).events
                     if len(batch) <= limits.max_events_per_message:
                         typed.extend(batch)
                         typed_message.extend([m] * len(batch))
-                        typed_event.extend(range(len(batch)))
                         typed_batch_form[m] = True
                         continue
                 else:
-                    typed.append(decoders[1].decode(value))
+                    typed.append(decoders.single.decode(value))
                     typed_message.append(m)
-                    typed_event.append(0)
                     typed_batch_form[m] = False
                     continue
             except Exception:  # anything unusual: the general path judges it and words the reasons
@@ -838,14 +920,11 @@ def decode_request_messages(values: Sequence[bytes | None], limits: LimitSetting
     if general:
         parts.append(_decode_dicts(values, general, limits, rejects))
     if typed:
-        columns, over_capacity = _columns_from_typed(typed)
-        message_index = np.array(typed_message, dtype=np.int64)
-        if over_capacity.any():  # the one rule a typed decoder cannot state: word it per event
-            for i in np.flatnonzero(over_capacity).tolist():
-                m, k = typed_message[i], typed_event[i]
-                problems = event_problems(msgspec.structs.asdict(typed[i]), limits.max_tokens)
-                rejects[m].append(_rejection(problems, f"events[{k}]." if typed_batch_form[m] else "", k))
-            columns, message_index = columns.take(~over_capacity), message_index[~over_capacity]
+        batch_form = [typed_batch_form.get(m, False) for m in range(len(values))]
+        columns, message_index, rejections = _finish_typed(typed, np.array(typed_message, dtype=np.int64),
+                                                           batch_form, limits)
+        for m, rejection in rejections:
+            rejects[m].append(rejection)
         parts.append((columns, message_index))
     if not parts:
         return DecodedMessages(RequestColumns.empty(), np.zeros(0, dtype=np.int64), rejects)
