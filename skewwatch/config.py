@@ -61,6 +61,10 @@ class WindowSettings:
     idle_release_s: float = 90.0  # a replica silent this long (past window + grace) is released
     partition_idle_s: float = 10.0  # wall seconds without input before an idle partition follows the others
     sketch_relative_accuracy: float = 0.01  # quantile sketch: <= 1 % relative error
+    # a telemetry partition read this far (event time) ahead of the requests' watermark is paused until
+    # the requests catch up: a backlog of telemetry would otherwise push the samples old steps need out
+    # of the join's history (32 samples, 160 s at the 5 s interval)
+    telemetry_ahead_s: float = 60.0
 
 
 @dataclass(slots=True)
