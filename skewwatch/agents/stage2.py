@@ -22,13 +22,11 @@ from skewwatch.agents.checkpoint import CheckpointStore
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.rebalance import StageRebalanceListener
 from skewwatch.config import Settings
-from skewwatch.pipeline.assembler import ModelStep, StepAssembler
+from skewwatch.pipeline.assembler import DEFAULT_MAX_PENDING, ModelStep, ReplicaStepInput, StepAssembler
 from skewwatch.pipeline.corrections import RoutingCorrection
 from skewwatch.pipeline.decide import DetectorSettings, ModelDecider
-from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.model_merge import merge_model_features
 from skewwatch.pipeline.telemetry import TelemetrySample
-from skewwatch.pipeline.window import WindowSummary
 from skewwatch.schemas.features import encode_features
 
 log = logging.getLogger(__name__)
@@ -38,7 +36,7 @@ class PartitionModels:
     """Everything stage 2 keeps for one partition of the replica-steps topic."""
 
     def __init__(self, settings: Settings) -> None:
-        self.assembler = StepAssembler()
+        self.assembler = StepAssembler(max_pending=DEFAULT_MAX_PENDING)
         self.deciders: dict[str, ModelDecider] = {}
         self.next_offset: int | None = None
         self.last_input_wall = time.monotonic()
@@ -46,7 +44,7 @@ class PartitionModels:
     def snapshot(self) -> bytes:
         return orjson.dumps({
             "v": 1,
-            "assembler": self.assembler.state_dict(),
+            "assembler": self.assembler.state_dict(encode=ReplicaStepInput.to_body),
             "deciders": {model: d.state_dict() for model, d in self.deciders.items()},
         })
 
@@ -54,7 +52,7 @@ class PartitionModels:
     def restore(cls, data: bytes, settings: Settings, detector_settings: DetectorSettings) -> PartitionModels:
         state = orjson.loads(data)
         partition = cls(settings)
-        partition.assembler.load_state(state["assembler"])
+        partition.assembler.load_state(state["assembler"], decode=ReplicaStepInput.from_body)
         partition.deciders = {model: ModelDecider.from_state(s, detector_settings)
                               for model, s in state["deciders"].items()}
         return partition
@@ -139,8 +137,10 @@ class ModelStage:
                 state.assembler.progress(int(progress["source"]), float(progress["closed_end"]),
                                          int(progress["sources"]))
                 continue
-            fv = body["features"]
-            state.assembler.add(fv["model"], float(fv["window_end"]), fv["replica"], body)
+            # decoded into compact objects now: the body's dicts are dropped while the step is pending
+            step = ReplicaStepInput.from_body(body)
+            fv = step.features
+            state.assembler.add(fv.model, fv.window_end, str(fv.replica), step)
         state.next_offset = messages[-1].offset + 1
         state.last_input_wall = time.monotonic()
         await self._finish(tp, state, state.assembler.complete())
@@ -170,14 +170,18 @@ class ModelStage:
 
     async def _decide(self, state: PartitionModels, step: ModelStep) -> list[Any]:
         topics = self.settings.topics
-        summaries = [WindowSummary.from_dict(p["summary"]) for p in step.payloads.values()]
-        replica_features = [FeatureVector.from_dict(p["features"]) for p in step.payloads.values()]
-        model_fv = merge_model_features(step.model, step.window_end, summaries, self.settings.window)
+        inputs: list[ReplicaStepInput] = list(step.payloads.values())
+        if not step.complete:
+            log.warning("stage 2 holds more than %d replica steps: released %s@%s before every input "
+                        "partition reported (%d replica summaries)", state.assembler.max_pending,
+                        step.model, step.window_end, len(inputs))
+        model_fv = merge_model_features(step.model, step.window_end, [p.summary for p in inputs],
+                                        self.settings.window)
+        replica_features = [p.features for p in inputs]
         telemetry: dict[str, tuple[TelemetrySample, float]] = {}
         for replica, payload in step.payloads.items():
-            if payload.get("telemetry"):
-                sample = TelemetrySample.from_dict(payload["telemetry"])
-                telemetry[replica] = (sample, step.window_end - sample.ts)
+            if payload.telemetry is not None:
+                telemetry[replica] = (payload.telemetry, step.window_end - payload.telemetry.ts)
         decider = state.deciders.get(step.model)
         if decider is None:
             decider = state.deciders[step.model] = ModelDecider(self.detector_settings, model=step.model)

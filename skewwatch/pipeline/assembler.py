@@ -17,6 +17,11 @@ others in stage 1, so they do not stall the rule; a replica missing from a compl
 simply silent, which the weights treat as a signal. Summaries for an already completed step
 (a replay after a rebalance) are counted as late and dropped.
 
+Memory: the worker holds each pending replica step as a :class:`ReplicaStepInput` (decoded once
+on arrival, about a third of the decoded JSON), and the number held is bounded
+(``max_pending``): past it, the oldest pending steps are released incomplete (``forced``), so
+one input partition far behind the others cannot make stage 2 hold its whole backlog.
+
 >>> a = StepAssembler()
 >>> a.add("m", 10.0, "r1", {"n": 1})
 >>> a.progress(source=0, closed_end=10.0, sources=2)
@@ -30,36 +35,91 @@ simply silent, which the weights treat as a signal. Summaries for an already com
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from skewwatch.pipeline.features import FeatureVector
+from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.pipeline.window import WindowSummary
+
+# Replica steps held per assembler before the oldest pending steps are released incomplete:
+# ~3.5 KB each as decoded objects (ReplicaStepInput), so about 70 MB; live operation holds one or
+# two steps of a partition's replicas, only a far-behind input partition gets near it.
+DEFAULT_MAX_PENDING = 20_000
+
+
+@dataclass(slots=True)
+class ReplicaStepInput:
+    """What stage 1 sent for one replica and step, decoded once on arrival.
+
+    Held until the model's step completes: numpy arrays and slotted objects take about a third
+    of the memory of the decoded JSON body (~3.5 KB against ~10 KB per replica).
+    """
+
+    summary: WindowSummary
+    features: FeatureVector
+    telemetry: TelemetrySample | None = None
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> ReplicaStepInput:
+        """From the replica-steps record (``summary``, ``features``, optional ``telemetry``)."""
+        telemetry = body.get("telemetry")
+        return cls(
+            summary=WindowSummary.from_dict(body["summary"]),
+            features=FeatureVector.from_dict(body["features"]),
+            telemetry=TelemetrySample.from_dict(telemetry) if telemetry else None,
+        )
+
+    def to_body(self) -> dict[str, Any]:
+        """The record form again (for checkpoints)."""
+        return {
+            "summary": self.summary.to_dict(),
+            "features": self.features.to_dict(),
+            "telemetry": None if self.telemetry is None else self.telemetry.to_dict(),
+        }
 
 
 @dataclass(slots=True)
 class ModelStep:
     model: str
     window_end: float
-    payloads: dict[str, dict[str, Any]]  # replica -> what stage 1 sent for this step
+    payloads: dict[str, Any]  # replica -> what stage 1 sent for this step (the worker: ReplicaStepInput)
+    complete: bool = True  # False: released by the memory bound before every input partition reported
 
 
 @dataclass(slots=True)
 class _ModelPending:
-    steps: dict[float, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    steps: dict[float, dict[str, Any]] = field(default_factory=dict)
     completed_until: float = float("-inf")  # newest window_end released
 
 
 class StepAssembler:
-    def __init__(self) -> None:
+    """Pending replica steps per model until the min-watermark completes them.
+
+    ``max_pending`` bounds memory: when more replica steps than that are held, the oldest
+    pending steps (of any model) are released as they are (``ModelStep.complete`` False,
+    counted in ``forced``), as if their missing replicas were silent.
+    """
+
+    def __init__(self, max_pending: int | None = None) -> None:
         self.models: dict[str, _ModelPending] = {}
         self.source_progress: dict[int, float] = {}  # input partition -> newest closed step end
         self.sources = 0  # number of input partitions
         self.late = 0
+        self.forced = 0  # steps released incomplete by the memory bound
+        self.pending = 0  # replica steps held
+        self.max_pending = max_pending
 
-    def add(self, model: str, window_end: float, replica: str, payload: dict[str, Any]) -> None:
+    def add(self, model: str, window_end: float, replica: str, payload: Any) -> None:
         pending = self.models.setdefault(model, _ModelPending())
         if window_end <= pending.completed_until:
             self.late += 1
             return
-        pending.steps.setdefault(window_end, {})[replica] = payload
+        step = pending.steps.setdefault(window_end, {})
+        if replica not in step:
+            self.pending += 1
+        step[replica] = payload  # a re-sent summary replaces the earlier one
 
     def progress(self, source: int, closed_end: float, sources: int) -> None:
         """Input partition ``source`` (of ``sources``) has closed every step ending <= ``closed_end``."""
@@ -76,45 +136,65 @@ class StepAssembler:
 
     def complete(self, force_until: float | None = None) -> list[ModelStep]:
         """Release every complete step, oldest first; ``force_until`` also releases steps ending at or
-        before it (the worker uses it when its input has gone quiet on the wall clock)."""
+        before it (the worker uses it when its input has gone quiet on the wall clock). Then, while
+        more than ``max_pending`` replica steps are held, the oldest pending steps."""
         limit = self.complete_until
         if force_until is not None:
             limit = force_until if limit is None else max(limit, force_until)
-        if limit is None:
-            return []
         done: list[ModelStep] = []
-        for model, pending in self.models.items():
-            for end in sorted(e for e in pending.steps if e <= limit):
-                done.append(ModelStep(model, end, pending.steps.pop(end)))
-                pending.completed_until = end
+        if limit is not None:
+            for model, pending in self.models.items():
+                for end in sorted(e for e in pending.steps if e <= limit):
+                    done.append(self._release(model, pending, end, complete=True))
+        while self.max_pending is not None and self.pending > self.max_pending:
+            end, model = min((min(p.steps), m) for m, p in self.models.items() if p.steps)
+            done.append(self._release(model, self.models[model], end, complete=False))
+            self.forced += 1
         return done
+
+    def _release(self, model: str, pending: _ModelPending, end: float, complete: bool) -> ModelStep:
+        payloads = pending.steps.pop(end)
+        self.pending -= len(payloads)
+        pending.completed_until = end
+        return ModelStep(model, end, payloads, complete)
 
     def oldest_pending(self) -> float | None:
         ends = [min(p.steps) for p in self.models.values() if p.steps]
         return min(ends) if ends else None
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, encode: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+        """JSON-able state; ``encode`` turns a payload into JSON-able data (default: as is)."""
+        enc = encode or (lambda payload: payload)
         return {
             "late": self.late,
+            "forced": self.forced,
             "sources": self.sources,
             "source_progress": {str(k): v for k, v in self.source_progress.items()},
             "models": {
                 model: {
-                    "steps": [[end, payloads] for end, payloads in sorted(p.steps.items())],
+                    "steps": [
+                        [end, {r: enc(x) for r, x in payloads.items()}] for end, payloads in sorted(p.steps.items())
+                    ],
                     "completed_until": p.completed_until if p.completed_until != float("-inf") else None,
                 }
                 for model, p in self.models.items()
             },
         }
 
-    def load_state(self, state: dict[str, Any]) -> None:
+    def load_state(self, state: dict[str, Any], decode: Callable[[Any], Any] | None = None) -> None:
+        """Inverse of :meth:`state_dict`; ``decode`` inverts its ``encode``."""
+        dec = decode or (lambda payload: payload)
         self.late = int(state.get("late", 0))
+        self.forced = int(state.get("forced", 0))
         self.sources = int(state.get("sources", 0))
         self.source_progress = {int(k): float(v) for k, v in state.get("source_progress", {}).items()}
         self.models = {}
+        self.pending = 0
         for model, p in state.get("models", {}).items():
             until = p.get("completed_until")
+            steps = {float(end): {r: dec(x) for r, x in payloads.items()} for end, payloads in p["steps"]}
+            self.pending += sum(len(payloads) for payloads in steps.values())
             self.models[model] = _ModelPending(
-                steps={float(end): dict(payloads) for end, payloads in p["steps"]},
+                steps=steps,
                 completed_until=float(until) if until is not None else float("-inf"),
             )

@@ -70,3 +70,55 @@ def test_state_round_trips_through_json() -> None:
         x.add("m", 5.0, "r2", {"x": 2})
         x.progress(1, 5.0, sources=2)
     assert [(s.window_end, s.payloads) for s in a.complete()] == [(s.window_end, s.payloads) for s in b.complete()]
+
+
+def test_memory_bound_releases_the_oldest_pending_steps_incomplete() -> None:
+    a = StepAssembler(max_pending=3)
+    a.add("m", 5.0, "r1", {})
+    a.add("m", 5.0, "r1", {"again": True})  # a re-sent summary replaces, it is not held twice
+    a.add("n", 10.0, "x", {})
+    a.add("m", 10.0, "r1", {})
+    assert a.pending == 3 and a.complete() == []  # no input partition reported: nothing is complete
+    a.add("n", 15.0, "x", {})
+    [step] = a.complete()
+    assert (step.model, step.window_end, step.complete, step.payloads) == ("m", 5.0, False, {"r1": {"again": True}})
+    assert (a.forced, a.pending) == (1, 3)
+    a.add("m", 5.0, "r2", {})  # its step was released: late, not held again
+    assert (a.late, a.pending) == (1, 3)
+    a.progress(0, 15.0, sources=1)
+    assert [(s.model, s.window_end, s.complete) for s in a.complete()] == [("m", 10.0, True), ("n", 10.0, True),
+                                                                          ("n", 15.0, True)]
+    assert a.pending == 0
+
+
+def test_worker_payloads_are_decoded_objects_and_checkpoint_as_the_record() -> None:
+    from skewwatch.config import WindowSettings
+    from skewwatch.pipeline.assembler import ReplicaStepInput
+    from skewwatch.pipeline.events import RequestColumns
+    from skewwatch.pipeline.telemetry import TelemetrySample
+    from skewwatch.pipeline.window import PartitionWindows
+
+    windows = PartitionWindows(WindowSettings())
+    ev = dict(model="m", prompt_tokens=10, completion_tokens=20, batch_size=4, batch_capacity=16)
+    windows.apply(RequestColumns.from_rows([dict(ev, request_id="a", replica="r1", ts=101.0, latency_ms=100.0)]))
+    windows.advance_watermark(105.0)
+    [closed] = windows.close_steps()
+    sample = TelemetrySample(ts=103.0, replica="r1", source="nvml", memory_used_bytes=1e9, memory_total_bytes=8e9)
+    body = {"summary": closed.summary.to_dict(), "features": closed.features.to_dict(),
+            "telemetry": sample.to_dict(), "telemetry_stale": False}
+    step = ReplicaStepInput.from_body(orjson.loads(orjson.dumps(body)))
+    assert step.features == closed.features and step.telemetry == sample
+    assert step.summary.to_dict() == closed.summary.to_dict()
+
+    a = StepAssembler()
+    a.add("m", 105.0, "r1", step)
+    a.progress(0, 100.0, sources=1)
+    b = StepAssembler()
+    b.load_state(orjson.loads(orjson.dumps(a.state_dict(encode=ReplicaStepInput.to_body))),
+                 decode=ReplicaStepInput.from_body)
+    assert b.pending == 1
+    b.progress(0, 105.0, sources=1)
+    [restored] = b.complete()
+    got = restored.payloads["r1"]
+    assert got.features == step.features and got.telemetry == step.telemetry
+    assert got.summary.to_dict() == step.summary.to_dict()
