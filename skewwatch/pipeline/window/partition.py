@@ -3,12 +3,13 @@
 One partition's state is a handful of arrays with one row per key (a key registry maps
 ``(model, replica)`` to its row; released rows are reused):
 
-* ``_stats[row, ring, :]``: the ring of ``n_buckets`` sealed buckets, bucket ``b`` in ring
-  position ``b % n_buckets``, one float64 bucket row each (layout in ``summary.py``);
+* ``_stats[ring, row, :]``: the ring of ``n_buckets`` sealed buckets, bucket ``b`` in ring
+  position ``b % n_buckets``, one float64 bucket row each (layout in ``summary.py``; ring-major, so
+  merging a window adds 12 contiguous ``(rows, _STATS_LEN)`` slabs);
 * open buckets (still collecting events, usually 1-2): per bucket id a dense ``(rows, _STATS_LEN)``
   array, the sketch as ``(row, slot, count)`` parts, and the CUDA error counts of the rows that had any;
-* the sealed buckets' sketches as one ``(3, k)`` int32 ``(row, slot, count)`` array per ring position
-  (latency in slots ``[0, n_slots)``, TTFT in ``[n_slots, 2 * n_slots)``);
+* the sealed buckets' sketches as ``(3, k)`` int32 ``(row, slot, count)`` arrays per ring position,
+  latency and TTFT apart (an open bucket keeps both in one slot space: TTFT at ``n_slots + slot``);
 * two dense running totals per row (latency, TTFT) over the slot range in use by the partition
   (grown when a value falls outside it, trimmed when its edges empty out): a step *adds* the newly
   sealed bucket's entries and *subtracts* the leaving one's, instead of re-merging 12 buckets.
@@ -79,17 +80,18 @@ def merge_stats(a: FloatArray, b: FloatArray) -> FloatArray:
 
 
 def window_stats(ring: FloatArray) -> FloatArray:
-    """Merge each row's ``n_buckets`` bucket rows (``(rows, n_buckets, _STATS_LEN)``) into one row:
+    """Merge each row's ``n_buckets`` bucket rows (``(n_buckets, rows, _STATS_LEN)``) into one row:
     the k-way form of Chan's formula (moments.merge_many), vectorised over rows and fields."""
-    out = ring.sum(axis=1)
-    count = ring[:, :, _MOMENT_COUNT_COLUMNS]  # (rows, buckets, fields)
-    n = count.sum(axis=1)
-    safe = np.where(n > 0, n, 1.0)
+    out = ring.sum(axis=0)  # right for the counts and sums (and the m2 part within buckets)
+    count = ring[:, :, _MOMENT_COUNT_COLUMNS]  # (buckets, rows, fields): each field's own count
+    n = out[:, _MOMENT_COUNT_COLUMNS]
     bucket_mean = ring[:, :, _MEAN]
-    mean = (count * bucket_mean).sum(axis=1) / safe
-    deviation = bucket_mean - mean[:, None, :]
+    mean = (count * bucket_mean).sum(axis=0) / np.where(n > 0, n, 1.0)
+    between = bucket_mean - mean
+    between *= between
+    between *= count
     out[:, _MEAN] = mean
-    out[:, _M2] = ring[:, :, _M2].sum(axis=1) + (count * deviation * deviation).sum(axis=1)
+    out[:, _M2] += between.sum(axis=0)
     return out
 
 
@@ -127,6 +129,26 @@ class OpenBucket:
         if len(self.parts) != 1:
             self.parts = [consolidate(self.parts, n_codes)]
         return self.parts[0]
+
+
+class Sealed(NamedTuple):
+    """A sealed bucket's sketch entries, latency and TTFT apart (TTFT slots in TTFT space)."""
+
+    latency: Entries
+    ttft: Entries
+
+
+EMPTY_SEALED = Sealed(EMPTY_ENTRIES, EMPTY_ENTRIES)
+
+
+def split_entries(entries: Entries, n_slots: int) -> Sealed:
+    """Combined-slot entries (TTFT at ``n_slots + slot``) as a :class:`Sealed` pair."""
+    is_latency = entries[1] < n_slots
+    if is_latency.all():
+        return Sealed(entries, EMPTY_ENTRIES)
+    ttft = entries[:, ~is_latency]
+    ttft[1] -= n_slots
+    return Sealed(entries[:, is_latency], ttft)
 
 
 class RowTotals:
@@ -200,10 +222,10 @@ class PartitionWindows:
         self._capacity = 0
         self._next_row = 0  # rows [0, _next_row) have been handed out (some may be free again)
         self._free: list[int] = []
-        self._stats: FloatArray = np.zeros((0, self.n_buckets, _STATS_LEN))
+        self._stats: FloatArray = np.zeros((self.n_buckets, 0, _STATS_LEN))
         self._last_ts: FloatArray = np.zeros(0)
         self._open: dict[int, OpenBucket] = {}  # bucket id -> bucket not sealed yet
-        self._ring: list[Entries] = [EMPTY_ENTRIES] * self.n_buckets  # sealed sketches by ring position
+        self._ring: list[Sealed] = [EMPTY_SEALED] * self.n_buckets  # sealed sketches by ring position
         self._latency = RowTotals(0, n_slots)  # always the sum of the ring's latency entries
         self._ttft = RowTotals(0, n_slots)  # ... and of its TTFT entries (slot - n_slots)
 
@@ -223,8 +245,8 @@ class PartitionWindows:
         """Make room for ``needed`` rows (by a quarter at least: memory per replica matters more
         than the occasional copy)."""
         capacity = max(needed, self._capacity + self._capacity // 4, 16)
-        stats = np.zeros((capacity, self.n_buckets, _STATS_LEN))
-        stats[:self._capacity] = self._stats
+        stats = np.zeros((self.n_buckets, capacity, _STATS_LEN))
+        stats[:, :self._capacity] = self._stats
         last_ts = np.full(capacity, -math.inf)
         last_ts[:self._capacity] = self._last_ts
         self._stats, self._last_ts = stats, last_ts
@@ -253,12 +275,11 @@ class PartitionWindows:
             del self.keys[key]
         # with idle_release_s < length_s an event at exactly E - length_s is still in the ring: drop
         # it with its key, as the per-key state did, so a reused row starts empty
-        for position, entries in enumerate(self._ring):
-            if entries.shape[1]:
-                mine = np.isin(entries[0], rows)
-                if mine.any():
-                    self._ring[position] = entries[:, ~mine]
-        self._stats[rows] = 0.0
+        for position, sealed in enumerate(self._ring):
+            mine = [np.isin(entries[0], rows) for entries in sealed]
+            if any(m.any() for m in mine):
+                self._ring[position] = Sealed(*(e[:, ~m] for e, m in zip(sealed, mine, strict=True)))
+        self._stats[:, rows] = 0.0
         self._last_ts[rows] = -math.inf
         self._latency.counts[rows] = 0
         self._ttft.counts[rows] = 0
@@ -270,17 +291,10 @@ class PartitionWindows:
             bucket = self._open[bucket_id] = OpenBucket(self._capacity)
         return bucket
 
-    def _add_ring_entries(self, entries: Entries, sign: int) -> None:
-        n_slots = self.bins.n_slots
-        if not entries.shape[1]:
-            return
-        cut = entries[1] < n_slots
-        if cut.all():  # no TTFT at all (a fleet without it): skip the split
-            self._latency.add(entries[0], entries[1], entries[2], sign)
-            return
-        self._latency.add(entries[0, cut], entries[1, cut], entries[2, cut], sign)
-        ttft = ~cut
-        self._ttft.add(entries[0, ttft], entries[1, ttft] - n_slots, entries[2, ttft], sign)
+    def _add_sealed(self, sealed: Sealed, sign: int) -> None:
+        """Add a sealed bucket's sketch to the running totals (``sign=-1``: it leaves the window)."""
+        for totals, entries in ((self._latency, sealed.latency), (self._ttft, sealed.ttft)):
+            totals.add(entries[0], entries[1], entries[2], sign)
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -430,17 +444,17 @@ class PartitionWindows:
         every key's window."""
         settings = self.settings
         position = bucket_id % self.n_buckets
-        self._add_ring_entries(self._ring[position], -1)
+        self._add_sealed(self._ring[position], -1)
         entering = self._open.pop(bucket_id, None)
         cuda: dict[int, dict[str, int]] = {}
         if entering is None:
-            self._stats[:, position] = 0.0
-            self._ring[position] = EMPTY_ENTRIES
+            self._stats[position] = 0.0
+            self._ring[position] = EMPTY_SEALED
             step_count = np.zeros(rows.size, dtype=np.int64)
         else:
-            self._stats[:, position] = entering.stats
-            entries = self._ring[position] = entering.sketch(2 * self.bins.n_slots)
-            self._add_ring_entries(entries, +1)
+            self._stats[position] = entering.stats
+            sealed = self._ring[position] = split_entries(entering.sketch(2 * self.bins.n_slots), self.bins.n_slots)
+            self._add_sealed(sealed, +1)
             step_count = entering.stats[rows, _COUNT].astype(np.int64)
             if entering.cuda_errors:
                 index_of_row = dict(zip(rows.tolist(), range(rows.size), strict=True))
@@ -454,7 +468,7 @@ class PartitionWindows:
             length_s=settings.length_s,
             relative_accuracy=settings.sketch_relative_accuracy,
             keys=keys,
-            stats=window_stats(self._stats[rows]),
+            stats=window_stats(self._stats[:, rows]),
             step_count=step_count,
             step_cuda_errors=cuda,
             latency_q=self.bins.row_quantiles(latency, self._latency.offset, LATENCY_QUANTILES),

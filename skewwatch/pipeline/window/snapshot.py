@@ -34,7 +34,7 @@ import numpy.typing as npt
 import orjson
 
 from skewwatch.config import WindowSettings
-from skewwatch.pipeline.window.partition import PartitionWindows
+from skewwatch.pipeline.window.partition import PartitionWindows, split_entries
 from skewwatch.pipeline.window.summary import _BATCH_N, _COUNT, _FILL_N, _STATS_LEN, _STATS_LEN_V1
 
 SNAPSHOT_FORMAT = "skewwatch.partition-windows"
@@ -67,13 +67,17 @@ def encode(windows: PartitionWindows) -> bytes:
 
     if w.closed_through is not None and keys:
         ids = np.arange(w.closed_through - n + 1, w.closed_through + 1)
-        ring = w._stats[rows][:, ids % n]  # (keys, n, _STATS_LEN), oldest bucket first
+        ring = w._stats[ids % n][:, rows].transpose(1, 0, 2)  # (keys, n, _STATS_LEN), oldest bucket first
         k_idx, b_idx = np.nonzero(ring[:, :, _COUNT])
         b_key.append(k_idx.astype(np.int64))
         b_id.append(ids[b_idx])
         b_stats.append(ring[k_idx, b_idx])
         for bucket_id in ids.tolist():
-            add_entries(w._ring[bucket_id % n], bucket_id)
+            sealed = w._ring[bucket_id % n]
+            ttft = sealed.ttft.copy()
+            ttft[1] += w.bins.n_slots
+            add_entries(sealed.latency, bucket_id)
+            add_entries(ttft, bucket_id)
     for bucket_id, bucket in sorted(w._open.items()):
         stats = bucket.stats[rows]
         k_idx = np.flatnonzero(stats[:, _COUNT])
@@ -198,14 +202,14 @@ def _decode(data: bytes, settings: WindowSettings) -> PartitionWindows:
             raise ValueError(f"bucket {int(ids[sealed].min())} is older than the window")
     entry_row = key[entry_bucket].astype(np.int32)
     entry_sealed = sealed[entry_bucket]
-    w._stats[key[sealed], ids[sealed] % nb] = stats[sealed]
+    w._stats[ids[sealed] % nb, key[sealed]] = stats[sealed]
     entry_position = (ids % nb)[entry_bucket]
     for position in range(nb):
         mine = entry_sealed & (entry_position == position)
         if mine.any():
             entries = np.stack([entry_row[mine], sketch[0, mine], sketch[1, mine]])
-            w._ring[position] = entries
-            w._add_ring_entries(entries, +1)
+            w._ring[position] = split_entries(entries, n_slots)
+            w._add_sealed(w._ring[position], +1)
     cuda = {int(i): {str(k): int(v) for k, v in errs.items()} for i, errs in doc["cuda_errors"]}
     if cuda and (min(cuda) < 0 or max(cuda) >= n):
         raise ValueError("cuda errors of an unknown bucket")
