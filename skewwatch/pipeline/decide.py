@@ -56,7 +56,7 @@ from skewwatch.pipeline.corrections import (
     publish_reason,
     step_seq,
 )
-from skewwatch.pipeline.detectors.base import Action, Alert, Detector, OverridableConfig
+from skewwatch.pipeline.detectors.base import Action, Alert, Detector, OverridableConfig, StepColumns
 from skewwatch.pipeline.detectors.gpu_health import GpuHealthDetector
 from skewwatch.pipeline.detectors.registry import DETECTORS
 from skewwatch.pipeline.features import FeatureVector
@@ -233,11 +233,11 @@ class ModelDecider:
                 self._order = None
 
         max_age = self.settings.weights.telemetry_max_age_s
-        alerts: list[Alert] = []
-        actions: list[Action] = []
-        updaters = [detector.update_into for detector in self.detectors.values()]
+        order = self._sorted_replicas()
+        vectors: list[FeatureVector] = []
+        fresh_telemetry: list[TelemetrySample | None] = []
         no_telemetry: tuple[None, None] = (None, None)
-        for replica in self._sorted_replicas():
+        for replica in order:
             track = tracks[replica]
             fv_or_none = by_replica.get(replica)
             if fv_or_none is not None and fv_or_none.step_count > 0:
@@ -245,17 +245,26 @@ class ModelDecider:
                 track.last_seen = now
             else:
                 track.silent_steps += 1
-            fv = fv_or_none or FeatureVector(
+            vectors.append(fv_or_none or FeatureVector(
                 model=model,
                 replica=replica,
                 window_start=now - self.settings.decider.window_s,
                 window_end=now,
                 count=0,
-            )
+            ))
             sample, age = telemetry.get(replica, no_telemetry)
-            fresh = sample if sample is not None and age is not None and age <= max_age else None
-            for update_into in updaters:
-                update_into(fv, fresh, now, alerts, actions)
+            fresh_telemetry.append(sample if sample is not None and age is not None and age <= max_age else None)
+        columns = StepColumns(vectors, fresh_telemetry, [f"{model}/{replica}" for replica in order])
+        # detector by detector over the step (columns where a detector can), then back in the
+        # order of one replica at a time, detectors in registry order
+        alerts: list[Alert] = []
+        actions: list[Action] = []
+        for detector in self.detectors.values():
+            detector.update_step(columns, now, alerts, actions)
+        if len(self.detectors) > 1 and alerts:
+            position = {replica: i for i, replica in enumerate(order)}
+            rank = {name: i for i, name in enumerate(self.detectors)}
+            alerts.sort(key=lambda a: (position[a.replica or ""], rank[a.detector]))
 
         if model_features is not None:
             for name in self.settings.decider.model_level:

@@ -31,13 +31,18 @@ True
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from operator import attrgetter
 from typing import Any, ClassVar, Literal
+
+import numpy as np
+import numpy.typing as npt
 
 from skewwatch.config import ConfigError
 from skewwatch.pipeline.features import FeatureVector
@@ -318,6 +323,58 @@ class Hysteresis:
 # --------------------------------------------------------------------------- detectors
 
 
+class StepColumns:
+    """One model's step as seen by its detectors: the per-replica inputs in one order, and any
+    numeric field of them as a column (float64, NaN for None), built on first use and shared.
+
+    >>> fv = FeatureVector(model="m", replica="a", window_start=0.0, window_end=60.0, count=5, latency_p50=10.0)
+    >>> cols = StepColumns([fv, FeatureVector(model="m", replica="b", window_start=0.0, window_end=60.0, count=0)],
+    ...                    [None, None])
+    >>> cols.keys, cols.column("count").tolist(), cols.column("latency_p50").tolist()
+    (['m/a', 'm/b'], [5.0, 0.0], [10.0, nan])
+    """
+
+    __slots__ = ("vectors", "telemetry", "keys", "_columns", "_telemetry_columns")
+
+    def __init__(
+        self,
+        vectors: Sequence[FeatureVector],
+        telemetry: Sequence[TelemetrySample | None],
+        keys: Sequence[str] | None = None,
+    ) -> None:
+        self.vectors = vectors
+        self.telemetry = telemetry  # the fresh sample per replica, None when absent or stale
+        self.keys = list(keys) if keys is not None else [fv.key for fv in vectors]
+        self._columns: dict[str, npt.NDArray[np.float64]] = {}
+        self._telemetry_columns: dict[str, npt.NDArray[np.float64]] = {}
+
+    def __len__(self) -> int:
+        return len(self.vectors)
+
+    def column(self, name: str) -> npt.NDArray[np.float64]:
+        """``FeatureVector.<name>`` of every replica."""
+        found = self._columns.get(name)
+        if found is None:
+            get = attrgetter(name)
+            found = self._columns[name] = _floats(get(fv) for fv in self.vectors)
+        return found
+
+    def telemetry_column(self, name: str) -> npt.NDArray[np.float64]:
+        """``TelemetrySample.<name>`` of every replica's fresh sample (NaN without one)."""
+        found = self._telemetry_columns.get(name)
+        if found is None:
+            get = attrgetter(name)
+            found = self._telemetry_columns[name] = _floats(
+                None if sample is None else get(sample) for sample in self.telemetry
+            )
+        return found
+
+
+def _floats(values: Any) -> npt.NDArray[np.float64]:
+    nan = math.nan
+    return np.array([nan if v is None else v for v in values], dtype=np.float64)
+
+
 class Detector(ABC):
     """A pure, stateful detector: ``update`` once per key per step, state as plain data on request.
 
@@ -354,6 +411,13 @@ class Detector(ABC):
         out = self.update(fv, telemetry, now)
         alerts.extend(out.alerts)
         actions.extend(out.actions)
+
+    def update_step(self, step: StepColumns, now: float, alerts: list[Alert], actions: list[Action]) -> None:
+        """``update`` every replica of one model's step (the decider's entry point), in ``step``
+        order. Detectors that can judge the step as columns override it."""
+        update_into = self.update_into
+        for fv, telemetry in zip(step.vectors, step.telemetry, strict=True):
+            update_into(fv, telemetry, now, alerts, actions)
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
@@ -422,6 +486,17 @@ class _KeyState:
         self.rules = [_RuleState() for _ in range(n_rules)]
         self.memory: dict[str, Any] = {}
 
+    def is_idle(self) -> bool:
+        """As good as fresh: no rule counting towards opening or open, nothing remembered.
+        (A kept ``message``/``params`` only matters once the rule holds again, which resets them.)"""
+        if self.memory:
+            return False
+        for rule_state in self.rules:
+            h = rule_state.hysteresis
+            if h.hits or h.is_open:
+                return False
+        return True
+
 
 class ThresholdDetector(Detector):
     """A detector made of named rules, each with its own hysteresis per key.
@@ -452,12 +527,40 @@ class ThresholdDetector(Detector):
     def rule_meta(self, rule: str) -> tuple[Severity, str | None, str]:
         """(severity, action name or None, stable reason) of a rule."""
 
+    def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_] | None:
+        """Optional: the rules judged over the step's replicas at once, as columns.
+
+        True where :meth:`evaluate` would certainly find no rule holding and would leave the key's
+        memory as it is; such a replica whose state is idle is not evaluated at all (and its
+        state is dropped: idle state is as good as none). It may be conservative (False where
+        unsure: evaluate decides). Default None: evaluate every replica. The detector contract
+        test checks every ``quiet`` against ``evaluate`` on random vectors.
+        """
+        return None
+
     # --- the machinery
 
     def update(self, fv: FeatureVector, telemetry: TelemetrySample | None, now: float) -> DetectorOutput:
         out = DetectorOutput()
         self.update_into(fv, telemetry, now, out.alerts, out.actions)
         return out
+
+    def update_step(self, step: StepColumns, now: float, alerts: list[Alert], actions: list[Action]) -> None:
+        quiet = self.quiet(step)
+        if quiet is None:
+            Detector.update_step(self, step, now, alerts, actions)
+            return
+        state = self._state
+        update_into = self.update_into
+        for fv, key, telemetry, is_quiet in zip(step.vectors, step.keys, step.telemetry, quiet.tolist(), strict=True):
+            if is_quiet:
+                key_state = state.get(key)
+                if key_state is None:
+                    continue
+                if key_state.is_idle():
+                    del state[key]
+                    continue
+            update_into(fv, telemetry, now, alerts, actions)
 
     def update_into(
         self,

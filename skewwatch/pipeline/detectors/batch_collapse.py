@@ -50,8 +50,18 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+import numpy.typing as npt
+
 from skewwatch.pipeline.batch_controller import BatchControllerConfig, recommend_batch_size
-from skewwatch.pipeline.detectors.base import DetectorConfig, Finding, Severity, ThresholdDetector, fmt
+from skewwatch.pipeline.detectors.base import (
+    DetectorConfig,
+    Finding,
+    Severity,
+    StepColumns,
+    ThresholdDetector,
+    fmt,
+)
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample
 
@@ -120,6 +130,18 @@ class BatchCollapseDetector(ThresholdDetector):
             rules.append(f"queue >= {cfg.stuck_queue_min:g} with running batch < {cfg.stuck_fill_max:.0%}")
         reason = "batch collapse: " + ", or ".join(rules)
         return Severity.CRITICAL, "adjust_batch_policy", reason
+
+    def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_] | None:
+        """The seed rule over the step's replicas as columns (None, i.e. evaluate each, with
+        ``stuck_rule`` on)."""
+        cfg = self.config
+        if cfg.stuck_rule or not cfg.seed_rule:
+            return None
+        return ~(
+            (step.column("count") > 0)
+            & (step.column("batch_size_std") > cfg.std_threshold)
+            & (step.column("batch_fill_mean") < cfg.fill_threshold)
+        )
 
     def evaluate(
         self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]

@@ -39,7 +39,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from skewwatch.pipeline.detectors.base import DetectorConfig, Finding, Severity, ThresholdDetector, fmt
+import numpy as np
+import numpy.typing as npt
+
+from skewwatch.pipeline.detectors.base import (
+    DetectorConfig,
+    Finding,
+    Severity,
+    StepColumns,
+    ThresholdDetector,
+    fmt,
+)
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample
 
@@ -68,6 +78,16 @@ class KvPressureDetector(ThresholdDetector):
         if rule == "fragmentation":
             return Severity.WARNING, None, FRAGMENTATION_MESSAGE
         return Severity.INFO, None, PREFILL_MESSAGE
+
+    def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_]:
+        """Both rules over the step's replicas as columns (NaN, i.e. a missing signal, never holds)."""
+        cfg = self.config
+        events_hit = step.column("kv_cache_hit_rate_mean")
+        hit = np.where(np.isnan(events_hit), step.telemetry_column("kv_cache_hit_rate"), events_hit)
+        frag = step.telemetry_column("fragmentation")
+        fragmentation = (frag > cfg.fragmentation_threshold) & (hit < cfg.low_hit_rate)
+        prefill = (step.column("tokens_per_s") < cfg.throughput_threshold) & (hit > cfg.high_hit_rate)
+        return ~((step.column("count") > 0) & (fragmentation | prefill))
 
     def evaluate(
         self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]

@@ -43,7 +43,17 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from skewwatch.pipeline.detectors.base import DetectorConfig, Finding, Severity, ThresholdDetector, fmt
+import numpy as np
+import numpy.typing as npt
+
+from skewwatch.pipeline.detectors.base import (
+    DetectorConfig,
+    Finding,
+    Severity,
+    StepColumns,
+    ThresholdDetector,
+    fmt,
+)
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample
 
@@ -81,6 +91,15 @@ class LongTailDetector(ThresholdDetector):
             return (Severity.WARNING, "enable_tracing",
                     f"long tail: p99 > {cfg.length_ratio:g} x the p99 its output lengths explain")
         return Severity.WARNING, "enable_tracing", f"long tail: p99 > {cfg.ratio:g} x p50"
+
+    def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_] | None:
+        """The seed rule over the step's replicas as columns (None, i.e. evaluate each, for
+        ``length_normalized``)."""
+        cfg = self.config
+        if cfg.length_normalized:
+            return None
+        p50, p99 = step.column("latency_p50"), step.column("latency_p99")
+        return ~((step.column("count") >= max(cfg.min_count, 1)) & (p50 > 0) & (p99 > cfg.ratio * p50))
 
     def evaluate(
         self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]
