@@ -1,0 +1,172 @@
+"""The columnar windows (issue 6): same features as the plain-Python reference on any stream, the
+per-replica objects bit-identical to ``WindowSummary.features``, rows released and reused cleanly,
+snapshots of the per-key implementation still read."""
+
+from __future__ import annotations
+
+import base64
+import math
+from pathlib import Path
+from typing import Any
+
+import hypothesis
+import numpy as np
+import orjson
+from hypothesis import strategies as st
+
+from skewwatch.config import WindowSettings
+from skewwatch.pipeline.events import RequestColumns
+from skewwatch.pipeline.reference import reference_features
+from skewwatch.pipeline.window import PartitionWindows, ReplicaStep, WindowSummary
+from tests.unit.test_window import assert_features_match, by_key, event, random_events
+
+SETTINGS = WindowSettings()
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "window_snapshot_v2_per_key.b64"
+KEYS = [("llama", "r1"), ("llama", "r2"), ("llama", "r3"), ("mistral", "m1"), ("mistral", "m2")]
+
+
+def simple_events(seed: int, n: int, t0: float, t1: float) -> list[dict[str, Any]]:
+    """A small, fixed event generator (the snapshot fixture below was written from it)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        model, replica = KEYS[int(rng.integers(len(KEYS)))]
+        ev: dict[str, Any] = {"request_id": f"s{i}", "ts": round(float(rng.uniform(t0, t1)), 3), "model": model,
+                              "replica": replica, "latency_ms": round(float(rng.lognormal(5.0, 1.0)), 3),
+                              "prompt_tokens": int(rng.integers(0, 4000)),
+                              "completion_tokens": int(rng.integers(0, 1000))}
+        if i % 3:
+            ev["batch_size"], ev["batch_capacity"] = int(rng.integers(1, 9)), 8
+        if i % 2:
+            ev["ttft_ms"] = round(float(rng.lognormal(3.0, 0.8)), 3)
+        if i % 7 == 0:
+            ev["status"], ev["cuda_error"] = "error", "cudaErrorLaunchTimeout"
+        out.append(ev)
+    return sorted(out, key=lambda e: e["ts"])
+
+
+def check_step(step: ReplicaStep) -> None:
+    """The columnar features equal the summary's own features exactly, also after JSON."""
+    assert step.summary.features() == step.features
+    assert WindowSummary.from_dict(orjson.loads(orjson.dumps(step.summary.to_dict()))).features() == step.features
+
+
+class Tracked:
+    """Windows fed in chunks, remembering which events were accepted (late ones are not)."""
+
+    def __init__(self, settings: WindowSettings) -> None:
+        self.settings = settings
+        self.windows = PartitionWindows(settings)
+        self.accepted: list[dict[str, Any]] = []
+        self.late = 0
+        self.steps: list[ReplicaStep] = []
+
+    def feed(self, chunk: list[dict[str, Any]]) -> None:
+        closed = self.windows.closed_through
+        on_time = [e for e in chunk if closed is None or math.floor(e["ts"] / self.settings.step_s) > closed]
+        result = self.windows.apply(RequestColumns.from_rows(chunk))
+        assert result == (len(on_time), len(chunk) - len(on_time))
+        self.accepted += on_time
+        self.late += len(chunk) - len(on_time)
+        self.close()
+
+    def close(self) -> None:
+        closed = self.windows.close_steps()
+        assert len(closed) == sum(len(batch) for batch in closed.batches)
+        for batch in closed.batches:
+            assert batch.count.tolist() == [s.features.count for s in batch.replica_steps()]
+        self.steps += closed
+
+
+@hypothesis.settings(max_examples=30, deadline=None)
+@hypothesis.given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 150), chunk=st.integers(1, 40),
+                  idle=st.sampled_from([30.0, 60.0, 90.0]), restore_at=st.integers(0, 6))
+def test_property_columnar_windows_match_the_reference(seed: int, n: int, chunk: int, idle: float,
+                                                       restore_at: int) -> None:
+    """Random streams with late events, gaps longer than the idle release (keys released, rows
+    reused by others), events on step boundaries, unknown/derived batches, a snapshot + restore."""
+    rng = np.random.default_rng(seed)
+    settings = WindowSettings(idle_release_s=idle)
+    missing = float(rng.choice([0.0, 0.4, 1.0]))
+    # two bursts with a gap longer than the window + idle release, new keys in the second one
+    first = random_events(rng, n, 500.0, 500.0 + float(rng.choice([3.0, 40.0, 150.0])), KEYS[:3], missing)
+    second = random_events(rng, n, 900.0, 960.0, KEYS[1:], missing)
+    events = first + second
+    for e in events[::4]:
+        e["ts"] = 5.0 * round(e["ts"] / 5.0)  # exactly on a step boundary
+    arrival = np.array([e["ts"] for e in events]) + rng.uniform(0.0, 4.9, len(events))
+    arrival[rng.random(len(events)) < 0.1] += 30.0  # some arrive far too late
+    order = np.argsort(arrival, kind="stable")
+    bursts = [[events[i] for i in order if arrival[i] < 800.0], [events[i] for i in order if arrival[i] >= 800.0]]
+    tracked = Tracked(settings)
+    k = 0
+    for n_burst, burst in enumerate(bursts):
+        for part in [burst[i:i + chunk] for i in range(0, len(burst), chunk)]:
+            if k == restore_at:
+                data = tracked.windows.snapshot()
+                tracked.windows = PartitionWindows.restore(data, settings)
+                assert tracked.windows.snapshot() == data
+            tracked.feed(part)
+            k += 1
+        if n_burst == 0:  # the partition idles between the bursts, following the others' watermark:
+            tracked.windows.advance_watermark(850.0)  # every key is released, the second burst's take
+            tracked.close()  # their rows
+            assert not tracked.windows.keys
+    tracked.windows.advance_watermark(max(e["ts"] for e in events) + 300.0)
+    tracked.close()
+    assert tracked.windows.late_total == tracked.late and not tracked.windows.keys
+    for (model, replica), by_end in by_key(tracked.steps).items():
+        for end, fv in by_end.items():
+            assert_features_match(fv, reference_features(tracked.accepted, model, replica, end, settings))
+    for step in tracked.steps:
+        check_step(step)
+
+
+def test_a_released_row_is_reused_clean() -> None:
+    """idle_release_s below the window: a key whose last event sits exactly on the window's start
+    is released while that event is still in the ring; the key that takes its row starts empty."""
+    settings = WindowSettings(idle_release_s=10.0)  # idle = max(10, 60) = 60 s
+    windows = PartitionWindows(settings)
+    windows.apply(RequestColumns.from_rows([event(100.0, replica="a", latency_ms=5.0), event(101.0, replica="b")]))
+    windows.advance_watermark(160.0)
+    steps = by_key(windows.close_steps())
+    assert max(steps[("m", "a")]) == 160.0 and steps[("m", "a")][160.0].count == 1  # reported, then released
+    assert ("m", "a") not in windows.keys and ("m", "b") in windows.keys
+    windows.apply(RequestColumns.from_rows([event(163.0, replica="c", latency_ms=50.0)]))
+    windows.advance_watermark(170.0)
+    later = by_key(windows.close_steps())
+    c = later[("m", "c")][165.0]
+    assert (c.count, c.step_count) == (1, 1) and abs(c.latency_p99 - 50.0) <= 0.5  # not a's 5 ms
+    assert later[("m", "b")][165.0].count == 0  # b's event (101) left the window at 165
+
+
+def test_steps_are_columns_until_iterated() -> None:
+    windows = PartitionWindows(SETTINGS)
+    windows.apply(RequestColumns.from_rows([event(101.0), event(102.0, replica="r2"), event(107.0)]))
+    windows.advance_watermark(115.0)
+    closed = windows.close_steps()
+    assert [(b.window_end, len(b)) for b in closed.batches] == [(105.0, 2), (110.0, 2), (115.0, 2)]
+    assert all(b._steps is None for b in closed.batches)  # nothing built yet
+    assert closed.batches[1].count.tolist() == [2, 1]
+    assert closed[-1].features.window_end == 115.0 and len(closed) == 6
+    assert closed == list(closed) and closed != []
+
+
+def test_a_snapshot_of_the_per_key_implementation_is_read() -> None:
+    """Bytes written by the per-key windows (before the columnar rework) from simple_events(61, ...)
+    restore and continue as the reference says."""
+    events = simple_events(61, 300, 1000.0, 1090.0)
+    restored = PartitionWindows.restore(base64.b64decode(FIXTURE.read_text()), SETTINGS)
+    assert restored.last_closed_end == 1080.0 and len(restored.keys) == len(KEYS)
+    more = simple_events(62, 300, 1090.0, 1150.0)
+    steps = []
+    for i in range(0, len(more), 50):
+        restored.apply(RequestColumns.from_rows(more[i:i + 50]))
+        steps += restored.close_steps()
+    restored.advance_watermark(1300.0)
+    steps += restored.close_steps()
+    assert min(s.features.window_end for s in steps) == 1085.0
+    for step in steps:
+        fv = step.features
+        assert_features_match(fv, reference_features(events + more, fv.model, fv.replica, fv.window_end, SETTINGS))
+        check_step(step)
