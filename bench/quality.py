@@ -40,7 +40,7 @@ clean traffic is built to sit inside every rule. Both are reported; they disagre
 Targets (issue 5): recall >= 0.95, precision >= 0.95, median delay <= persistence + 10 s, at
 most 1 false alert per simulated hour.
 
-    .venv/bin/python bench/quality.py                 # full suite, both profiles (~30 min on 2 cores)
+    .venv/bin/python bench/quality.py                 # full suite, both profiles (~6 min on 2 cores)
     .venv/bin/python bench/quality.py --quick         # one seed and load per source: a smoke run
 
 Prints tables, writes ``bench/results/quality.json`` and ``bench/results/quality_delays.png``.
