@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from skewwatch.pipeline.corrections import (
 )
 from skewwatch.pipeline.decide import DetectorSettings, ModelDecider, StepDecision
 from skewwatch.pipeline.detectors.base import Action, Severity
+from skewwatch.pipeline.detectors.registry import DETECTORS
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample
 
@@ -243,6 +246,63 @@ def test_state_survives_a_restart_through_json(split: int) -> None:
     restored = ModelDecider.from_state(state)
     assert restored.state_dict() == before.state_dict()
     assert head + decisions(restored, range(split, 40)) == expected
+
+
+def _random_fleet_decisions(decider: ModelDecider, steps: range, rng: random.Random) -> list[Any]:
+    """Decisions on a random fleet: faults flip on and off, replicas join and fall silent,
+    telemetry comes and goes (some of it stale)."""
+    replicas = [f"r{i:02d}" for i in range(24)]
+    out = []
+    for i in steps:
+        t = T0 + 5.0 * i
+        vectors, telemetry = [], {}
+        for k, r in enumerate(replicas):
+            if (k + i) % 17 == 0 or (k > 20 and i < 10):
+                continue  # silent this step, or not there yet
+            kw: dict[str, Any] = {}
+            if rng.random() < 0.3:
+                kw["latency_p99"] = rng.choice([290.0, 310.0, 900.0])
+            if rng.random() < 0.2:
+                kw.update(batch_size_std=rng.uniform(1, 4), batch_fill_mean=rng.uniform(0.1, 0.5))
+            if rng.random() < 0.2:
+                kw.update(tokens_per_s=rng.uniform(50, 200), kv_cache_hit_rate_mean=rng.uniform(0.5, 0.95))
+            if rng.random() < 0.1:
+                kw.update(prompt_tokens_mean=3000.0, prompt_tokens_var=rng.choice([1e4, 1e6]))
+            if rng.random() < 0.03:
+                kw["step_cuda_errors"] = {rng.choice(["cudaErrorLaunchTimeout", "700"]): 1}
+            if rng.random() < 0.1:
+                kw["count"] = rng.choice([0, 10])
+            vectors.append(fv(r, t, **kw))
+            if rng.random() < 0.7:
+                sample = TelemetrySample(ts=t - 1, replica=r, source="simulated", memory_reserved_bytes=1e10,
+                                         memory_allocated_bytes=1e10 * rng.uniform(0.4, 1.0),
+                                         kv_cache_hit_rate=rng.uniform(0.5, 0.9), queue_length=rng.randint(0, 9))
+                telemetry[r] = (sample, rng.choice([1.0, 1.0, 30.0]))
+        d = decider.step("m", t, vectors, model_fv(t), telemetry)
+        out.append(([a.to_dict() for a in d.alerts], None if d.correction is None else d.correction.to_dict(),
+                     {r: w.to_dict() for r, w in d.weights.items()}, d.health, decider.open_alerts()))
+    return out
+
+
+@pytest.mark.parametrize("profile", ["seed", "tuned"])
+def test_column_screens_change_no_decision(profile: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The detectors' column screens (``quiet``) only skip work: with them off, every alert,
+    correction, weight and health is the same, and so is a restart from a checkpoint."""
+    overrides: dict[str, Any] = {}
+    if profile == "tuned":
+        path = Path(__file__).parents[2] / "bench/profiles/tuned.toml"
+        overrides = tomllib.loads(path.read_text())["detectors"]
+    settings = DetectorSettings.from_overrides(overrides)
+    screened = _random_fleet_decisions(ModelDecider(settings), range(60), random.Random(3))
+    assert sum(len(alerts) for alerts, *_ in screened) > 10  # the fleet does alert
+    rng = random.Random(3)
+    half = ModelDecider(settings)
+    head = _random_fleet_decisions(half, range(30), rng)
+    restored = ModelDecider.from_state(json.loads(json.dumps(half.state_dict())), settings)
+    assert head + _random_fleet_decisions(restored, range(30, 60), rng) == screened
+    for cls in DETECTORS.values():
+        monkeypatch.setattr(cls, "quiet", lambda self, step: None, raising=False)
+    assert _random_fleet_decisions(ModelDecider(settings), range(60), random.Random(3)) == screened
 
 
 def test_replaying_a_step_after_restore_gives_the_same_seq() -> None:

@@ -9,14 +9,19 @@ sequence (the rule flipping every step) opens one alert and never flaps.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import random
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from skewwatch.pipeline.detectors.base import Detector, DetectorOutput, Severity
+from skewwatch.config import ConfigError
+from skewwatch.pipeline.detectors.base import Detector, DetectorOutput, Severity, StepColumns, ThresholdDetector
 from skewwatch.pipeline.detectors.registry import DETECTORS
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample
@@ -299,3 +304,85 @@ def test_alert_and_action_round_trip_and_identity() -> None:
     assert Action.from_dict(json.loads(json.dumps(action.to_dict()))) == action
     renewed = Action("r1", "isolate", Severity.WARNING, "reason", {"health": 0.4}, 600.0)
     assert renewed.identity == action.identity and renewed != action
+
+
+# --------------------------------------------------------------------------- column screens
+
+
+def _random_step(rng: random.Random, n: int, end: float) -> tuple[list[FeatureVector], list[TelemetrySample | None]]:
+    """Vectors and fresh telemetry that land on both sides of every threshold, with gaps."""
+
+    def maybe(value: float) -> float | None:
+        return None if rng.random() < 0.15 else value
+
+    vectors: list[FeatureVector] = []
+    samples: list[TelemetrySample | None] = []
+    for i in range(n):
+        p50 = rng.choice([0.0, rng.uniform(50, 500)])
+        tokens = rng.uniform(1, 400)
+        vectors.append(base_fv(
+            end, replica=f"r{i}", count=rng.choice([0, 1, 19, 20, 200]),
+            latency_p50=maybe(p50), latency_p99=maybe(p50 * rng.uniform(1.0, 6.0)),
+            latency_mean=maybe(p50 * rng.uniform(0.5, 2.0)), latency_p95=maybe(rng.uniform(50, 200)),
+            completion_tokens_mean=maybe(tokens), completion_tokens_var=maybe(tokens**2 * rng.uniform(0, 2)),
+            batch_size_std=maybe(rng.uniform(0, 4)), batch_fill_mean=maybe(rng.uniform(0, 1)),
+            batch_size_mean=maybe(rng.uniform(1, 32)), queue_length_mean=maybe(rng.uniform(0, 20)),
+            kv_cache_hit_rate_mean=maybe(rng.uniform(0.4, 1.0)), tokens_per_s=rng.uniform(0, 300),
+            prompt_tokens_mean=maybe(rng.uniform(500, 5000)), prompt_tokens_var=maybe(rng.uniform(0, 1e6)),
+        ))
+        if rng.random() < 0.3:
+            samples.append(None)
+            continue
+        reserved = 10e9
+        samples.append(TelemetrySample(
+            ts=end, replica=f"r{i}", source="simulated", queue_length=rng.choice([None, rng.randint(0, 20)]),
+            running_requests=rng.choice([None, rng.randint(0, 32)]), batch_capacity=rng.choice([None, 32]),
+            kv_cache_usage=rng.choice([None, rng.uniform(0, 1)]),
+            kv_cache_hit_rate=rng.choice([None, rng.uniform(0.4, 1)]),
+            memory_reserved_bytes=reserved, memory_allocated_bytes=reserved * rng.uniform(0.3, 1.0),
+            utilization_gpu=rng.uniform(0, 1),
+        ))
+    return vectors, samples
+
+
+def _configs(name: str) -> list[Any]:
+    """The defaults, the tuned profile's section, and each boolean option flipped."""
+    cls = DETECTORS[name].Config
+    configs = [cls()]
+    tuned = tomllib.loads((Path(__file__).parents[2] / "bench/profiles/tuned.toml").read_text())["detectors"]
+    if name in tuned:
+        configs.append(cls.from_overrides(tuned[name]))
+    for f in dataclasses.fields(cls):
+        if isinstance(getattr(cls(), f.name), bool):
+            try:
+                configs.append(cls.from_overrides({f.name: not getattr(cls(), f.name)}))
+            except ConfigError:
+                continue  # e.g. seed_rule off needs another rule on
+    return configs
+
+
+@pytest.mark.parametrize("name", [n for n in DETECTOR_NAMES if issubclass(DETECTORS[n], ThresholdDetector)])
+def test_column_screen_never_hides_a_rule_that_holds(name: str) -> None:
+    """``quiet`` (the rules over a step's replicas as columns) is True only where evaluate() finds
+    no rule holding and leaves the key's memory alone: the decider skips those replicas."""
+    rng = random.Random(7)
+    screened = 0
+    for config in _configs(name):
+        detector = DETECTORS[name](config)
+        assert isinstance(detector, ThresholdDetector)
+        for step in range(20):
+            vectors, samples = _random_step(rng, 50, T0 + STEP * step)
+            quiet = detector.quiet(StepColumns(vectors, samples))
+            if quiet is None:
+                continue
+            for fv, sample, is_quiet in zip(vectors, samples, quiet.tolist(), strict=True):
+                memory: dict[str, Any] = {}
+                findings = detector.evaluate(fv, sample, memory)
+                if is_quiet:
+                    screened += 1
+                    assert not any(f.holds for f in findings.values()), (config, fv, sample)
+                    assert memory == {}
+                else:
+                    assert memory == {} or name == "context_burst"
+    if name != "context_burst":  # keeps a history every step: it has no screen
+        assert screened > 0
