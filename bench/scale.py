@@ -6,14 +6,16 @@ Three parts, each selectable with ``--parts``:
     Pure step cost. ``R`` active replicas (default 1k, 10k, 50k) across 50 models, spread over the
     worker's 8 partitions, each receiving ``--rate`` requests/s (a few per second: a 1,000-GPU
     fleet). After 13 warm-up steps (windows full), each measured 5 s step times, in-process:
-    ``PartitionWindows.close_steps`` on all 8 partitions (every replica's feature vector and
-    summary), ``merge_model_features`` per model and ``ModelDecider.step`` per model (every
-    detector, health, weights, correction). The stage 1 -> 2 hand-off the worker also pays per
-    replica (``to_dict`` + JSON + ``from_dict``) is timed separately. Target: <= 250 ms at 10k,
-    linear in replicas.
+    ``PartitionWindows.close_steps`` on all 8 partitions (every replica's window moments and
+    quantiles, as columns: one ``StepBatch`` per partition and step), building the per-replica
+    objects from those columns (``ReplicaStep`` = ``FeatureVector`` + ``WindowSummary``, what stage 2
+    and publishing read: column ``build``), ``merge_model_features`` per model and
+    ``ModelDecider.step`` per model (every detector, health, weights, correction). The stage 1 -> 2
+    hand-off the worker also pays per replica (``to_dict`` + JSON + ``from_dict``) is timed
+    separately. Target: <= 250 ms at 10k, linear in replicas.
 ``memory``
     Window state per active replica (tracemalloc: bytes still allocated after building 8
-    partitions of full windows, and the checkpoint snapshot's bytes), the same for the deciders'
+    partitions of full windows, and the checkpoint snapshot's bytes and CPU time), the same for the deciders'
     state; then half the replicas fall silent and the windows must release them after
     ``max(idle_release_s, length_s)``; and the RSS of the real worker holding ``--rss-replicas``
     replicas (generator traffic for 80 s of event time on a real broker). Targets: <= 16 KiB per
@@ -73,7 +75,7 @@ from skewwatch.pipeline.decide import DetectorSettings, ModelDecider  # noqa: E4
 from skewwatch.pipeline.events import RequestColumns  # noqa: E402
 from skewwatch.pipeline.features import FeatureVector  # noqa: E402
 from skewwatch.pipeline.model_merge import merge_model_features  # noqa: E402
-from skewwatch.pipeline.window import PartitionWindows, ReplicaStep, WindowSummary  # noqa: E402
+from skewwatch.pipeline.window import ClosedSteps, PartitionWindows, ReplicaStep, WindowSummary  # noqa: E402
 
 PARTITIONS = 8
 STEP_S = 5.0
@@ -151,8 +153,14 @@ class Fleet:
             windows.advance_watermark(self.t)
         return self.t
 
-    def close(self) -> list[ReplicaStep]:
-        return [step for windows in self.windows for step in windows.close_steps()]
+    def close(self) -> list[ClosedSteps]:
+        """Close the ready steps of every partition: columns only, no per-replica objects yet."""
+        return [windows.close_steps() for windows in self.windows]
+
+    @staticmethod
+    def build(closed: list[ClosedSteps]) -> list[ReplicaStep]:
+        """The per-replica objects stage 2 and publishing read, from the columns."""
+        return [step for steps in closed for step in steps]
 
     def decide(self, steps: list[ReplicaStep]) -> dict[str, float]:
         """Stage 2 for these steps; returns the seconds of its parts (merge, decide)."""
@@ -188,21 +196,25 @@ def measure_step_cost(n_replicas: int, models: int, rate: float, steps: int, war
     fleet = Fleet(fleet_replicas(n_replicas, models), rate)
     for k in range(warm):  # fill every window (60 s = 12 buckets); the deciders' state in the last two
         fleet.feed()
-        closed = fleet.close()
+        warm_columns = fleet.close()
         if k >= warm - 2:
-            fleet.decide(closed)
-    parts: dict[str, list[float]] = {"close_steps": [], "merge": [], "decide": [], "total": [], "handoff": []}
+            fleet.decide(fleet.build(warm_columns))
+    parts: dict[str, list[float]] = {"close_steps": [], "build": [], "merge": [], "decide": [], "total": [],
+                                     "handoff": []}
     for _ in range(steps):
         fleet.feed()
         gc.collect()
         t0 = time.perf_counter()
-        closed = fleet.close()
+        columns = fleet.close()
         t1 = time.perf_counter()
+        closed = fleet.build(columns)
+        t2 = time.perf_counter()
         stage2 = fleet.decide(closed)
         total = time.perf_counter() - t0
         if len(closed) != n_replicas:
             raise AssertionError(f"{len(closed)} replica steps closed, expected {n_replicas}")
         parts["close_steps"].append(t1 - t0)
+        parts["build"].append(t2 - t1)
         parts["merge"].append(stage2["merge"])
         parts["decide"].append(stage2["decide"])
         parts["total"].append(total)
@@ -215,6 +227,8 @@ def measure_step_cost(n_replicas: int, models: int, rate: float, steps: int, war
         "ms": {k: round(v * 1000, 1) for k, v in med.items()},
         "total_ms": spread([round(v * 1000, 1) for v in parts["total"]]),
         "us_per_replica": round(med["total"] / n_replicas * 1e6, 2),
+        "close_us_per_replica": round(med["close_steps"] / n_replicas * 1e6, 2),
+        "build_us_per_replica": round(med["build"] / n_replicas * 1e6, 2),
         "handoff_us_per_replica": round(med["handoff"] / n_replicas * 1e6, 2),
     }
 
@@ -238,10 +252,12 @@ def measure_memory(n_replicas: int, models: int, rate: float, warm: int) -> dict
         windows_bytes = tracemalloc.get_traced_memory()[0] - base
         for _ in range(3):  # the deciders' state (detectors, tracks, last weights) for every replica
             fleet.feed()
-            fleet.decide(fleet.close())
+            fleet.decide(fleet.build(fleet.close()))
         gc.collect()
         deciders_bytes = tracemalloc.get_traced_memory()[0] - base - windows_bytes
+        cpu = time.process_time()
         snapshot_bytes = sum(len(w.snapshot()) for w in fleet.windows)
+        snapshot_s = time.process_time() - cpu
         # half the fleet falls silent: their window state must go after max(idle_release_s, length_s)
         active = np.arange(n_replicas) % 2 == 0
         idle_s = max(fleet.settings.idle_release_s, fleet.settings.length_s)
@@ -261,6 +277,7 @@ def measure_memory(n_replicas: int, models: int, rate: float, warm: int) -> dict
         "window_bytes_per_replica": round(windows_bytes / n_replicas),
         "decider_bytes_per_replica": round(deciders_bytes / n_replicas),
         "snapshot_bytes_per_replica": round(snapshot_bytes / n_replicas),
+        "snapshot_cpu_ms_all_partitions": round(snapshot_s * 1000, 1),  # stage 1 writes one per partition per step
         "traced_bytes_windows_and_deciders": windows_bytes + deciders_bytes,
         "idle_release_after_s": idle_s,
         "silent_replicas": int(n_replicas - active.sum()),
@@ -472,13 +489,14 @@ def _poisson(rng: random.Random, mean: float) -> int:
 # ---------------------------------------------------------------------------------------------
 
 def step_table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'replicas':>9} {'total ms':>9} {'min..max':>15} {'close':>8} {'merge':>7} {'decide':>8} "
-             f"{'us/replica':>10} {'handoff us/r':>12}"]
+    lines = [f"{'replicas':>9} {'total ms':>9} {'min..max':>15} {'close':>8} {'build':>7} {'merge':>7} "
+             f"{'decide':>8} {'us/replica':>10} {'close us/r':>10} {'build us/r':>10} {'handoff us/r':>12}"]
     for r in rows:
         ms, tot = r["ms"], r["total_ms"]
         lines.append(f"{r['replicas']:>9,} {ms['total']:>9.1f} {tot['min']:>7.1f}..{tot['max']:<7.1f} "
-                     f"{ms['close_steps']:>8.1f} {ms['merge']:>7.1f} {ms['decide']:>8.1f} "
-                     f"{r['us_per_replica']:>10.2f} {r['handoff_us_per_replica']:>12.2f}")
+                     f"{ms['close_steps']:>8.1f} {ms['build']:>7.1f} {ms['merge']:>7.1f} {ms['decide']:>8.1f} "
+                     f"{r['us_per_replica']:>10.2f} {r['close_us_per_replica']:>10.2f} "
+                     f"{r['build_us_per_replica']:>10.2f} {r['handoff_us_per_replica']:>12.2f}")
     return "\n".join(lines)
 
 
@@ -568,12 +586,14 @@ def main(argv: list[str] | None = None) -> int:
     result["targets"] = judge(result)
     print()
     if "step_cost" in result:
-        print("Step cost (one 5 s step: close_steps on 8 partitions + merge + ModelDecider.step per model)")
+        print("Step cost (one 5 s step: close_steps on 8 partitions (columns) + build per-replica objects + "
+              "merge + ModelDecider.step per model)")
         print(step_table(result["step_cost"]))
     if "memory" in result:
         m = result["memory"]
         print(f"\nWindow state: {m['window_bytes_per_replica']:,} B/replica (tracemalloc), "
-              f"{m['snapshot_bytes_per_replica']:,} B/replica in the checkpoint; deciders "
+              f"{m['snapshot_bytes_per_replica']:,} B/replica in the checkpoint "
+              f"({m['snapshot_cpu_ms_all_partitions']} ms CPU for all partitions' snapshots); deciders "
               f"{m['decider_bytes_per_replica']:,} B/replica; {m['silent_replicas']:,} silent replicas released "
               f"after {m['released_after_s']} s (rule: {m['idle_release_after_s']:.0f} s)")
     if "worker_rss" in result:
