@@ -1,17 +1,28 @@
-"""Decode throughput of ``llm.requests`` messages on one core (the worker's hot path).
+"""Decode throughput of ``llm.requests`` messages on one core (the worker's hot path), optionally
+side by side with the decoder of an earlier git revision.
 
 Seed rule measured: the hot path must not pay a per-event Python cost (DESIGN.md numbers: a plain
 aiokafka loop with ``json.loads`` reaches ~180k events/s on this class of machine). Cases:
 
 - ``single``: one event per message, decoded one message at a time (decode_request_message);
-- ``single_poll``: the same messages decoded a poll of 500 at a time (decode_request_messages);
-- ``batch100``: 100 events per message (the producer helper's batch form);
+- ``single_poll``: the same messages decoded a poll of 500 at a time (decode_request_messages), as
+  the worker does;
+- ``single_poll_5000``: a poll of 5,000 single-event messages (a catch-up poll of one partition);
+- ``batch100``: 100-event messages (the producer helper's batch form), one message at a time;
+- ``batch100_poll``: the same messages a poll of 50 at a time (5,000 events), as the worker does;
 - ``batch100_10pct_bad``: as batch100 with 10 % of the events invalid (reasons worded per bad row);
+- ``reference_batch100``: batch100 through the general (reference) path, ``typed_fast_path=False``;
 - ``orjson_only``: orjson.loads of the batch100 messages alone, the floor for any JSON decoder.
 
-Rates are events per CPU-second of the decoding process (one core). Run:
-``.venv/bin/python bench/decode_bench.py [--seconds 2]``; prints a table and writes
-``bench/results/decode.json``.
+Rates are events per CPU-second of the decoding process (one core), best of 5 rounds; with
+``--baseline REV`` the decoder (``skewwatch/schemas/requests.py``) of that git revision runs every
+case too, its rounds interleaved with the current decoder's so that load on a shared machine hits
+both alike. The baseline module is loaded from ``git show REV:...`` and runs against the current
+tree's other modules. Run::
+
+    .venv/bin/python bench/decode_bench.py [--seconds 2] [--baseline ff883c9]
+
+It prints a table and writes ``bench/results/decode.json``.
 """
 
 from __future__ import annotations
@@ -21,7 +32,10 @@ import json
 import os
 import platform
 import random
+import subprocess
+import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,14 +43,13 @@ from typing import Any
 import orjson
 
 from skewwatch.config import LimitSettings
-from skewwatch.schemas.requests import (
-    decode_request_message,
-    decode_request_messages,
-    encode_request_event,
-    encode_request_events,
-)
+from skewwatch.schemas import requests as current_requests
+from skewwatch.schemas.requests import encode_request_event, encode_request_events
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode.json"
+REPO = Path(__file__).resolve().parent.parent
+DECODER_PATH = "skewwatch/schemas/requests.py"
+ROUNDS = 5
 
 
 def make_event(rng: random.Random, i: int) -> dict[str, Any]:
@@ -75,74 +88,127 @@ def spoil(event: dict[str, Any], i: int) -> dict[str, Any]:
     return bad
 
 
-def measure(run: Callable[[], int], seconds: float) -> float:
-    """Events per CPU-second of ``run`` (which returns the events it handled), best of 5 rounds.
+def load_decoder_at(rev: str) -> types.ModuleType:
+    """The request decoder module as it was at git revision ``rev``."""
+    source = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{DECODER_PATH}"], check=True,
+                            capture_output=True).stdout
+    module = types.ModuleType(f"decode_bench_baseline_{rev}")
+    module.__file__ = f"{rev}:{DECODER_PATH}"
+    sys.modules[module.__name__] = module  # dataclasses look their module up while decorating
+    exec(compile(source, module.__file__, "exec"), module.__dict__)  # our own file, as it was
+    return module
+
+
+def measure_side_by_side(runs: dict[str, Callable[[], int]], seconds: float) -> dict[str, float]:
+    """Events per CPU-second of each ``run`` (which returns the events it handled), best of
+    ROUNDS rounds, the runs' rounds interleaved.
 
     CPU time of this process, not wall time: "events/s on one core" is what the worker budget
     needs, and it stays meaningful on a shared machine where other processes steal the core.
     """
-    best = 0.0
-    for _ in range(5):
-        events = 0
-        start = time.process_time()
-        deadline = start + seconds / 5
-        while time.process_time() < deadline:
-            events += run()
-        best = max(best, events / (time.process_time() - start))
+    best = dict.fromkeys(runs, 0.0)
+    for _ in range(ROUNDS):
+        for name, run in runs.items():
+            events = 0
+            start = time.process_time()
+            deadline = start + seconds / ROUNDS
+            while time.process_time() < deadline:
+                events += run()
+            best[name] = max(best[name], events / (time.process_time() - start))
     return best
 
 
+def cases_for(decoder: types.ModuleType, limits: LimitSettings, singles: list[bytes], singles_5000: list[bytes],
+              batches: list[bytes], spoilt: list[bytes]) -> dict[str, Callable[[], int]]:
+    """Each case as a callable returning the events it decoded, for one decoder module."""
+    decode_one, decode_poll = decoder.decode_request_message, decoder.decode_request_messages
+
+    # sanity: the benchmark measures real decoding, not rejections
+    assert len(decode_poll(singles, limits).columns) == len(singles)
+    assert len(decode_poll(singles_5000, limits).columns) == len(singles_5000)
+    assert all(len(decode_one(b, limits).columns) == 100 for b in batches)
+    assert len(decode_poll(batches, limits).columns) == 100 * len(batches)
+    assert all(len(decode_one(b, limits).rejects) == 10 for b in spoilt)
+
+    def one_at_a_time(values: list[bytes], per_message: int) -> Callable[[], int]:
+        def run() -> int:
+            for value in values:
+                decode_one(value, limits)
+            return per_message * len(values)
+        return run
+
+    def as_one_poll(values: list[bytes], per_message: int, **options: Any) -> Callable[[], int]:
+        def run() -> int:
+            decode_poll(values, limits, **options)
+            return per_message * len(values)
+        return run
+
+    return {
+        "single": one_at_a_time(singles, 1),
+        "single_poll": as_one_poll(singles, 1),
+        "single_poll_5000": as_one_poll(singles_5000, 1),
+        "batch100": one_at_a_time(batches, 100),
+        "batch100_poll": as_one_poll(batches, 100),
+        "batch100_10pct_bad": one_at_a_time(spoilt, 100),
+        "reference_batch100": lambda: sum(len(decode_poll([b], limits, typed_fast_path=False).columns)
+                                          for b in batches),
+    }
+
+
+def run_orjson(batches: list[bytes]) -> Callable[[], int]:
+    def run() -> int:
+        for value in batches:
+            orjson.loads(value)
+        return 100 * len(batches)
+    return run
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=2.0, help="time per case")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=2.0, help="CPU time per case and decoder")
+    parser.add_argument("--baseline", metavar="REV", help="also run the decoder of this git revision")
     args = parser.parse_args()
     rng = random.Random(7)
     limits = LimitSettings()
     events = [make_event(rng, i) for i in range(5000)]
-    singles = [encode_request_event(e) for e in events[:500]]
+    singles_5000 = [encode_request_event(e) for e in events]
+    singles = singles_5000[:500]
     batches = [encode_request_events(events[i:i + 100]) for i in range(0, 5000, 100)]
     spoilt = [encode_request_events([spoil(e, i) if i % 10 == 0 else e for i, e in
                                      enumerate(events[j:j + 100], start=j)]) for j in range(0, 5000, 100)]
 
-    # sanity: the benchmark measures real decoding, not rejections
-    assert len(decode_request_messages(singles, limits).columns) == len(singles)
-    assert all(len(decode_request_message(b, limits).columns) == 100 for b in batches)
-    assert all(len(decode_request_message(b, limits).rejects) == 10 for b in spoilt)
+    decoders = {"now": current_requests}
+    if args.baseline:
+        decoders = {"baseline": load_decoder_at(args.baseline), **decoders}
+    cases = {label: cases_for(module, limits, singles, singles_5000, batches, spoilt)
+             for label, module in decoders.items()}
+    names = [*cases["now"], "orjson_only"]
+    results: dict[str, dict[str, int]] = {}
+    for name in names:
+        runs = ({label: run_orjson(batches) for label in ("now",)} if name == "orjson_only"
+                else {label: case[name] for label, case in cases.items()})
+        results[name] = {label: round(rate) for label, rate in measure_side_by_side(runs, args.seconds).items()}
 
-    def run_single() -> int:
-        for value in singles:
-            decode_request_message(value, limits)
-        return len(singles)
-
-    def run_single_poll() -> int:
-        return len(decode_request_messages(singles, limits).columns)
-
-    def run_batches(values: list[bytes]) -> Callable[[], int]:
-        def run() -> int:
-            for value in values:
-                decode_request_message(value, limits)
-            return 100 * len(values)
-        return run
-
-    def run_orjson() -> int:
-        for value in batches:
-            orjson.loads(value)
-        return 100 * len(batches)
-
-    cases = {
-        "single": run_single,
-        "single_poll": run_single_poll,
-        "batch100": run_batches(batches),
-        "batch100_10pct_bad": run_batches(spoilt),
-        "orjson_only": run_orjson,
-    }
-    results = {name: round(measure(run, args.seconds)) for name, run in cases.items()}
-    width = max(map(len, results))
-    for name, rate in results.items():
-        print(f"{name:<{width}}  {rate:>10,} events/s")
+    width = max(map(len, names))
+    header = f"{'case':<{width}}  " + "  ".join(f"{label:>12}" for label in decoders)
+    if args.baseline:
+        header += "  now/baseline"
+    print(header + "   (events per CPU-second)")
+    for name, rates in results.items():
+        line = f"{name:<{width}}  " + "  ".join(f"{rates[label]:>12,}" if label in rates else f"{'':>12}"
+                                                 for label in decoders)
+        if args.baseline and "baseline" in rates:
+            line += f"  {rates['now'] / rates['baseline']:>11.2f}x"
+        print(line)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
-        "events_per_cpu_s": results,
+        "events_per_cpu_s": {name: rates["now"] for name, rates in results.items()},
+        "baseline": None if not args.baseline else {
+            "revision": args.baseline,
+            "events_per_cpu_s": {name: rates["baseline"] for name, rates in results.items() if "baseline" in rates},
+        },
+        "rounds": ROUNDS,
+        "seconds_per_case": args.seconds,
         "load_average_1m": round(os.getloadavg()[0], 2),  # > cores: other processes shared the machine
         "event_bytes_mean": round(sum(map(len, singles)) / len(singles)),
         "python": platform.python_version(),

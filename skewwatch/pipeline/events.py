@@ -58,7 +58,7 @@ def _source_from_size() -> Int8Array:
 
 def source_from_size(batch_size: IntArray) -> Int8Array:
     """``BATCH_REPORTED`` where the size is known (> 0), else ``BATCH_UNKNOWN``."""
-    return (batch_size > 0).astype(np.int8)  # BATCH_REPORTED == 1
+    return (batch_size > 0).view(np.int8)  # BATCH_REPORTED == 1 (a bool is one byte: no copy)
 
 
 @dataclass(slots=True)
