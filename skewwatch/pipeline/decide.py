@@ -13,7 +13,8 @@ Per step, for every replica known to the model (seen in this step or an earlier 
    weight counts it as fully loaded (it gets less traffic at once, and 0 once stale);
 2. every enabled detector updates that replica's state; its telemetry is passed only when
    fresh (age <= ``[detectors.weights] telemetry_max_age_s``, 15 s), else None;
-3. health comes from the ``gpu_health`` detector, weights from :mod:`skewwatch.pipeline.weights`;
+3. health comes from the ``gpu_health`` detector, weights from :mod:`skewwatch.pipeline.weights`
+   (:func:`~skewwatch.pipeline.weights.pool_weights`, the pool as columns);
 4. the routing correction gets ``seq`` from event time and is returned in
    ``StepDecision.correction`` only when :func:`~skewwatch.pipeline.corrections.should_publish`
    says so (change or 30 s heartbeat). The decider assumes that what it returns is published.
@@ -62,7 +63,7 @@ from skewwatch.pipeline.detectors.registry import DETECTORS
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.health import HEALTHY
 from skewwatch.pipeline.telemetry import TelemetrySample
-from skewwatch.pipeline.weights import ReplicaWeight, WeightConfig, WeightInput, compute_weights
+from skewwatch.pipeline.weights import ReplicaWeight, WeightConfig, pool_weights
 
 DECIDER_STATE_VERSION = 1
 
@@ -282,23 +283,20 @@ class ModelDecider:
         if released:
             actions = [a for a in actions if a.replica in tracks]
 
+        if released:
+            kept = [i for i, replica in enumerate(order) if replica in tracks]
+            order = [order[i] for i in kept]
+            columns = StepColumns([vectors[i] for i in kept], [fresh_telemetry[i] for i in kept],
+                                  [columns.keys[i] for i in kept])
         health = self._health(now)
-        inputs = []
-        for r in self._sorted_replicas():
-            sample, age = telemetry.get(r, no_telemetry)
-            score, note = health[r]
-            inputs.append(
-                WeightInput(
-                    replica=r,
-                    features=by_replica.get(r),
-                    telemetry=sample,
-                    telemetry_age_s=age,
-                    health=score,
-                    health_note=note,
-                    silent_steps=tracks[r].silent_steps,
-                )
-            )
-        weights = compute_weights(inputs, self.settings.weights)
+        weights = pool_weights(
+            columns,
+            order,
+            [telemetry.get(r, no_telemetry) for r in order],
+            [health[r] for r in order],
+            [tracks[r].silent_steps for r in order],
+            self.settings.weights,
+        )
         correction = RoutingCorrection(
             model=model,
             ts=now,

@@ -54,11 +54,13 @@ not dropped. Default off: the issue's rule, exactly.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from skewwatch.pipeline.detectors.base import OverridableConfig
+import numpy as np
+
+from skewwatch.pipeline.detectors.base import OverridableConfig, StepColumns
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample
 
@@ -197,43 +199,102 @@ def load_denominator(inp: WeightInput, config: WeightConfig) -> tuple[float, dic
     return total_coef * weighted / present_coef, components, notes
 
 
-def compute_weights(inputs: Iterable[WeightInput], config: WeightConfig | None = None) -> dict[str, ReplicaWeight]:
-    """Weights of one model's pool: seed §1 × health, normalised to sum 1 (or all 0)."""
-    cfg = config or WeightConfig()
-    rows: list[tuple[WeightInput, float, float, dict[str, float | None], list[str]]] = []
-    for inp in inputs:
-        alive = (
-            cfg.liveness_from_telemetry
-            and inp.telemetry is not None
-            and inp.telemetry.source in ENGINE_SOURCES
-            and telemetry_is_fresh(inp.telemetry_age_s, cfg)
-        )
-        if inp.silent_steps >= cfg.stale_steps and not alive:
-            notes = [f"stale: no requests for {inp.silent_steps} steps"]
-            rows.append((inp, 0.0, 0.0, {}, notes))
-            continue
-        denominator, components, notes = load_denominator(inp, cfg)
-        if denominator < cfg.min_denominator:
-            notes.append(f"denominator {denominator:.3f} floored at {cfg.min_denominator:g} (idle)")
-        guarded = max(denominator, cfg.min_denominator)
-        components["denominator"] = denominator
-        raw = 1.0 / guarded
-        health = min(max(inp.health, 0.0), 1.0)
-        if health < 1.0:
-            notes.append(f"health {health:g}" + (f" ({inp.health_note})" if inp.health_note else ""))
-        rows.append((inp, raw, raw * health, components, notes))
+Row = tuple[float, float, dict[str, float | None], list[str]]  # raw score, raw x health, components, notes
 
-    total = sum(effective for _, _, effective, _, _ in rows)
+
+def _row(inp: WeightInput, cfg: WeightConfig) -> Row:
+    """One replica's score before normalisation, with its components and notes."""
+    alive = (
+        cfg.liveness_from_telemetry
+        and inp.telemetry is not None
+        and inp.telemetry.source in ENGINE_SOURCES
+        and telemetry_is_fresh(inp.telemetry_age_s, cfg)
+    )
+    if inp.silent_steps >= cfg.stale_steps and not alive:
+        return 0.0, 0.0, {}, [f"stale: no requests for {inp.silent_steps} steps"]
+    denominator, components, notes = load_denominator(inp, cfg)
+    if denominator < cfg.min_denominator:
+        notes.append(f"denominator {denominator:.3f} floored at {cfg.min_denominator:g} (idle)")
+    guarded = max(denominator, cfg.min_denominator)
+    components["denominator"] = denominator
+    raw = 1.0 / guarded
+    health = min(max(inp.health, 0.0), 1.0)
+    if health < 1.0:
+        notes.append(f"health {health:g}" + (f" ({inp.health_note})" if inp.health_note else ""))
+    return raw, raw * health, components, notes
+
+
+def _normalise(replicas: Sequence[str], health: Sequence[float], rows: Sequence[Row]) -> dict[str, ReplicaWeight]:
+    total = sum(effective for _, effective, _, _ in rows)
     result: dict[str, ReplicaWeight] = {}
-    for inp, raw, effective, components, notes in rows:
+    for replica, replica_health, (raw, effective, components, notes) in zip(replicas, health, rows, strict=True):
         if total <= 0 and not any(n.startswith("stale") for n in notes):
             notes.append("pool has no replica with a positive weight")
-        result[inp.replica] = ReplicaWeight(
-            replica=inp.replica,
+        result[replica] = ReplicaWeight(
+            replica=replica,
             weight=effective / total if total > 0 else 0.0,
             raw_score=raw,
-            health=inp.health,
+            health=replica_health,
             reason="; ".join(notes) if notes else "ok",
             components=components,
         )
     return result
+
+
+def compute_weights(inputs: Iterable[WeightInput], config: WeightConfig | None = None) -> dict[str, ReplicaWeight]:
+    """Weights of one model's pool: seed §1 × health, normalised to sum 1 (or all 0).
+
+    The plain reference, one replica at a time; the decider uses :func:`pool_weights`.
+    """
+    cfg = config or WeightConfig()
+    inputs = list(inputs)
+    rows = [_row(inp, cfg) for inp in inputs]
+    return _normalise([inp.replica for inp in inputs], [inp.health for inp in inputs], rows)
+
+
+def pool_weights(
+    step: StepColumns,
+    replicas: Sequence[str],
+    telemetry: Sequence[tuple[TelemetrySample | None, float | None]],
+    health: Sequence[tuple[float, str | None]],
+    silent_steps: Sequence[int],
+    config: WeightConfig,
+) -> dict[str, ReplicaWeight]:
+    """:func:`compute_weights` over a model's step as columns; the same results, bit for bit.
+
+    ``step`` holds each replica's vector (an empty one for a replica without a summary, which
+    weighs the same as none) and its fresh telemetry; ``telemetry`` the raw (sample, age) and
+    ``health`` the (score, note) per replica, in ``replicas`` order. The usual replica (not
+    stale, every signal present, healthy, above the idle floor) is computed as columns; any
+    other row goes through the reference's per-replica code, for its notes.
+    """
+    cfg = config
+    mem = np.minimum(step.telemetry_column("memory_ratio"), 1.0)
+    events_queue = step.column("queue_length_mean")
+    queue = np.where(np.isnan(events_queue), step.telemetry_column("queue_length"), events_queue)
+    queue = np.minimum(np.maximum(queue, 0.0) / cfg.queue_cap, 1.0)
+    latency = np.minimum(np.maximum(step.column("latency_mean"), 0.0) / cfg.latency_ref_ms, 1.0)
+    # the reference's order of operations: sums from 0.0 in the order mem, queue, latency
+    weighted = ((0.0 + cfg.mem_coef * mem) + cfg.queue_coef * queue) + cfg.latency_coef * latency
+    present_coef = ((0.0 + cfg.mem_coef) + cfg.queue_coef) + cfg.latency_coef
+    total_coef = cfg.mem_coef + cfg.queue_coef + cfg.latency_coef
+    denominator = total_coef * weighted / present_coef
+    scores = np.array([score for score, _ in health], dtype=np.float64)
+    usual = (
+        ~np.isnan(denominator)  # every signal present
+        & (denominator >= cfg.min_denominator)
+        & (scores == 1.0)
+        & (np.array(silent_steps, dtype=np.int64) < cfg.stale_steps)
+    )
+    rows: list[Row] = []
+    for i, (is_usual, m, q, lat, d) in enumerate(
+        zip(usual.tolist(), mem.tolist(), queue.tolist(), latency.tolist(), denominator.tolist(), strict=True)
+    ):
+        if is_usual:
+            raw = 1.0 / d
+            rows.append((raw, raw, {"mem": m, "queue": q, "latency": lat, "denominator": d}, []))
+            continue
+        fv = step.vectors[i]
+        sample, age = telemetry[i]
+        rows.append(_row(WeightInput(replicas[i], fv, sample, age, health[i][0], health[i][1], silent_steps[i]), cfg))
+    return _normalise(replicas, scores.tolist(), rows)

@@ -180,3 +180,52 @@ def test_weights_are_a_distribution_or_all_zero(rows: list[tuple[Any, ...]]) -> 
     total = sum(w.weight for w in weights.values())
     assert total == pytest.approx(1.0) or total == 0.0
     assert all(0.0 <= w.weight <= 1.0 and w.raw_score <= 20.0 + 1e-9 for w in weights.values())
+
+
+_maybe_float = st.one_of(st.none(), st.floats(0.0, 5000.0))
+
+
+@st.composite
+def _pool_row(draw: st.DrawFn, replica: str) -> tuple[WeightInput, FeatureVector]:
+    has_summary = draw(st.booleans())
+    features = FeatureVector(
+        model="m", replica=replica, window_start=0.0, window_end=60.0, count=draw(st.integers(0, 100)),
+        latency_mean=draw(st.one_of(_maybe_float, st.just(float("nan")))),
+        queue_length_mean=draw(st.one_of(st.none(), st.floats(-1.0, 64.0))),
+    ) if has_summary else None
+    sample = draw(st.one_of(st.none(), st.builds(
+        TelemetrySample, ts=st.just(59.0), replica=st.just(replica), source=st.sampled_from(["nvml", "vllm"]),
+        memory_used_bytes=st.one_of(st.none(), st.floats(0.0, 100 * GB)),
+        memory_total_bytes=st.one_of(st.none(), st.just(0.0), st.just(80 * GB)),
+        queue_length=st.one_of(st.none(), st.integers(0, 64)),
+    )))
+    weight_input = WeightInput(
+        replica=replica, features=features, telemetry=sample,
+        telemetry_age_s=draw(st.one_of(st.none(), st.sampled_from([0.0, 5.0, 15.0, 30.0]))),
+        health=draw(st.sampled_from([1.0, 1.0, 1.0, 0.9, 0.4, 0.0])), health_note=draw(st.sampled_from([None, "x"])),
+        silent_steps=draw(st.integers(0, 4)),
+    )
+    empty = FeatureVector(model="m", replica=replica, window_start=0.0, window_end=60.0, count=0)
+    return weight_input, features or empty
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), n=st.integers(1, 8), liveness=st.booleans(), min_denominator=st.sampled_from([0.05, 0.5]))
+def test_pool_weights_are_the_reference_bit_for_bit(
+    data: st.DataObject, n: int, liveness: bool, min_denominator: float
+) -> None:
+    """The columnar path (the decider's) against the per-replica reference, on random pools."""
+    from skewwatch.pipeline.detectors.base import StepColumns
+    from skewwatch.pipeline.weights import pool_weights
+
+    config = WeightConfig(liveness_from_telemetry=liveness, min_denominator=min_denominator)
+    rows = [data.draw(_pool_row(f"r{i}")) for i in range(n)]
+    inputs = [row for row, _ in rows]
+    fresh = [i.telemetry if i.telemetry_age_s is not None and i.telemetry_age_s <= config.telemetry_max_age_s
+             else None for i in inputs]
+    step = StepColumns([vector for _, vector in rows], fresh)
+    got = pool_weights(step, [i.replica for i in inputs], [(i.telemetry, i.telemetry_age_s) for i in inputs],
+                       [(i.health, i.health_note) for i in inputs], [i.silent_steps for i in inputs], config)
+    assert {r: w.to_dict() for r, w in got.items()} == {
+        r: w.to_dict() for r, w in compute_weights(inputs, config).items()
+    }
