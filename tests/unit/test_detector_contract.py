@@ -364,25 +364,29 @@ def _configs(name: str) -> list[Any]:
 @pytest.mark.parametrize("name", [n for n in DETECTOR_NAMES if issubclass(DETECTORS[n], ThresholdDetector)])
 def test_column_screen_never_hides_a_rule_that_holds(name: str) -> None:
     """``quiet`` (the rules over a step's replicas as columns) is True only where evaluate() finds
-    no rule holding and leaves the key's memory alone: the decider skips those replicas."""
+    no rule holding and changes the key's memory exactly as remember() does: the decider calls
+    only remember() for those replicas (nothing at all for a detector without memory)."""
     rng = random.Random(7)
     screened = 0
     for config in _configs(name):
         detector = DETECTORS[name](config)
         assert isinstance(detector, ThresholdDetector)
-        for step in range(20):
+        memories: dict[str, dict[str, Any]] = {}  # per key, as the steps go on
+        for step in range(30):
             vectors, samples = _random_step(rng, 50, T0 + STEP * step)
             quiet = detector.quiet(StepColumns(vectors, samples))
             if quiet is None:
                 continue
             for fv, sample, is_quiet in zip(vectors, samples, quiet.tolist(), strict=True):
-                memory: dict[str, Any] = {}
+                before = json.loads(json.dumps(memories.get(fv.key, {})))
+                memory = memories.setdefault(fv.key, {})
                 findings = detector.evaluate(fv, sample, memory)
+                remembered = json.loads(json.dumps(before))
+                detector.remember(fv, sample, remembered)
                 if is_quiet:
                     screened += 1
                     assert not any(f.holds for f in findings.values()), (config, fv, sample)
+                    assert memory == remembered
+                if not detector.remembers:
                     assert memory == {}
-                else:
-                    assert memory == {} or name == "context_burst"
-    if name != "context_burst":  # keeps a history every step: it has no screen
-        assert screened > 0
+    assert screened > 0

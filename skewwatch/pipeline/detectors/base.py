@@ -31,7 +31,6 @@ True
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import typing
 from abc import ABC, abstractmethod
@@ -356,7 +355,7 @@ class StepColumns:
         found = self._columns.get(name)
         if found is None:
             get = attrgetter(name)
-            found = self._columns[name] = _floats(get(fv) for fv in self.vectors)
+            found = self._columns[name] = _floats([get(fv) for fv in self.vectors])
         return found
 
     def telemetry_column(self, name: str) -> npt.NDArray[np.float64]:
@@ -371,8 +370,7 @@ class StepColumns:
 
 
 def _floats(values: Any) -> npt.NDArray[np.float64]:
-    nan = math.nan
-    return np.array([nan if v is None else v for v in values], dtype=np.float64)
+    return np.array(list(values), dtype=np.float64)  # None becomes NaN
 
 
 class Detector(ABC):
@@ -486,11 +484,9 @@ class _KeyState:
         self.rules = [_RuleState() for _ in range(n_rules)]
         self.memory: dict[str, Any] = {}
 
-    def is_idle(self) -> bool:
-        """As good as fresh: no rule counting towards opening or open, nothing remembered.
+    def rules_idle(self) -> bool:
+        """No rule counting towards opening or open: observing "does not hold" changes nothing.
         (A kept ``message``/``params`` only matters once the rule holds again, which resets them.)"""
-        if self.memory:
-            return False
         for rule_state in self.rules:
             h = rule_state.hysteresis
             if h.hits or h.is_open:
@@ -527,16 +523,22 @@ class ThresholdDetector(Detector):
     def rule_meta(self, rule: str) -> tuple[Severity, str | None, str]:
         """(severity, action name or None, stable reason) of a rule."""
 
+    remembers: ClassVar[bool] = False  # True: evaluate() keeps memory every step (see remember)
+
     def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_] | None:
         """Optional: the rules judged over the step's replicas at once, as columns.
 
-        True where :meth:`evaluate` would certainly find no rule holding and would leave the key's
-        memory as it is; such a replica whose state is idle is not evaluated at all (and its
-        state is dropped: idle state is as good as none). It may be conservative (False where
-        unsure: evaluate decides). Default None: evaluate every replica. The detector contract
-        test checks every ``quiet`` against ``evaluate`` on random vectors.
+        True where :meth:`evaluate` would certainly find no rule holding and would change the
+        key's memory exactly as :meth:`remember` does; such a replica whose rules are idle is
+        not evaluated at all (without memory, its state is dropped: idle state is as good as
+        none). It may be conservative (False where unsure: evaluate decides). Default None:
+        evaluate every replica. The detector contract test checks every ``quiet`` against
+        ``evaluate`` on random vectors.
         """
         return None
+
+    def remember(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]) -> None:
+        """What :meth:`evaluate` does to ``memory``, alone (detectors with ``remembers``)."""
 
     # --- the machinery
 
@@ -552,13 +554,19 @@ class ThresholdDetector(Detector):
             return
         state = self._state
         update_into = self.update_into
+        remembers = self.remembers
         for fv, key, telemetry, is_quiet in zip(step.vectors, step.keys, step.telemetry, quiet.tolist(), strict=True):
             if is_quiet:
                 key_state = state.get(key)
                 if key_state is None:
-                    continue
-                if key_state.is_idle():
-                    del state[key]
+                    if not remembers:
+                        continue
+                    key_state = state[key] = _KeyState(len(self.rules))
+                if key_state.rules_idle():
+                    if remembers:
+                        self.remember(fv, telemetry, key_state.memory)
+                    elif not key_state.memory:
+                        del state[key]
                     continue
             update_into(fv, telemetry, now, alerts, actions)
 

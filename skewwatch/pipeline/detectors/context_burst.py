@@ -49,7 +49,17 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from skewwatch.pipeline.detectors.base import DetectorConfig, Finding, Severity, ThresholdDetector, fmt
+import numpy as np
+import numpy.typing as npt
+
+from skewwatch.pipeline.detectors.base import (
+    DetectorConfig,
+    Finding,
+    Severity,
+    StepColumns,
+    ThresholdDetector,
+    fmt,
+)
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample
 
@@ -85,14 +95,23 @@ class ContextBurstDetector(ThresholdDetector):
             f"context burst: {cfg.tokens} length variance up > {cfg.growth:.0%} on long contexts",
         )
 
-    def evaluate(
-        self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]
-    ) -> dict[str, Finding]:
+    remembers = True  # the variance history is kept every step, whether the rule can hold or not
+
+    def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_]:
+        """Replicas whose window is not long (mean length <= ``min_mean_tokens``) or has no
+        variance cannot burst, whatever the previous window said; only their history moves on."""
         cfg = self.config
-        if cfg.tokens == "prompt":
-            mean, var = fv.prompt_tokens_mean, fv.prompt_tokens_var
-        else:
-            mean, var = fv.completion_tokens_mean, fv.completion_tokens_var
+        mean = step.column(f"{cfg.tokens}_tokens_mean")
+        var = step.column(f"{cfg.tokens}_tokens_var")
+        return ~((step.column("count") > 0) & ~np.isnan(var) & (mean > cfg.min_mean_tokens))
+
+    def remember(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]) -> None:
+        self._remember(fv, memory)
+
+    def _remember(self, fv: FeatureVector, memory: dict[str, Any]) -> float | None:
+        """Record this window's variance; return the variance of the window ``lookback_s`` earlier."""
+        cfg = self.config
+        var = fv.prompt_tokens_var if cfg.tokens == "prompt" else fv.completion_tokens_var
         end_ms = round(fv.window_end * 1000)
         lookback_ms = round(cfg.lookback_s * 1000)
         # history: window_end (ms) -> variance; only the last lookback is needed
@@ -101,6 +120,17 @@ class ContextBurstDetector(ThresholdDetector):
         history[str(end_ms)] = var
         for stamp in [s for s in history if int(s) < end_ms - lookback_ms]:
             del history[stamp]
+        return prev
+
+    def evaluate(
+        self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]
+    ) -> dict[str, Finding]:
+        cfg = self.config
+        if cfg.tokens == "prompt":
+            mean, var = fv.prompt_tokens_mean, fv.prompt_tokens_var
+        else:
+            mean, var = fv.completion_tokens_mean, fv.completion_tokens_var
+        prev = self._remember(fv, memory)
 
         evidence: dict[str, float | int | str | None] = {
             "tokens": cfg.tokens,
