@@ -20,8 +20,10 @@ from skewwatch.schemas.requests import (
     EVENT_FIELDS,
     REQUIRED_FIELDS,
     SCALAR_MAX_EVENTS,
+    MessageRejects,
     _validate_columns,
     check_request_event,
+    decode_poll_typed,
     decode_request_message,
     decode_request_messages,
     encode_request_event,
@@ -489,3 +491,99 @@ def test_arbitrary_event_shaped_json_never_raises(doc: dict[str, Any]) -> None:
 def test_required_fields_are_the_contracts() -> None:
     assert REQUIRED_FIELDS == ("request_id", "ts", "model", "replica", "latency_ms", "prompt_tokens",
                                "completion_tokens")  # v1.1: batch_size / batch_capacity optional
+
+
+# --- the whole-poll typed path (issue 6): one msgspec pass per poll, the reference's result ----------
+
+# Valid events exactly as msgspec takes them (no 12.0 for an integer), batch fields absent, null or
+# over capacity (64 > 32: the one rule the typed path words afterwards).
+STRICT_POOLS: dict[str, list[Any]] = {
+    **VALID_POOLS,
+    "prompt_tokens": [0, 12, 10_000_000],
+    "batch_size": [1, 4, 32, 64, None, _DROP],
+    "batch_capacity": [32, 64, None, _DROP],
+    "queue_length": [*_ABSENT_OK, 0, 7, 2**63 - 1],
+    "cuda_error": [*_ABSENT_OK, "cudaErrorLaunchTimeout", 700],
+}
+
+
+@st.composite
+def clean_polls(draw: st.DrawFn) -> list[bytes]:
+    """A poll whose messages are all in one form and all parse as msgspec wants them."""
+    messages = draw(st.lists(st.lists(events_from(STRICT_POOLS), min_size=1, max_size=12), min_size=1, max_size=8))
+    if draw(st.booleans()):
+        return [orjson.dumps({"v": 1, "events": events}) for events in messages]
+    return [orjson.dumps(events[0]) for events in messages]
+
+
+def assert_same_decode(actual: Any, expected: Any) -> None:
+    assert actual.rejects == expected.rejects
+    assert actual.message_index.tolist() == expected.message_index.tolist()
+    assert_columns_equal(actual.columns, expected.columns)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clean_polls())
+def test_a_clean_poll_is_decoded_in_one_pass_with_the_references_result(values: list[bytes]) -> None:
+    one_pass = decode_poll_typed(values, LIMITS)
+    assert one_pass is not None  # the whole-poll path took it: no per-message Python
+    reference = decode_request_messages(values, LIMITS, typed_fast_path=False)
+    assert_same_decode(one_pass, reference)
+    assert_same_decode(decode_request_messages(values, LIMITS), reference)
+
+
+def test_a_large_poll_is_transposed_in_chunks_without_changing_a_row() -> None:
+    # 1,300 rows: three transpose chunks of 512; over-capacity rows on both sides of a boundary
+    events = [good_event(i, **({"batch_size": 40} if i in (0, 511, 512, 1299) else {}),
+                         **({"ttft_ms": 1.5, "cuda_error": 700} if i % 7 == 0 else {})) for i in range(1300)]
+    singles = [encode_request_event(e) for e in events]
+    batches = [encode_request_events(events[i:i + 100]) for i in range(0, 1300, 100)]
+    for values in (singles, batches):
+        decoded = decode_poll_typed(values, LIMITS)
+        assert decoded is not None
+        assert_same_decode(decoded, decode_request_messages(values, LIMITS, typed_fast_path=False))
+        assert len(decoded.columns) == 1296
+    assert [r.reason for r in decode_poll_typed(batches, LIMITS).rejects[5]] == [  # type: ignore[union-attr]
+        "events[11].batch_size: 40 > batch_capacity 32", "events[12].batch_size: 40 > batch_capacity 32"]
+
+
+@pytest.mark.parametrize(("values", "why"), [
+    ([encode_request_event(good_event(0)), None], "a null value"),
+    ([encode_request_event(good_event(0)), b""], "an empty value"),
+    ([encode_request_event(good_event(0)), encode_request_events([good_event(1)])], "forms mixed"),
+    ([encode_request_events([good_event(1)]), encode_request_event(good_event(0))], "forms mixed"),
+    ([encode_request_event(good_event(0, prompt_tokens=12.0))], "an integral float"),
+    ([encode_request_event(good_event(0, latency_ms=-1))], "an invalid event"),
+    ([encode_request_event(good_event(0, pad="x" * 2048))], "over max_message_bytes"),
+    ([encode_request_events([good_event(i) for i in range(6)])], "over max_events_per_message"),
+    ([], "an empty poll"),
+])
+def test_an_unusual_poll_is_left_to_the_per_message_paths(values: list[bytes | None], why: str) -> None:
+    limits = LimitSettings(max_message_bytes=1024, max_events_per_message=5)
+    assert decode_poll_typed(values, limits) is None, why
+    assert_same_decode(decode_request_messages(values, limits),
+                       decode_request_messages(values, limits, typed_fast_path=False))
+
+
+def test_a_single_event_message_with_an_events_key_is_the_batch_form_in_a_poll() -> None:
+    # every required field at the top level, and "events": the batch form wins, as the reference says
+    values = [encode_request_event(good_event(0)),
+              encode_request_event(good_event(1, events=[good_event(2)])),
+              encode_request_event(good_event(3, events=None))]
+    decoded = decode_request_messages(values, LIMITS)
+    assert_same_decode(decoded, decode_request_messages(values, LIMITS, typed_fast_path=False))
+    assert list(decoded.columns.request_id) == ["req-0", "req-2"]
+    assert [[r.reason_code for r in rs] for rs in decoded.rejects] == [[], [], ["wrong_type"]]
+
+
+def test_message_rejects_store_only_rejected_messages_and_read_like_a_list() -> None:
+    bad = Rejection("empty", "value is null or zero bytes")
+    rejects = MessageRejects(4, {2: [bad], 3: []})
+    assert len(rejects) == 4 and rejects == [[], [], [bad], []] and rejects != [[], [], [], []]
+    assert rejects[-2] == [bad] and rejects[1:3] == [[], [bad]]
+    assert rejects.rejected == {2: [bad]}
+    rejects[0].append(bad)  # a clean message's list is a fresh one: nothing leaks into the others
+    assert rejects[0] == [] and rejects[1] == []
+    with pytest.raises(IndexError):
+        rejects[4]
+    assert rejects == MessageRejects(4, {2: [bad]})
