@@ -112,6 +112,9 @@ def test_property_columnar_windows_match_the_reference(seed: int, n: int, chunk:
             tracked.windows.advance_watermark(850.0)  # every key is released, the second burst's take
             tracked.close()  # their rows
             assert not tracked.windows.keys
+    data = tracked.windows.snapshot()  # now with rows reused by the second burst's keys
+    tracked.windows = PartitionWindows.restore(data, settings)
+    assert tracked.windows.snapshot() == data
     tracked.windows.advance_watermark(max(e["ts"] for e in events) + 300.0)
     tracked.close()
     assert tracked.windows.late_total == tracked.late and not tracked.windows.keys

@@ -51,7 +51,7 @@ from skewwatch.pipeline.window.summary import (
 )
 
 FloatArray = npt.NDArray[np.float64]
-Entries = npt.NDArray[np.int32]  # (3, k): row, slot, count; (row, slot) pairs unique
+Entries = npt.NDArray[np.int32]  # (3, k): row, slot, count; sorted by (row, slot), pairs unique
 EMPTY_ENTRIES: Entries = np.zeros((3, 0), dtype=np.int32)
 EMPTY_ENTRIES.flags.writeable = False
 _INT32_MAX = int(np.iinfo(np.int32).max)
@@ -327,7 +327,9 @@ class PartitionWindows:
                                dtype=np.intp, count=len(key_index))
         bucket_ids, bucket_code = np.unique(bucket, return_inverse=True)
         n_ids = bucket_ids.size
-        groups, g = np.unique(key_code * n_ids + bucket_code, return_inverse=True)
+        # groups ordered by (row, bucket): every part of an open bucket is then sorted by row, and
+        # its sketch entries by (row, slot), which the ring and the snapshot rely on
+        groups, g = np.unique(code_row[key_code] * n_ids + bucket_code, return_inverse=True)
         n_groups = groups.size
 
         stats = np.zeros((n_groups, _STATS_LEN))
@@ -349,7 +351,7 @@ class PartitionWindows:
         np.maximum.at(last_ts, key_code, cols.ts)
         self._last_ts[code_row] = np.maximum(self._last_ts[code_row], last_ts)
 
-        group_row = code_row[groups // n_ids]
+        group_row = groups // n_ids
         group_bucket = groups % n_ids
         entry_bucket = group_bucket[entry_group]
         n_codes = 2 * self.bins.n_slots

@@ -46,62 +46,63 @@ _SNAPSHOT_MAX_BYTES = 512 << 20  # refuse to inflate past this (a corrupt or hos
 
 def encode(windows: PartitionWindows) -> bytes:
     """The complete state of ``windows`` as snapshot bytes (open sketches are merged in place first,
-    which changes nothing observable: the live windows and a restored copy continue identically)."""
+    which changes nothing observable: the live windows and a restored copy continue identically).
+
+    Buckets are written ordered by (bucket id, key): each ring position and each open bucket is
+    then one block whose rows are already in key order, and needs no sort (v2 readers accept any
+    order; the per-key writer used (key, id)).
+    """
     w = windows
     keys = list(w.keys)
-    rows = np.fromiter(w.keys.values(), dtype=np.intp, count=len(keys))
+    n_keys = len(keys)
+    rows = np.fromiter(w.keys.values(), dtype=np.intp, count=n_keys)
     key_of_row = np.full(max(w._capacity, 1), -1, dtype=np.int64)
-    key_of_row[rows] = np.arange(len(keys))
+    key_of_row[rows] = np.arange(n_keys)
     n = w.n_buckets
-    n_codes = 2 * w.bins.n_slots
+    n_slots = w.bins.n_slots
+    blocks: list[tuple[int, npt.NDArray[np.float64], npt.NDArray[np.int32]]] = []  # (id, stats by key, entries)
+    if w.closed_through is not None and n_keys:
+        for bucket_id in range(w.closed_through - n + 1, w.closed_through + 1):
+            sealed = w._ring[bucket_id % n]
+            ttft = sealed.ttft.copy()
+            ttft[1] += n_slots
+            blocks.append((bucket_id, w._stats[bucket_id % n][rows], np.concatenate([sealed.latency, ttft], axis=1)))
+    open_cuda: dict[int, dict[int, Counter[str]]] = {}
+    for bucket_id, bucket in sorted(w._open.items()):
+        blocks.append((bucket_id, bucket.stats[rows], bucket.sketch(2 * n_slots)))
+        open_cuda[bucket_id] = bucket.cuda_errors
+
     b_key: list[npt.NDArray[np.int64]] = []
     b_id: list[npt.NDArray[np.int64]] = []
     b_stats: list[npt.NDArray[np.float64]] = []
-    e_cols: list[npt.NDArray[np.int64]] = []  # (4, k) per part: key, bucket id, slot, count
-    cuda: list[tuple[int, int, dict[str, int]]] = []  # key, bucket id, counts
+    b_len: list[npt.NDArray[np.int64]] = []
+    sketches: list[npt.NDArray[np.int32]] = []
+    cuda_rows: list[list[Any]] = []
+    written = 0
+    for bucket_id, stats, entries in blocks:
+        present = np.flatnonzero(stats[:, _COUNT])  # keys with events in this bucket, in key order
+        if not present.size:
+            continue
+        entry_key = key_of_row[entries[0]]
+        # entries come sorted by (row, slot), a sealed bucket's as two such runs (latency, then TTFT
+        # at higher slots): a stable sort by key alone orders them by (key, slot) (a merge of two
+        # runs; nothing to do when rows follow key order and there is one run)
+        if np.any(np.diff(entry_key) < 0):
+            order = np.argsort(entry_key, kind="stable")
+            entries, entry_key = entries[:, order], entry_key[order]
+        b_key.append(present.astype(np.int64))
+        b_id.append(np.full(present.size, bucket_id, dtype=np.int64))
+        b_stats.append(stats[present])
+        b_len.append(np.bincount(entry_key, minlength=n_keys)[present])
+        sketches.append(entries[1:])
+        if bucket_id in open_cuda:
+            for row, errors in open_cuda[bucket_id].items():
+                cuda_rows.append([written + int(np.searchsorted(present, key_of_row[row])), dict(errors)])
+        written += present.size
+    cuda_rows.sort(key=lambda item: int(item[0]))
 
-    def add_entries(entries: npt.NDArray[np.int32], bucket_id: int) -> None:
-        if entries.shape[1]:
-            e_cols.append(np.stack([key_of_row[entries[0]], np.full(entries.shape[1], bucket_id),
-                                    entries[1].astype(np.int64), entries[2].astype(np.int64)]))
-
-    if w.closed_through is not None and keys:
-        ids = np.arange(w.closed_through - n + 1, w.closed_through + 1)
-        ring = w._stats[ids % n][:, rows].transpose(1, 0, 2)  # (keys, n, _STATS_LEN), oldest bucket first
-        k_idx, b_idx = np.nonzero(ring[:, :, _COUNT])
-        b_key.append(k_idx.astype(np.int64))
-        b_id.append(ids[b_idx])
-        b_stats.append(ring[k_idx, b_idx])
-        for bucket_id in ids.tolist():
-            sealed = w._ring[bucket_id % n]
-            ttft = sealed.ttft.copy()
-            ttft[1] += w.bins.n_slots
-            add_entries(sealed.latency, bucket_id)
-            add_entries(ttft, bucket_id)
-    for bucket_id, bucket in sorted(w._open.items()):
-        stats = bucket.stats[rows]
-        k_idx = np.flatnonzero(stats[:, _COUNT])
-        b_key.append(k_idx.astype(np.int64))
-        b_id.append(np.full(k_idx.size, bucket_id, dtype=np.int64))
-        b_stats.append(stats[k_idx])
-        add_entries(bucket.sketch(n_codes), bucket_id)
-        cuda.extend((int(key_of_row[row]), bucket_id, dict(errors)) for row, errors in bucket.cuda_errors.items())
-
-    bucket_key = np.concatenate(b_key) if b_key else np.zeros(0, dtype=np.int64)
-    bucket_id_col = np.concatenate(b_id) if b_id else np.zeros(0, dtype=np.int64)
-    order = np.lexsort((bucket_id_col, bucket_key))
-    bucket_key, bucket_id_col = bucket_key[order], bucket_id_col[order]
-    stats_col = np.concatenate(b_stats)[order] if b_stats else np.zeros((0, _STATS_LEN))
-    entries = np.concatenate(e_cols, axis=1) if e_cols else np.zeros((4, 0), dtype=np.int64)
-    entries = entries[:, np.lexsort((entries[2], entries[1], entries[0]))]
-    # each entry's bucket: buckets are sorted by (key, id), so a composite code orders them too
-    low = int(bucket_id_col.min()) if bucket_id_col.size else 0
-    span = int(bucket_id_col.max()) - low + 1 if bucket_id_col.size else 1
-    bucket_code = bucket_key * span + (bucket_id_col - low)
-    entry_bucket = np.searchsorted(bucket_code, entries[0] * span + (entries[1] - low))
-    sketch_len = np.bincount(entry_bucket, minlength=bucket_key.size)
-    cuda_rows = sorted((int(np.searchsorted(bucket_code, key * span + (bucket_id - low))), errors)
-                       for key, bucket_id, errors in cuda)
+    def joined(parts: list[npt.NDArray[Any]], empty: npt.NDArray[Any], axis: int = 0) -> npt.NDArray[Any]:
+        return np.concatenate(parts, axis=axis) if parts else empty
 
     doc = {
         "format": SNAPSHOT_FORMAT,
@@ -114,14 +115,14 @@ def encode(windows: PartitionWindows) -> bytes:
         "late_total": w.late_total,
         "keys": [[model, replica, ts] for (model, replica), ts in zip(keys, w._last_ts[rows].tolist(), strict=True)],
         "buckets": {
-            "key": _b64(bucket_key.astype(np.int32)),
-            "id": _b64(bucket_id_col.astype(np.int64)),
-            "stats": _b64(stats_col),
+            "key": _b64(joined(b_key, np.zeros(0, np.int64)).astype(np.int32)),
+            "id": _b64(joined(b_id, np.zeros(0, np.int64))),
+            "stats": _b64(joined(b_stats, np.zeros((0, _STATS_LEN)))),
             # each bucket's (2, k) sketch, concatenated along k, and the k of each
-            "sketch_len": _b64(sketch_len.astype(np.int32)),
-            "sketch": _b64(entries[2:].astype(np.int32)),
+            "sketch_len": _b64(joined(b_len, np.zeros(0, np.int64)).astype(np.int32)),
+            "sketch": _b64(joined(sketches, np.zeros((2, 0), np.int32), axis=1).astype(np.int32)),
         },
-        "cuda_errors": [[i, errors] for i, errors in cuda_rows],
+        "cuda_errors": cuda_rows,
     }
     return _SNAPSHOT_MAGIC + zlib.compress(orjson.dumps(doc), 1)
 
