@@ -81,10 +81,13 @@ def _or_none(values: npt.NDArray[Any], known: npt.NDArray[np.bool_]) -> list[Any
 
 def _sparse_rows(counts: CountMatrix, offset: int) -> list[SparseCounts]:
     """Each row of a dense count matrix as a ``(2, k)`` sparse array (views of one array)."""
-    rows, cols = np.nonzero(counts)
-    both = np.stack([(cols + offset).astype(np.int32), counts[rows, cols].astype(np.int32)])
-    bounds = np.searchsorted(rows, np.arange(counts.shape[0] + 1)).tolist()
-    return [both[:, lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+    mask = counts != 0
+    bounds = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.count_nonzero(mask, axis=1), out=bounds[1:])
+    slots = np.broadcast_to(np.arange(offset, offset + counts.shape[1], dtype=np.int32), counts.shape)[mask]
+    both = np.stack([slots, counts[mask].astype(np.int32)])
+    edges = bounds.tolist()
+    return [both[:, lo:hi] for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
 
 
 @dataclass(slots=True, eq=False)
