@@ -4,14 +4,21 @@ Seed rules implemented (issue 2, "Wire contract v1" and "Bad input"): a message 
 object or ``{"events": [...]}`` (optionally with ``"v": 1``); every malformed message or event is
 rejected with a stable reason code and a sentence naming the field and the value, the valid
 events of the same batch are still decoded, and no input ever raises. The hot path must not pay a
-per-event Python cost (DESIGN.md, measured numbers), so a message goes down one of two paths:
+per-event Python cost (DESIGN.md, issue 6, measured numbers), so a message goes down one of two
+paths:
 
 - typed (fast): msgspec parses straight into structs generated from EVENT_FIELDS, checking every
-  type and range in C; it is strict, so it accepts a subset of the contract (no 12.0 for an int);
+  type and range in C; it is strict, so it accepts a subset of the contract (no 12.0 for an int).
+  A clean poll (every message typed, all in one form) is decoded by :func:`decode_poll_typed` in
+  one C-level ``map`` with no per-message Python, and :func:`columns_from_typed_events` turns the
+  structs into columns with C passes only (astuple, a zip transpose, np.fromiter per field);
 - general (the reference): anything msgspec refuses is parsed by orjson and each field checked as
   one numpy column; per-event Python only runs to word the reasons of the bad rows.
 
-Both give the same result for any input (tests/unit/test_decode_requests.py checks it).
+Both give the same result for any input (tests/unit/test_decode_requests.py checks it, on
+generated valid and invalid polls). Not done, by measurement (bench/decode_bench.py): joining a
+poll's messages into one JSON array decodes no faster than the map (the copy costs what the calls
+saved) and would let crafted messages merge or split across message boundaries.
 
 Contract decisions (docs/contracts.md says the same):
 
