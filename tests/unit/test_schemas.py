@@ -34,7 +34,7 @@ from skewwatch.schemas.dead_letter import (
 )
 from skewwatch.schemas.features import decode_features, encode_features
 from skewwatch.schemas.rejection import REASON_CODES, Rejection
-from skewwatch.schemas.requests import EVENT_FIELDS, decode_request_message
+from skewwatch.schemas.requests import EVENT_FIELDS, decode_request_message, decode_request_messages
 from skewwatch.schemas.telemetry import TELEMETRY_FIELDS, decode_telemetry, encode_telemetry
 from tests.unit.test_decode_requests import _DROP, VALID_POOLS, VALUE_POOLS, good_event
 
@@ -156,6 +156,23 @@ def test_schema_and_decoder_agree_on_generated_messages(events: list[dict[str, A
         assert all(r.reason_code == "batch_over_capacity" for r in rejects), rejects
     else:
         assert rejects, "the schema rejects what the decoder accepts"
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(json_events(), min_size=1, max_size=3), min_size=1, max_size=6), st.booleans())
+def test_schema_and_decoder_agree_message_by_message_on_a_generated_poll(messages: list[list[dict[str, Any]]],
+                                                                         batch_form: bool) -> None:
+    # a whole poll, as the worker decodes it (issue 6: one msgspec pass when every message is clean)
+    values = [orjson.dumps({"events": events} if batch_form else events[0]) for events in messages]
+    decoded = decode_request_messages(values, LIMITS)
+    assert len(decoded.rejects) == len(values)
+    for m, (value, rejects) in enumerate(zip(values, decoded.rejects, strict=True)):
+        if MESSAGE.is_valid(orjson.loads(value)):
+            assert all(r.reason_code == "batch_over_capacity" for r in rejects), (m, rejects)
+        else:
+            assert rejects, f"message {m}: the schema rejects what the decoder accepts"
+            if rejects[0].is_message_level or not batch_form:
+                assert m not in decoded.message_index.tolist()
 
 
 def test_the_event_schema_lists_exactly_the_decoders_fields() -> None:
