@@ -205,6 +205,17 @@ def observe(
     return [(cls, cause, count) for (cls, cause), count in found.items()]
 
 
+def telemetry_news(state: HealthState, telemetry: TelemetrySample) -> bool:
+    """False when the sample's XID and ECC counters are the ones ``state`` last saw: observing
+    it could neither find a fault nor move a baseline (most samples, most steps)."""
+    xid, count, ecc = telemetry.xid_last, telemetry.xid_count_5m, telemetry.ecc_uncorrected_total
+    return not (
+        (count is None or count == state.xid_count_baseline)
+        and (xid is None or xid == state.xid_last_seen)
+        and (ecc is None or ecc == state.ecc_baseline)
+    )
+
+
 def _telemetry_faults(state: HealthState, telemetry: TelemetrySample, config: HealthConfig) -> list[str]:
     """New hardware faults reported by NVML since the last sample seen; updates the baselines."""
     faults: list[str] = []

@@ -390,3 +390,24 @@ def test_column_screen_never_hides_a_rule_that_holds(name: str) -> None:
                 if not detector.remembers:
                     assert memory == {}
     assert screened > 0
+
+
+def test_context_burst_history_is_the_last_lookback_whatever_the_order_of_steps() -> None:
+    """The history pruning stops at the first recent entry; steps out of time order re-sort it,
+    so it always holds exactly the windows ending within ``lookback_s`` of the latest call."""
+    from skewwatch.pipeline.detectors.context_burst import ContextBurstDetector
+
+    rng = random.Random(5)
+    detector = ContextBurstDetector()
+    memory: dict[str, Any] = {}
+    reference: dict[int, float] = {}
+    end = T0
+    for _ in range(300):
+        end += rng.choice([5.0, 5.0, 5.0, 10.0, -5.0, -30.0, 0.0])
+        var = rng.uniform(0, 1e4)
+        prev = detector._remember(base_fv(end, prompt_tokens_var=var), memory)
+        end_ms = round(end * 1000)
+        assert prev == reference.get(end_ms - 60_000)
+        reference[end_ms] = var
+        reference = {k: v for k, v in reference.items() if k >= end_ms - 60_000}
+        assert {int(k): v for k, v in memory["var_by_end_ms"].items()} == reference

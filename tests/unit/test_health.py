@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from skewwatch.pipeline.cuda_errors import (
     CLASS_ACTION,
@@ -15,7 +17,7 @@ from skewwatch.pipeline.cuda_errors import (
     classify_cuda_error,
     classify_xid,
 )
-from skewwatch.pipeline.health import HealthConfig, HealthState, assess, observe
+from skewwatch.pipeline.health import HealthConfig, HealthState, assess, observe, telemetry_news
 from skewwatch.pipeline.telemetry import TelemetrySample
 
 S, T, C, H = ErrorClass.SUCCESS, ErrorClass.TRANSIENT, ErrorClass.CONFIGURATION, ErrorClass.HARDWARE
@@ -182,3 +184,24 @@ def test_ecc_growth_can_be_made_evidence_only() -> None:
         observe(state, {}, TelemetrySample(ts=5.0, replica="r", source="nvml", ecc_uncorrected_total=3), 5.0, cfg) == []
     )
     assert cfg.hardware_xids == (79,)
+
+
+_counter = st.one_of(st.none(), st.integers(0, 3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(samples=st.lists(st.tuples(st.one_of(st.none(), st.sampled_from([13, 48, 79])), _counter, _counter),
+                        min_size=1, max_size=6))
+def test_a_sample_without_news_changes_nothing(samples: list[tuple[int | None, int | None, int | None]]) -> None:
+    """gpu_health skips observe() for a healthy replica whose sample has no news (telemetry_news)."""
+    cfg = HealthConfig()
+    state = HealthState()
+    for i, (xid, count, ecc) in enumerate(samples):
+        sample = TelemetrySample(ts=float(i), replica="r", source="nvml", xid_last=xid, xid_count_5m=count,
+                                 ecc_uncorrected_total=ecc)
+        if not telemetry_news(state, sample):
+            quiet = HealthState.from_dict(state.to_dict())
+            quiet.last_error_ts.clear()  # the skip is taken only without an active class
+            before = HealthState.from_dict(quiet.to_dict())
+            assert observe(quiet, {}, sample, float(i), cfg) == [] and quiet == before
+        observe(state, {}, sample, float(i), cfg)

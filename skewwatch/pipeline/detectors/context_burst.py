@@ -114,12 +114,25 @@ class ContextBurstDetector(ThresholdDetector):
         var = fv.prompt_tokens_var if cfg.tokens == "prompt" else fv.completion_tokens_var
         end_ms = round(fv.window_end * 1000)
         lookback_ms = round(cfg.lookback_s * 1000)
-        # history: window_end (ms) -> variance; only the last lookback is needed
+        # history: window_end (ms) -> variance, oldest first; only the last lookback is needed
         history: dict[str, float | None] = memory.setdefault("var_by_end_ms", {})
-        prev = history.get(str(end_ms - lookback_ms))
-        history[str(end_ms)] = var
-        for stamp in [s for s in history if int(s) < end_ms - lookback_ms]:
-            del history[stamp]
+        cutoff = end_ms - lookback_ms
+        prev = history.get(str(cutoff))
+        stamp = str(end_ms)
+        if history and stamp not in history and int(next(reversed(history))) > end_ms:
+            # a window older than the newest one seen: re-sort, so that pruning below may stop at
+            # the first recent entry (steps come in time order; this is the rare other case)
+            history[stamp] = var
+            ordered = sorted(history.items(), key=lambda item: int(item[0]))
+            history.clear()
+            history.update(ordered)
+        else:
+            history[stamp] = var
+        while history:
+            oldest = next(iter(history))
+            if int(oldest) >= cutoff:
+                break
+            del history[oldest]
         return prev
 
     def evaluate(

@@ -50,7 +50,15 @@ from skewwatch.pipeline.detectors.base import (
     Severity,
 )
 from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.health import HEALTHY, HealthAssessment, HealthConfig, HealthState, assess, observe
+from skewwatch.pipeline.health import (
+    HEALTHY,
+    HealthAssessment,
+    HealthConfig,
+    HealthState,
+    assess,
+    observe,
+    telemetry_news,
+)
 from skewwatch.pipeline.telemetry import TelemetrySample
 
 CLASS_SEVERITY: Mapping[ErrorClass, Severity] = {
@@ -93,7 +101,7 @@ class GpuHealthDetector(Detector):
         if key_state is None:
             key_state = self._state[fv.key] = _ReplicaHealth()
         health = key_state.health
-        if fv.step_cuda_errors or telemetry is not None or health.last_error_ts:
+        if fv.step_cuda_errors or health.last_error_ts or (telemetry is not None and telemetry_news(health, telemetry)):
             observed = observe(health, fv.step_cuda_errors, telemetry, now, self.config)
         else:
             observed = []  # nothing to fold in and no active class to expire: observe() would be a no-op
