@@ -237,6 +237,7 @@ class ModelDecider:
         order = self._sorted_replicas()
         vectors: list[FeatureVector] = []
         fresh_telemetry: list[TelemetrySample | None] = []
+        silent_steps: list[int] = []
         no_telemetry: tuple[None, None] = (None, None)
         for replica in order:
             track = tracks[replica]
@@ -246,6 +247,7 @@ class ModelDecider:
                 track.last_seen = now
             else:
                 track.silent_steps += 1
+            silent_steps.append(track.silent_steps)
             vectors.append(fv_or_none or FeatureVector(
                 model=model,
                 replica=replica,
@@ -282,21 +284,13 @@ class ModelDecider:
             self.forget_replica(replica)
         if released:
             actions = [a for a in actions if a.replica in tracks]
-
-        if released:
             kept = [i for i, replica in enumerate(order) if replica in tracks]
             order = [order[i] for i in kept]
+            silent_steps = [silent_steps[i] for i in kept]
             columns = StepColumns([vectors[i] for i in kept], [fresh_telemetry[i] for i in kept],
                                   [columns.keys[i] for i in kept])
-        health = self._health(now)
-        weights = pool_weights(
-            columns,
-            order,
-            [telemetry.get(r, no_telemetry) for r in order],
-            [health[r] for r in order],
-            [tracks[r].silent_steps for r in order],
-            self.settings.weights,
-        )
+        health = self._health(now, columns.keys)
+        weights = pool_weights(columns, order, telemetry, health, silent_steps, self.settings.weights)
         correction = RoutingCorrection(
             model=model,
             ts=now,
@@ -306,7 +300,7 @@ class ModelDecider:
         )
         self._current = correction
         self._last_weights = weights
-        self._last_health = {r: h for r, (h, _) in health.items()}
+        self._last_health = {r: h for r, (h, _) in zip(order, health, strict=True)}
         cfg = self.settings.corrections
         prev = self._last_published
         if prev is not None and self._last_published_step is not None:
@@ -352,19 +346,20 @@ class ModelDecider:
         self._last_published_step = step_time
         self._last_seq = correction.seq
 
-    def _health(self, now: float) -> dict[str, tuple[float, str | None]]:
+    def _health(self, now: float, keys: list[str]) -> list[tuple[float, str | None]]:
+        """(score, note) of each replica key (``model/replica``), in that order."""
+        healthy: tuple[float, str | None] = (1.0, None)
         detector = self.detectors.get(GpuHealthDetector.name)
         if not isinstance(detector, GpuHealthDetector):
-            return dict.fromkeys(self._tracks, (1.0, None))
-        result: dict[str, tuple[float, str | None]] = {}
-        healthy = (1.0, None)
-        for replica in self._tracks:
-            assessment = detector.assessment(f"{self.model}/{replica}", now)
+            return [healthy] * len(keys)
+        result: list[tuple[float, str | None]] = []
+        for key in keys:
+            assessment = detector.assessment(key, now)
             if assessment is HEALTHY:
-                result[replica] = healthy
+                result.append(healthy)
                 continue
             note = f"{assessment.action}: {assessment.cause}" if assessment.action else None
-            result[replica] = (assessment.score, note)
+            result.append((assessment.score, note))
         return result
 
     def _sorted_replicas(self) -> list[str]:

@@ -54,7 +54,7 @@ not dropped. Default off: the issue's rule, exactly.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -255,7 +255,7 @@ def compute_weights(inputs: Iterable[WeightInput], config: WeightConfig | None =
 def pool_weights(
     step: StepColumns,
     replicas: Sequence[str],
-    telemetry: Sequence[tuple[TelemetrySample | None, float | None]],
+    telemetry: Mapping[str, tuple[TelemetrySample, float]],
     health: Sequence[tuple[float, str | None]],
     silent_steps: Sequence[int],
     config: WeightConfig,
@@ -263,10 +263,11 @@ def pool_weights(
     """:func:`compute_weights` over a model's step as columns; the same results, bit for bit.
 
     ``step`` holds each replica's vector (an empty one for a replica without a summary, which
-    weighs the same as none) and its fresh telemetry; ``telemetry`` the raw (sample, age) and
-    ``health`` the (score, note) per replica, in ``replicas`` order. The usual replica (not
-    stale, every signal present, healthy, above the idle floor) is computed as columns; any
-    other row goes through the reference's per-replica code, for its notes.
+    weighs the same as none) and its fresh telemetry, in ``replicas`` order, as do ``health``
+    (score, note) and ``silent_steps``; ``telemetry`` maps a replica to its latest (sample, age).
+    The usual replica (not stale, every signal present, healthy, above the idle floor) is
+    computed as columns; any other row goes through the reference's per-replica code, for its
+    notes.
     """
     cfg = config
     mem = np.minimum(step.telemetry_column("memory_ratio"), 1.0)
@@ -279,22 +280,34 @@ def pool_weights(
     present_coef = ((0.0 + cfg.mem_coef) + cfg.queue_coef) + cfg.latency_coef
     total_coef = cfg.mem_coef + cfg.queue_coef + cfg.latency_coef
     denominator = total_coef * weighted / present_coef
-    scores = np.array([score for score, _ in health], dtype=np.float64)
+    scores = [score for score, _ in health]
     usual = (
         ~np.isnan(denominator)  # every signal present
         & (denominator >= cfg.min_denominator)
-        & (scores == 1.0)
+        & (np.array(scores, dtype=np.float64) == 1.0)
         & (np.array(silent_steps, dtype=np.int64) < cfg.stale_steps)
     )
+    columns = (mem.tolist(), queue.tolist(), latency.tolist(), denominator.tolist())
+    if usual.all():
+        # the common case: every replica as columns, "ok", health 1.0
+        with np.errstate(divide="ignore"):
+            raws = (1.0 / denominator).tolist()
+        total = sum(raws)
+        if total > 0:
+            return {
+                replica: ReplicaWeight(replica, raw / total, raw, 1.0, "ok",
+                                       {"mem": m, "queue": q, "latency": lat, "denominator": d})
+                for replica, raw, m, q, lat, d in zip(replicas, raws, *columns, strict=True)
+            }
     rows: list[Row] = []
-    for i, (is_usual, m, q, lat, d) in enumerate(
-        zip(usual.tolist(), mem.tolist(), queue.tolist(), latency.tolist(), denominator.tolist(), strict=True)
-    ):
+    no_telemetry: tuple[None, None] = (None, None)
+    for i, (is_usual, m, q, lat, d) in enumerate(zip(usual.tolist(), *columns, strict=True)):
         if is_usual:
             raw = 1.0 / d
             rows.append((raw, raw, {"mem": m, "queue": q, "latency": lat, "denominator": d}, []))
             continue
-        fv = step.vectors[i]
-        sample, age = telemetry[i]
-        rows.append(_row(WeightInput(replicas[i], fv, sample, age, health[i][0], health[i][1], silent_steps[i]), cfg))
-    return _normalise(replicas, scores.tolist(), rows)
+        sample, age = telemetry.get(replicas[i], no_telemetry)
+        weight_input = WeightInput(replicas[i], step.vectors[i], sample, age, health[i][0], health[i][1],
+                                   silent_steps[i])
+        rows.append(_row(weight_input, cfg))
+    return _normalise(replicas, scores, rows)

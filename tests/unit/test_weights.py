@@ -224,8 +224,30 @@ def test_pool_weights_are_the_reference_bit_for_bit(
     fresh = [i.telemetry if i.telemetry_age_s is not None and i.telemetry_age_s <= config.telemetry_max_age_s
              else None for i in inputs]
     step = StepColumns([vector for _, vector in rows], fresh)
-    got = pool_weights(step, [i.replica for i in inputs], [(i.telemetry, i.telemetry_age_s) for i in inputs],
+    telemetry = {i.replica: (i.telemetry, i.telemetry_age_s) for i in inputs if i.telemetry is not None}
+    got = pool_weights(step, [i.replica for i in inputs], telemetry,  # type: ignore[arg-type]
                        [(i.health, i.health_note) for i in inputs], [i.silent_steps for i in inputs], config)
     assert {r: w.to_dict() for r, w in got.items()} == {
         r: w.to_dict() for r, w in compute_weights(inputs, config).items()
     }
+
+
+def test_pool_weights_of_a_pool_of_usual_replicas_are_the_reference() -> None:
+    """The all-columns path: every replica with fresh telemetry, every signal, healthy, not stale."""
+    import random
+
+    from skewwatch.pipeline.detectors.base import StepColumns
+    from skewwatch.pipeline.weights import pool_weights
+
+    rng = random.Random(11)
+    config = WeightConfig()
+    for _ in range(200):
+        n = rng.randint(1, 12)
+        inputs = [inp(f"r{i}", telemetry=tel(f"r{i}", used=rng.uniform(0, 90) * GB), age=rng.uniform(0, 15),
+                      latency=rng.uniform(0, 3000), queue=rng.uniform(0, 40)) for i in range(n)]
+        step = StepColumns([i.features for i in inputs if i.features is not None], [i.telemetry for i in inputs])
+        telemetry = {i.replica: (i.telemetry, i.telemetry_age_s) for i in inputs}
+        got = pool_weights(step, [i.replica for i in inputs], telemetry,  # type: ignore[arg-type]
+                           [(1.0, None)] * n, [0] * n, config)
+        want = compute_weights(inputs, config)
+        assert {r: w.to_dict() for r, w in got.items()} == {r: w.to_dict() for r, w in want.items()}
