@@ -270,7 +270,11 @@ def pool_weights(
     notes.
     """
     cfg = config
-    mem = np.minimum(step.telemetry_column("memory_ratio"), 1.0)
+    # TelemetrySample.memory_ratio as columns: used / total clamped to [0, 1], unknown without both
+    used, total = step.telemetry_column("memory_used_bytes"), step.telemetry_column("memory_total_bytes")
+    known = ~np.isnan(used) & ~np.isnan(total) & (total != 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mem = np.where(known, np.minimum(np.maximum(used / total, 0.0), 1.0), np.nan)
     events_queue = step.column("queue_length_mean")
     queue = np.where(np.isnan(events_queue), step.telemetry_column("queue_length"), events_queue)
     queue = np.minimum(np.maximum(queue, 0.0) / cfg.queue_cap, 1.0)

@@ -364,13 +364,13 @@ class StepColumns:
         if found is None:
             get = attrgetter(name)
             found = self._telemetry_columns[name] = _floats(
-                None if sample is None else get(sample) for sample in self.telemetry
+                [None if sample is None else get(sample) for sample in self.telemetry]
             )
         return found
 
 
-def _floats(values: Any) -> npt.NDArray[np.float64]:
-    return np.array(list(values), dtype=np.float64)  # None becomes NaN
+def _floats(values: list[Any]) -> npt.NDArray[np.float64]:
+    return np.array(values, dtype=np.float64)  # None becomes NaN
 
 
 class Detector(ABC):
