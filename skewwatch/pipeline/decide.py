@@ -164,6 +164,10 @@ class _Track:
     last_seen: float | None = None  # last window_end with a request in its newest step
     first_seen: float = 0.0
 
+    def last_heard(self) -> float:
+        """The last step with a request, else the first step it was known in."""
+        return self.last_seen if self.last_seen is not None else self.first_seen
+
     def to_dict(self) -> dict[str, Any]:
         return {"silent_steps": self.silent_steps, "last_seen": self.last_seen, "first_seen": self.first_seen}
 
@@ -181,6 +185,7 @@ class ModelDecider:
         self.detectors = self.settings.build_detectors()
         self._tracks: dict[str, _Track] = {}
         self._order: list[str] | None = None  # sorted(self._tracks), kept between steps
+        self._keys: list[str] | None = None  # the detectors' keys (model/replica) in that order
         self._last_seq: int | None = None
         self._last_published: RoutingCorrection | None = None
         # event time of the step the last published correction reflects: the heartbeat counts
@@ -238,6 +243,7 @@ class ModelDecider:
         vectors: list[FeatureVector] = []
         fresh_telemetry: list[TelemetrySample | None] = []
         silent_steps: list[int] = []
+        silent: list[str] = []  # only these can be released below: the others were seen now
         no_telemetry: tuple[None, None] = (None, None)
         for replica in order:
             track = tracks[replica]
@@ -247,6 +253,7 @@ class ModelDecider:
                 track.last_seen = now
             else:
                 track.silent_steps += 1
+                silent.append(replica)
             silent_steps.append(track.silent_steps)
             vectors.append(fv_or_none or FeatureVector(
                 model=model,
@@ -257,7 +264,7 @@ class ModelDecider:
             ))
             sample, age = telemetry.get(replica, no_telemetry)
             fresh_telemetry.append(sample if sample is not None and age is not None and age <= max_age else None)
-        columns = StepColumns(vectors, fresh_telemetry, [f"{model}/{replica}" for replica in order])
+        columns = StepColumns(vectors, fresh_telemetry, self._replica_keys())
         # detector by detector over the step (columns where a detector can), then back in the
         # order of one replica at a time, detectors in registry order
         alerts: list[Alert] = []
@@ -275,11 +282,7 @@ class ModelDecider:
                     alerts.extend(self.detectors[name].update(model_features, None, now).alerts)
 
         release_after = self.settings.decider.release_after_s
-        released = [
-            r
-            for r, t in tracks.items()
-            if now - (t.last_seen if t.last_seen is not None else t.first_seen) >= release_after
-        ]
+        released = [r for r in silent if now - tracks[r].last_heard() >= release_after]
         for replica in released:
             self.forget_replica(replica)
         if released:
@@ -366,7 +369,15 @@ class ModelDecider:
         """The known replicas in name order, re-sorted only when the set changed."""
         if self._order is None:
             self._order = sorted(self._tracks)
+            self._keys = None
         return self._order
+
+    def _replica_keys(self) -> list[str]:
+        """``model/replica`` of :meth:`_sorted_replicas`, built when that changes."""
+        order = self._sorted_replicas()
+        if self._keys is None:
+            self._keys = [f"{self.model}/{replica}" for replica in order]
+        return self._keys
 
     # ------------------------------------------------------------------ inspection
 

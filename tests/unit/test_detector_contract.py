@@ -339,7 +339,8 @@ def _random_step(rng: random.Random, n: int, end: float) -> tuple[list[FeatureVe
             running_requests=rng.choice([None, rng.randint(0, 32)]), batch_capacity=rng.choice([None, 32]),
             kv_cache_usage=rng.choice([None, rng.uniform(0, 1)]),
             kv_cache_hit_rate=rng.choice([None, rng.uniform(0.4, 1)]),
-            memory_reserved_bytes=reserved, memory_allocated_bytes=reserved * rng.uniform(0.3, 1.0),
+            memory_reserved_bytes=rng.choice([None, 0.0, reserved, reserved]),
+            memory_allocated_bytes=rng.choice([None, reserved * rng.uniform(0.3, 1.1)]),
             utilization_gpu=rng.uniform(0, 1),
         ))
     return vectors, samples
