@@ -8,6 +8,7 @@ aiokafka loop with ``json.loads`` reaches ~180k events/s on this class of machin
 - ``single_poll``: the same messages decoded a poll of 500 at a time (decode_request_messages), as
   the worker does;
 - ``single_poll_5000``: a poll of 5,000 single-event messages (a catch-up poll of one partition);
+- ``single_poll_1_bad``: the poll of 500 with one invalid message in the middle (its dead letter);
 - ``batch100``: 100-event messages (the producer helper's batch form), one message at a time;
 - ``batch100_poll``: the same messages a poll of 50 at a time (5,000 events), as the worker does;
 - ``batch100_10pct_bad``: as batch100 with 10 % of the events invalid (reasons worded per bad row);
@@ -122,10 +123,13 @@ def cases_for(decoder: types.ModuleType, limits: LimitSettings, singles: list[by
               batches: list[bytes], spoilt: list[bytes]) -> dict[str, Callable[[], int]]:
     """Each case as a callable returning the events it decoded, for one decoder module."""
     decode_one, decode_poll = decoder.decode_request_message, decoder.decode_request_messages
+    one_bad = list(singles)
+    one_bad[len(one_bad) // 2] = encode_request_event(spoil(orjson.loads(one_bad[len(one_bad) // 2]), 0))
 
     # sanity: the benchmark measures real decoding, not rejections
     assert len(decode_poll(singles, limits).columns) == len(singles)
     assert len(decode_poll(singles_5000, limits).columns) == len(singles_5000)
+    assert len(decode_poll(one_bad, limits).columns) == len(one_bad) - 1
     assert all(len(decode_one(b, limits).columns) == 100 for b in batches)
     assert len(decode_poll(batches, limits).columns) == 100 * len(batches)
     assert all(len(decode_one(b, limits).rejects) == 10 for b in spoilt)
@@ -147,6 +151,7 @@ def cases_for(decoder: types.ModuleType, limits: LimitSettings, singles: list[by
         "single": one_at_a_time(singles, 1),
         "single_poll": as_one_poll(singles, 1),
         "single_poll_5000": as_one_poll(singles_5000, 1),
+        "single_poll_1_bad": as_one_poll(one_bad, 1),
         "batch100": one_at_a_time(batches, 100),
         "batch100_poll": as_one_poll(batches, 100),
         "batch100_10pct_bad": one_at_a_time(spoilt, 100),

@@ -9,9 +9,10 @@ paths:
 
 - typed (fast): msgspec parses straight into structs generated from EVENT_FIELDS, checking every
   type and range in C; it is strict, so it accepts a subset of the contract (no 12.0 for an int).
-  A clean poll (every message typed, all in one form) is decoded by :func:`decode_poll_typed` in
-  one C-level ``map`` with no per-message Python, and :func:`columns_from_typed_events` turns the
-  structs into columns with C passes only (astuple, a zip transpose, np.fromiter per field);
+  :func:`decode_typed_runs` takes a poll in runs of messages, each run one C-level ``map`` with no
+  per-message Python (a clean poll is one run; a refused message ends a run and the next goes on
+  after it), and :func:`columns_from_typed_events` turns the structs into columns with C passes
+  only (astuple, a zip transpose, np.fromiter per field);
 - general (the reference): anything msgspec refuses is parsed by orjson and each field checked as
   one numpy column; per-event Python only runs to word the reasons of the bad rows.
 
@@ -51,10 +52,10 @@ import math
 import operator
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
-from typing import Annotated, Any, Final, Literal, cast, overload
+from typing import Annotated, Any, Final, Literal, overload
 
 import msgspec
 import numpy as np
@@ -684,7 +685,7 @@ def _columns_from_valid_rows(rows: list[dict[str, Any]]) -> RequestColumns:
 # accepts a subset of what the contract accepts; anything it refuses takes the general path, which
 # is the reference and words the reasons. Built from EVENT_FIELDS so the two cannot drift apart.
 #
-# The fast path is three functions: decode_poll_typed (a clean poll in one C-level map, no
+# The fast path is three functions: decode_typed_runs (a poll in runs, one C-level map each, no
 # per-message Python), columns_from_typed_events (structs to columns: one C pass to tuples, one
 # transpose, one np.fromiter per field) and _finish_typed (the one rule msgspec cannot state).
 
@@ -815,7 +816,7 @@ def _typed_as_event(event: Any) -> dict[str, Any]:
             if value is not None and value is not msgspec.UNSET and not (name in BATCH_FIELDS and value == 0)}
 
 
-def _finish_typed(events: list[Any], message_index: IntArray, batch_form: Sequence[bool] | Mapping[int, bool],
+def _finish_typed(events: list[Any], message_index: IntArray, batch_form: BoolArray,
                   limits: LimitSettings) -> tuple[RequestColumns, IntArray, list[tuple[int, Rejection]]]:
     """Columns of typed events (``message_index`` sorted: row -> message), less the rows over
     capacity, the one rule a typed decoder cannot state: the reference words those, returned as
@@ -835,34 +836,90 @@ def _finish_typed(events: list[Any], message_index: IntArray, batch_form: Sequen
 _get_events = operator.attrgetter("events")
 
 
-def decode_poll_typed(values: Sequence[bytes | None], limits: LimitSettings) -> DecodedMessages | None:
-    """A whole poll through msgspec with no per-message Python, or None when any message is
-    unusual (empty, too large, of the other form, refused by msgspec): the caller then takes
-    each message on its own path. The first message says which form the poll is in."""
+@dataclass(slots=True)
+class TypedRuns:
+    """What msgspec took from a poll: its events in message order, and the messages it left."""
+
+    events: list[Any]  # typed structs
+    message_index: IntArray  # row -> message, ascending
+    batch_form: BoolArray  # per message of the poll: was it {"events": [...]}
+    leftovers: list[int]  # messages for the per-message paths (refused, empty, or too large)
+    maps: int  # C-level passes made: 1 for a clean poll, one more after each refused message
+
+
+def decode_typed_runs(values: Sequence[bytes | None], limits: LimitSettings) -> TypedRuns:
+    """The poll through msgspec in runs of consecutive messages, each run one C-level ``map`` with
+    no per-message Python. A message msgspec refuses ends a run: it is tried alone with the other
+    form's decoder, else left to the per-message paths (which word its reasons), and the next run
+    goes on after it, so one bad message costs the poll one more pass, not its speed."""
+    values = values if isinstance(values, list) else list(values)
+    n = len(values)
     decoders = typed_decoders(limits.max_tokens)
-    raw = cast(Sequence[bytes], values)  # a None among them raises in the try below, as wanted
+    batch_form = np.zeros(n, dtype=np.bool_)
+    if max(map(len, filter(None, values)), default=0) > limits.max_message_bytes:  # filter: skips None/b""
+        return TypedRuns([], np.zeros(0, dtype=np.int64), batch_form, list(range(n)), 0)  # rare: all alone
+    events: list[Any] = []
+    index_parts: list[IntArray] = []
+    leftovers: list[int] = []
+    maps = 0
+
+    def take(decoded: list[Any], start: int, is_batch: bool) -> None:
+        """Keep the decoded messages ``start``.. (a batch over the event limit is left alone)."""
+        if not is_batch:
+            events.extend(decoded)
+            index_parts.append(np.arange(start, start + len(decoded)))
+            return
+        batches = list(map(_get_events, decoded))
+        counts = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
+        if counts.size and counts.max() > limits.max_events_per_message:
+            for i in np.flatnonzero(counts > limits.max_events_per_message).tolist():
+                leftovers.append(start + i)  # the general path words too_many_events
+                batches[i] = []
+                counts[i] = 0
+        events.extend(chain.from_iterable(batches))
+        index_parts.append(np.repeat(np.arange(start, start + len(batches)), counts))
+        batch_form[start:start + len(batches)] = True
+
+    remaining = iter(values)  # shared by the runs: each goes on where the last one stopped
+    position = 0
+    while position < n:
+        is_batch = _is_batch_form(values[position])
+        decode = decoders.batch.decode if is_batch else decoders.single.decode
+        run: list[Any] = []
+        maps += 1
+        try:
+            run.extend(map(decode, remaining))  # type: ignore[arg-type]  # None raises, as wanted
+            refused = n
+        except Exception:  # msgspec's errors, None: the message the map had just taken
+            refused = n - operator.length_hint(remaining) - 1
+            if len(run) != refused - position:  # list.extend kept no partial result: decode them again
+                run = list(map(decode, values[position:refused]))  # (no None among them)
+        take(run, position, is_batch)
+        if refused < n:
+            value = values[refused]
+            alone = _decode_alone(value, decoders) if _is_batch_form(value) != is_batch else None
+            if alone is None:
+                leftovers.append(refused)
+            else:
+                take([alone], refused, not is_batch)
+        position = refused + 1
+    message_index = (index_parts[0] if len(index_parts) == 1 else np.concatenate(index_parts) if index_parts
+                     else np.zeros(0, dtype=np.int64))
+    if len(leftovers) > 1:
+        leftovers.sort()
+    return TypedRuns(events, message_index, batch_form, leftovers, maps)
+
+
+def _is_batch_form(value: bytes | None) -> bool:
+    return value is not None and b'"events"' in value
+
+
+def _decode_alone(value: bytes | None, decoders: TypedDecoders) -> Any | None:
+    """One message with the decoder of its form, or None when msgspec refuses it."""
     try:
-        if max(map(len, raw)) > limits.max_message_bytes:
-            return None
-        if b'"events"' in raw[0]:
-            batches = list(map(_get_events, map(decoders.batch.decode, raw)))
-            counts = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
-            if counts.max() > limits.max_events_per_message:
-                return None
-            events = list(chain.from_iterable(batches))
-            message_index = np.repeat(np.arange(len(values)), counts)
-            batch_form = True
-        else:
-            events = list(map(decoders.single.decode, raw))
-            message_index = np.arange(len(values))
-            batch_form = False
-    except Exception:  # anything unusual (msgspec's errors, None, an empty poll): message by message
+        return (decoders.batch if _is_batch_form(value) else decoders.single).decode(value)  # type: ignore[arg-type]
+    except Exception:
         return None
-    columns, message_index, rejections = _finish_typed(events, message_index, [batch_form] * len(values), limits)
-    rejects: dict[int, list[Rejection]] = {}
-    for m, rejection in rejections:
-        rejects.setdefault(m, []).append(rejection)
-    return DecodedMessages(columns, message_index, MessageRejects(len(values), rejects))
 
 
 # --- message envelope -------------------------------------------------------------------------------
@@ -966,56 +1023,37 @@ def decode_request_messages(values: Sequence[bytes | None], limits: LimitSetting
     """Decode many ``llm.requests`` values (e.g. one poll of a partition) in one vectorised pass.
 
     Single-event messages are cheap this way: the per-column numpy cost is paid once per poll,
-    not once per message, and a clean poll (every message valid, all of one form) is decoded by
-    :func:`decode_poll_typed` with no per-message Python at all. Never raises on any input.
-    ``typed_fast_path=False`` skips the msgspec paths (tests check both give the same result).
+    not once per message, and msgspec takes the poll in runs of messages with no per-message
+    Python (:func:`decode_typed_runs`). Never raises on any input. ``typed_fast_path=False``
+    skips msgspec: every message takes the general path (tests check both give the same result).
     """
-    if typed_fast_path:
-        decoded = decode_poll_typed(values, limits)
-        if decoded is not None:
-            return decoded
     rejects: defaultdict[int, list[Rejection]] = defaultdict(list)  # only the rejected messages
-    typed: list[Any] = []
-    typed_message: list[int] = []
-    typed_batch_form: dict[int, bool] = {}
+    parts: list[tuple[RequestColumns, IntArray]] = []
+    leftovers: Iterable[int] = range(len(values))
+    if typed_fast_path:
+        runs = decode_typed_runs(values, limits)
+        leftovers = runs.leftovers
+        if runs.events:
+            columns, message_index, rejections = _finish_typed(runs.events, runs.message_index, runs.batch_form,
+                                                               limits)
+            for m, rejection in rejections:
+                rejects[m].append(rejection)
+            parts.append((columns, message_index))
     general: list[int] = []
-    decoders = typed_decoders(limits.max_tokens) if typed_fast_path else None
-    for m, value in enumerate(values):
+    for m in leftovers:
+        value = values[m]
         if value is None or len(value) == 0:
             rejects[m].append(Rejection.message_level("empty", "value is null or zero bytes"))
-            continue
-        if len(value) > limits.max_message_bytes:
+        elif len(value) > limits.max_message_bytes:
             rejects[m].append(Rejection.message_level(
                 "too_large", f"value is {len(value)} bytes > limit {limits.max_message_bytes} "
                              "(limits.max_message_bytes)"))
-            continue
-        if decoders is not None:
-            try:
-                if b'"events"' in value:
-                    batch = decoders.batch.decode(value).events
-                    if len(batch) <= limits.max_events_per_message:
-                        typed.extend(batch)
-                        typed_message.extend([m] * len(batch))
-                        typed_batch_form[m] = True
-                        continue
-                else:
-                    typed.append(decoders.single.decode(value))
-                    typed_message.append(m)
-                    typed_batch_form[m] = False
-                    continue
-            except Exception:  # anything unusual: the general path judges it and words the reasons
-                pass
-        general.append(m)
-
-    parts: list[tuple[RequestColumns, IntArray]] = []
+        else:
+            general.append(m)
     if general:
-        parts.append(_decode_dicts(values, general, limits, rejects))
-    if typed:
-        columns, message_index, rejections = _finish_typed(typed, np.array(typed_message, dtype=np.int64),
-                                                           typed_batch_form, limits)
-        for m, rejection in rejections:
-            rejects[m].append(rejection)
-        parts.append((columns, message_index))
+        general_part = _decode_dicts(values, general, limits, rejects)
+        if len(general_part[1]) or not parts:  # rows to merge; a dead-lettered message adds none
+            parts.append(general_part)
     by_message = MessageRejects(len(values), rejects)
     if not parts:
         return DecodedMessages(RequestColumns.empty(), np.zeros(0, dtype=np.int64), by_message)
@@ -1067,10 +1105,12 @@ __all__ = [
     "DecodedMessage",
     "DecodedMessages",
     "MessageRejects",
+    "TypedRuns",
     "Rejection",
     "check_request_event",
     "decode_request_message",
     "decode_request_messages",
+    "decode_typed_runs",
     "encode_request_event",
     "encode_request_events",
     "event_problems",

@@ -23,9 +23,9 @@ from skewwatch.schemas.requests import (
     MessageRejects,
     _validate_columns,
     check_request_event,
-    decode_poll_typed,
     decode_request_message,
     decode_request_messages,
+    decode_typed_runs,
     encode_request_event,
     encode_request_events,
     event_problems,
@@ -525,11 +525,10 @@ def assert_same_decode(actual: Any, expected: Any) -> None:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clean_polls())
 def test_a_clean_poll_is_decoded_in_one_pass_with_the_references_result(values: list[bytes]) -> None:
-    one_pass = decode_poll_typed(values, LIMITS)
-    assert one_pass is not None  # the whole-poll path took it: no per-message Python
-    reference = decode_request_messages(values, LIMITS, typed_fast_path=False)
-    assert_same_decode(one_pass, reference)
-    assert_same_decode(decode_request_messages(values, LIMITS), reference)
+    runs = decode_typed_runs(values, LIMITS)
+    assert (runs.maps, runs.leftovers) == (1, [])  # one C-level map, no message left to Python
+    assert_same_decode(decode_request_messages(values, LIMITS),
+                       decode_request_messages(values, LIMITS, typed_fast_path=False))
 
 
 def test_a_large_poll_is_transposed_in_chunks_without_changing_a_row() -> None:
@@ -539,30 +538,48 @@ def test_a_large_poll_is_transposed_in_chunks_without_changing_a_row() -> None:
     singles = [encode_request_event(e) for e in events]
     batches = [encode_request_events(events[i:i + 100]) for i in range(0, 1300, 100)]
     for values in (singles, batches):
-        decoded = decode_poll_typed(values, LIMITS)
-        assert decoded is not None
+        assert decode_typed_runs(values, LIMITS).maps == 1
+        decoded = decode_request_messages(values, LIMITS)
         assert_same_decode(decoded, decode_request_messages(values, LIMITS, typed_fast_path=False))
         assert len(decoded.columns) == 1296
-    assert [r.reason for r in decode_poll_typed(batches, LIMITS).rejects[5]] == [  # type: ignore[union-attr]
+    assert [r.reason for r in decode_request_messages(batches, LIMITS).rejects[5]] == [
         "events[11].batch_size: 40 > batch_capacity 32", "events[12].batch_size: 40 > batch_capacity 32"]
 
 
-@pytest.mark.parametrize(("values", "why"), [
-    ([encode_request_event(good_event(0)), None], "a null value"),
-    ([encode_request_event(good_event(0)), b""], "an empty value"),
-    ([encode_request_event(good_event(0)), encode_request_events([good_event(1)])], "forms mixed"),
-    ([encode_request_events([good_event(1)]), encode_request_event(good_event(0))], "forms mixed"),
-    ([encode_request_event(good_event(0, prompt_tokens=12.0))], "an integral float"),
-    ([encode_request_event(good_event(0, latency_ms=-1))], "an invalid event"),
-    ([encode_request_event(good_event(0, pad="x" * 2048))], "over max_message_bytes"),
-    ([encode_request_events([good_event(i) for i in range(6)])], "over max_events_per_message"),
-    ([], "an empty poll"),
-])
-def test_an_unusual_poll_is_left_to_the_per_message_paths(values: list[bytes | None], why: str) -> None:
-    limits = LimitSettings(max_message_bytes=1024, max_events_per_message=5)
-    assert decode_poll_typed(values, limits) is None, why
+_ONE = encode_request_event(good_event(0))
+
+
+@pytest.mark.parametrize(("values", "leftovers", "maps"), [
+    ([_ONE, None], [1], 1),
+    ([_ONE, b""], [1], 1),
+    ([_ONE, encode_request_events([good_event(1)]), _ONE], [], 2),  # the batch decoded alone
+    ([encode_request_events([good_event(1)]), _ONE], [], 1),
+    ([encode_request_event(good_event(0, prompt_tokens=12.0))], [0], 1),
+    ([_ONE, encode_request_event(good_event(0, latency_ms=-1)), _ONE], [1], 2),
+    ([_ONE, encode_request_event(good_event(0, pad="x" * 4096))], [0, 1], 0),  # rare: all alone
+    ([encode_request_events([good_event(i) for i in range(6)]), encode_request_events([good_event(9)])], [0], 1),
+    ([], [], 0),
+], ids=["null", "empty", "forms-mixed", "batch-then-single", "integral-float", "invalid-event", "too-large",
+        "too-many-events", "empty-poll"])
+def test_a_refused_message_ends_a_run_and_is_left_to_the_per_message_paths(values: list[bytes | None],
+                                                                          leftovers: list[int], maps: int) -> None:
+    limits = LimitSettings(max_message_bytes=4096, max_events_per_message=5)
+    runs = decode_typed_runs(values, limits)
+    assert (runs.leftovers, runs.maps) == (leftovers, maps)
     assert_same_decode(decode_request_messages(values, limits),
                        decode_request_messages(values, limits, typed_fast_path=False))
+
+
+def test_one_bad_message_costs_a_poll_one_more_pass_not_its_speed() -> None:
+    values = [encode_request_event(good_event(i)) for i in range(2000)]
+    values[700] = encode_request_event(good_event(700, latency_ms=-1))
+    values[1500] = b"{oops"
+    runs = decode_typed_runs(values, LIMITS)
+    assert (runs.maps, runs.leftovers, len(runs.events)) == (3, [700, 1500], 1998)
+    decoded = decode_request_messages(values, LIMITS)
+    assert_same_decode(decoded, decode_request_messages(values, LIMITS, typed_fast_path=False))
+    assert decoded.rejects.rejected.keys() == {700, 1500}
+    assert [r.reason_code for r in decoded.rejects[1500]] == ["malformed_json"]
 
 
 def test_a_single_event_message_with_an_events_key_is_the_batch_form_in_a_poll() -> None:
