@@ -683,8 +683,22 @@ class ThresholdDetector(Detector):
         return result
 
 
+_SCALARS = frozenset({float, int, str, bool, type(None)})
+
+
 def _plain(value: Any) -> Any:
-    """A deep copy made of dicts, lists and scalars only (JSON-able as long as the leaves are)."""
+    """A deep copy made of dicts, lists and scalars only (JSON-able as long as the leaves are).
+
+    Checkpoints copy every key's memory, so the usual shapes (scalars, a dict of scalars) are
+    recognised by their exact type before the general (abstract base class) checks.
+    """
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is dict:
+        if all(type(v) in _SCALARS and type(k) is str for k, v in value.items()):
+            return dict(value)
+        return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
