@@ -333,7 +333,7 @@ class StepColumns:
     (['m/a', 'm/b'], [5.0, 0.0], [10.0, nan])
     """
 
-    __slots__ = ("vectors", "telemetry", "keys", "_columns", "_telemetry_columns")
+    __slots__ = ("vectors", "telemetry", "keys", "_columns", "_telemetry_columns", "_row_of")
 
     def __init__(
         self,
@@ -346,9 +346,17 @@ class StepColumns:
         self.keys = list(keys) if keys is not None else [fv.key for fv in vectors]
         self._columns: dict[str, npt.NDArray[np.float64]] = {}
         self._telemetry_columns: dict[str, npt.NDArray[np.float64]] = {}
+        self._row_of: dict[str, int] | None = None
 
     def __len__(self) -> int:
         return len(self.vectors)
+
+    @property
+    def row_of(self) -> dict[str, int]:
+        """Key -> its row (built on first use)."""
+        if self._row_of is None:
+            self._row_of = {key: row for row, key in enumerate(self.keys)}
+        return self._row_of
 
     def column(self, name: str) -> npt.NDArray[np.float64]:
         """``FeatureVector.<name>`` of every replica."""
@@ -555,18 +563,30 @@ class ThresholdDetector(Detector):
         state = self._state
         update_into = self.update_into
         remembers = self.remembers
+        if not remembers:
+            # only the replicas the screen did not clear, and those with state (their alert open
+            # or counting: idle state is dropped below), in step order
+            rows = set(np.flatnonzero(~quiet).tolist())
+            row_of = step.row_of
+            rows.update(row_of[key] for key in state if key in row_of)
+            vectors, keys, telemetry_of = step.vectors, step.keys, step.telemetry
+            for row in sorted(rows):
+                key = keys[row]
+                if quiet[row]:
+                    key_state = state[key]
+                    if key_state.rules_idle() and not key_state.memory:
+                        del state[key]
+                        continue
+                update_into(vectors[row], telemetry_of[row], now, alerts, actions)
+            return
+        # a detector with a history: every replica records it, the screened ones only that
         for fv, key, telemetry, is_quiet in zip(step.vectors, step.keys, step.telemetry, quiet.tolist(), strict=True):
             if is_quiet:
-                key_state = state.get(key)
-                if key_state is None:
-                    if not remembers:
-                        continue
-                    key_state = state[key] = _KeyState(len(self.rules))
-                if key_state.rules_idle():
-                    if remembers:
-                        self.remember(fv, telemetry, key_state.memory)
-                    elif not key_state.memory:
-                        del state[key]
+                found = state.get(key)
+                if found is None:
+                    found = state[key] = _KeyState(len(self.rules))
+                if found.rules_idle():
+                    self.remember(fv, telemetry, found.memory)
                     continue
             update_into(fv, telemetry, now, alerts, actions)
 
