@@ -107,9 +107,10 @@ class WeightInput:
     silent_steps: int = 0  # consecutive steps up to this one without any request
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReplicaWeight:
-    """One replica's weight, with how it was computed."""
+    """One replica's weight, with how it was computed (read only by convention: one is built per
+    replica and step, and a frozen dataclass takes three times as long to build)."""
 
     replica: str
     weight: float  # normalised within the model's pool (sums to 1, or all 0)
