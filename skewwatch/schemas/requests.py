@@ -871,7 +871,7 @@ def decode_typed_runs(values: Sequence[bytes | None], limits: LimitSettings) -> 
             return
         batches = list(map(_get_events, decoded))
         counts = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
-        if counts.size and counts.max() > limits.max_events_per_message:
+        if counts.max() > limits.max_events_per_message:
             for i in np.flatnonzero(counts > limits.max_events_per_message).tolist():
                 leftovers.append(start + i)  # the general path words too_many_events
                 batches[i] = []
@@ -894,7 +894,8 @@ def decode_typed_runs(values: Sequence[bytes | None], limits: LimitSettings) -> 
             refused = n - operator.length_hint(remaining) - 1
             if len(run) != refused - position:  # list.extend kept no partial result: decode them again
                 run = list(map(decode, values[position:refused]))  # (no None among them)
-        take(run, position, is_batch)
+        if run:
+            take(run, position, is_batch)
         if refused < n:
             value = values[refused]
             alone = _decode_alone(value, decoders) if _is_batch_form(value) != is_batch else None
