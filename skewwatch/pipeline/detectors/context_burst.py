@@ -108,17 +108,21 @@ class ContextBurstDetector(ThresholdDetector):
     def remember(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]) -> None:
         self._remember(fv, memory)
 
+    _stamps: tuple[float, int, str, int, str] | None = None  # the last window_end's, shared by its replicas
+
     def _remember(self, fv: FeatureVector, memory: dict[str, Any]) -> float | None:
         """Record this window's variance; return the variance of the window ``lookback_s`` earlier."""
         cfg = self.config
         var = fv.prompt_tokens_var if cfg.tokens == "prompt" else fv.completion_tokens_var
-        end_ms = round(fv.window_end * 1000)
-        lookback_ms = round(cfg.lookback_s * 1000)
+        stamps = self._stamps
+        if stamps is None or stamps[0] != fv.window_end:
+            end = round(fv.window_end * 1000)
+            start = end - round(cfg.lookback_s * 1000)
+            stamps = self._stamps = (fv.window_end, end, str(end), start, str(start))
+        _, end_ms, stamp, cutoff, cutoff_stamp = stamps
         # history: window_end (ms) -> variance, oldest first; only the last lookback is needed
         history: dict[str, float | None] = memory.setdefault("var_by_end_ms", {})
-        cutoff = end_ms - lookback_ms
-        prev = history.get(str(cutoff))
-        stamp = str(end_ms)
+        prev = history.get(cutoff_stamp)
         if history and stamp not in history and int(next(reversed(history))) > end_ms:
             # a window older than the newest one seen: re-sort, so that pruning below may stop at
             # the first recent entry (steps come in time order; this is the rare other case)
