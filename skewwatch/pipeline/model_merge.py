@@ -51,39 +51,47 @@ def merge_summaries(model: str, window_end: float, summaries: Sequence[WindowSum
             raise ValueError(f"summary {s.model}/{s.replica} was built with length_s={s.length_s}, "
                              f"relative_accuracy={s.relative_accuracy}; settings differ")
     k = len(MOMENT_FIELDS)
+    # every per-summary number in one pass, as one (n, 7) integer array: a model has hundreds of
+    # replicas and per-field Python sums over them cost more than the merge itself
+    totals = np.array([(s.count, s.errors, s.completion_tokens, s.step_count, s.batch_count, s.fill_count,
+                        s.derived_count) for s in summaries], dtype=np.int64).reshape(-1, 7)
+    count, errors, completion, step_count, batch_count, fill_count, derived_count = totals.sum(axis=0).tolist()
     if summaries:
-        merged = moments.merge_many(moments.Moments(
-            np.stack([s.moments().count for s in summaries]),
-            np.stack([s.mean for s in summaries]),
-            np.stack([s.m2 for s in summaries]),
-        ))
+        # each MOMENT_FIELDS' own count per summary (as WindowSummary.moments): events, batch, fill
+        field_counts = totals[:, [0, 0, 0, 4, 5]].astype(np.float64)
+        merged = moments.merge_many(moments.Moments(field_counts, np.array([s.mean for s in summaries]),
+                                                    np.array([s.m2 for s in summaries])))
         mean, m2 = merged.mean, merged.m2
+        optional_count = np.array([s.optional_count for s in summaries]).sum(axis=0, dtype=np.int64)
+        optional_sum = np.array([s.optional_sum for s in summaries]).sum(axis=0)
     else:
         mean, m2 = np.zeros(k), np.zeros(k)
+        optional_count, optional_sum = np.zeros(len(OPTIONAL_FIELDS), np.int64), np.zeros(len(OPTIONAL_FIELDS))
     cuda: Counter[str] = Counter()
     for s in summaries:
-        cuda.update(s.step_cuda_errors)
+        if s.step_cuda_errors:
+            cuda.update(s.step_cuda_errors)
     return WindowSummary(
         model=model,
         replica=None,
         window_end=window_end,
         length_s=settings.length_s,
         relative_accuracy=settings.sketch_relative_accuracy,
-        count=sum(s.count for s in summaries),
-        errors=sum(s.errors for s in summaries),
-        completion_tokens=sum(s.completion_tokens for s in summaries),
+        count=count,
+        errors=errors,
+        completion_tokens=completion,
         mean=mean,
         m2=m2,
-        optional_count=sum((s.optional_count for s in summaries), np.zeros(len(OPTIONAL_FIELDS), np.int64)),
-        optional_sum=sum((s.optional_sum for s in summaries), np.zeros(len(OPTIONAL_FIELDS))),
+        optional_count=optional_count,
+        optional_sum=optional_sum,
         latency=add_sparse([s.latency for s in summaries]) if summaries else EMPTY_SPARSE,
         ttft=add_sparse([s.ttft for s in summaries]) if summaries else EMPTY_SPARSE,
-        step_count=sum(s.step_count for s in summaries),
+        step_count=step_count,
         step_cuda_errors=dict(cuda),
         replicas=len(summaries),
-        batch_count=sum(s.batch_count for s in summaries),
-        fill_count=sum(s.fill_count for s in summaries),
-        derived_count=sum(s.derived_count for s in summaries),
+        batch_count=batch_count,
+        fill_count=fill_count,
+        derived_count=derived_count,
     )
 
 
