@@ -704,6 +704,7 @@ class ThresholdDetector(Detector):
 
 
 _SCALARS = frozenset({float, int, str, bool, type(None)})
+_STR = frozenset({str})
 
 
 def _plain(value: Any) -> Any:
@@ -716,7 +717,7 @@ def _plain(value: Any) -> Any:
     if kind in _SCALARS:
         return value
     if kind is dict:
-        if all(type(v) in _SCALARS and type(k) is str for k, v in value.items()):
+        if _SCALARS.issuperset(map(type, value.values())) and _STR.issuperset(map(type, value)):
             return dict(value)
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, Mapping):
