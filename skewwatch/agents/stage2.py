@@ -72,6 +72,7 @@ class ModelStage:
         self.checkpoints = CheckpointStore(producer, bootstrap, settings.topics.checkpoints, self.stage)
         self.consumer: AIOKafkaConsumer | None = None
         self.corrections: dict[str, RoutingCorrection] = {}  # latest published, per model
+        self._weight_gauges: dict[tuple[str, str], Any] = {}  # (model, replica) -> its labelled gauge
         self._lock = asyncio.Lock()
         self._to_commit: dict[TopicPartition, int] = {}
         self._stopping = asyncio.Event()
@@ -161,6 +162,7 @@ class ModelStage:
         pending = []
         for step in steps:
             pending.extend(await self._decide(state, step))
+        self._refresh_open_alerts()  # once per batch of steps: it visits every model's decider
         await asyncio.gather(*pending)
         if state.next_offset is not None:
             await self.checkpoints.write(tp.topic, tp.partition, state.next_offset, state.snapshot())
@@ -198,9 +200,12 @@ class ModelStage:
             self.metrics.alerts_out.labels(alert.detector, str(alert.severity), alert.state).inc()
         if decision.correction is not None:
             sends.append(await self._publish_correction(decision.correction))
+        gauges = self._weight_gauges
         for replica, w in decision.weights.items():
-            self.metrics.weight.labels(step.model, replica).set(w.weight)
-        self._refresh_open_alerts()
+            gauge = gauges.get((step.model, replica))
+            if gauge is None:  # labels() takes a lock and builds a key: once per replica, not per step
+                gauge = gauges[(step.model, replica)] = self.metrics.weight.labels(step.model, replica)
+            gauge.set(w.weight)
         return sends
 
     async def _publish_correction(self, correction: RoutingCorrection) -> Any:

@@ -195,6 +195,7 @@ class ModelDecider:
         self._last_window_end: float | None = None
         self._last_weights: dict[str, ReplicaWeight] = {}
         self._last_health: dict[str, float] = {}
+        self._open_alerts: dict[tuple[str, str], int] | None = None  # as of the last step (metrics)
 
     # ------------------------------------------------------------------ the step
 
@@ -226,6 +227,7 @@ class ModelDecider:
                 skipped=True,
             )
         self._last_window_end = window_end
+        self._open_alerts = None
         now = window_end
         by_replica: dict[str, FeatureVector] = {}
         for fv in replica_features:
@@ -394,18 +396,22 @@ class ModelDecider:
         return sorted(self._tracks)
 
     def open_alerts(self) -> dict[tuple[str, str], int]:
-        """(detector, severity) -> number of open alerts (for the metrics endpoint)."""
-        counts: dict[tuple[str, str], int] = {}
-        for name, detector in self.detectors.items():
-            for severity in detector.open_alerts().values():
-                key = (name, str(severity))
-                counts[key] = counts.get(key, 0) + 1
-        return counts
+        """(detector, severity) -> number of open alerts (for the metrics endpoint); counted once
+        per step, not per call (the worker asks every model's decider after each batch)."""
+        if self._open_alerts is None:
+            counts: dict[tuple[str, str], int] = {}
+            for name, detector in self.detectors.items():
+                for severity in detector.open_alerts().values():
+                    key = (name, str(severity))
+                    counts[key] = counts.get(key, 0) + 1
+            self._open_alerts = counts
+        return dict(self._open_alerts)
 
     def forget_replica(self, replica: str) -> None:
         """Drop a replica (released by the windows, or silent for ``release_after_s``)."""
         self._tracks.pop(replica, None)
         self._order = None
+        self._open_alerts = None
         for detector in self.detectors.values():
             detector.forget(f"{self.model}/{replica}")
 
