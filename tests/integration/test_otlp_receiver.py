@@ -70,7 +70,8 @@ def emit_vllm_spans(endpoint: str, replica: str, model: str, n: int) -> None:
 @pytest.fixture
 async def receiver_url(kafka_settings: Settings) -> Any:
     assert kafka_settings.kafka.bootstrap
-    publisher = KafkaPublisher(kafka_settings.kafka.bootstrap, kafka_settings.topics.requests)
+    publisher = KafkaPublisher(kafka_settings.kafka.bootstrap, kafka_settings.topics.requests,
+                               dead_letter_topic=kafka_settings.topics.dead_letter)
     await publisher.start()
     receiver = OtlpReceiver(publisher, DEFAULT_ATTRIBUTE_MAP)
     port = free_port()
