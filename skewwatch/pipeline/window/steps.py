@@ -26,6 +26,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import gc
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, overload
@@ -120,7 +121,16 @@ class StepBatch:
     def replica_steps(self) -> list[ReplicaStep]:
         """Every row as a :class:`ReplicaStep`, built once (column-wise, then one object per row)."""
         if self._steps is None:
-            self._steps = self._build()
+            # ~10 objects per row and none of them in a reference cycle: pausing the cyclic GC while
+            # they are made saves it from scanning the growing young generation over and over
+            # (a third of the build time at 10k rows); it runs again, as before, right after
+            was_enabled = gc.isenabled()
+            gc.disable()
+            try:
+                self._steps = self._build()
+            finally:
+                if was_enabled:
+                    gc.enable()
         return self._steps
 
     def _build(self) -> list[ReplicaStep]:
