@@ -44,7 +44,8 @@ class PartitionModels:
     def snapshot(self) -> bytes:
         return orjson.dumps({
             "v": 1,
-            "assembler": self.assembler.state_dict(encode=ReplicaStepInput.to_body),
+            # pending replica steps are held as the records' bytes: embedded as they are
+            "assembler": self.assembler.state_dict(encode=orjson.Fragment),
             "deciders": {model: d.state_dict() for model, d in self.deciders.items()},
         })
 
@@ -52,7 +53,7 @@ class PartitionModels:
     def restore(cls, data: bytes, settings: Settings, detector_settings: DetectorSettings) -> PartitionModels:
         state = orjson.loads(data)
         partition = cls(settings)
-        partition.assembler.load_state(state["assembler"], decode=ReplicaStepInput.from_body)
+        partition.assembler.load_state(state["assembler"], decode=orjson.dumps)
         partition.deciders = {model: ModelDecider.from_state(s, detector_settings)
                               for model, s in state["deciders"].items()}
         return partition
@@ -138,10 +139,10 @@ class ModelStage:
                 state.assembler.progress(int(progress["source"]), float(progress["closed_end"]),
                                          int(progress["sources"]))
                 continue
-            # decoded into compact objects now: the body's dicts are dropped while the step is pending
-            step = ReplicaStepInput.from_body(body)
-            fv = step.features
-            state.assembler.add(fv.model, fv.window_end, str(fv.replica), step)
+            # held as the record's bytes until the model's step completes (a third of the decoded
+            # dicts' memory, and a checkpoint embeds them as they are); decoded again then
+            fv = body["features"]
+            state.assembler.add(fv["model"], float(fv["window_end"]), str(fv["replica"]), message.value)
         state.next_offset = messages[-1].offset + 1
         state.last_input_wall = time.monotonic()
         await self._finish(tp, state, state.assembler.complete())
@@ -172,7 +173,7 @@ class ModelStage:
 
     async def _decide(self, state: PartitionModels, step: ModelStep) -> list[Any]:
         topics = self.settings.topics
-        inputs: list[ReplicaStepInput] = list(step.payloads.values())
+        inputs = [ReplicaStepInput.from_body(orjson.loads(raw)) for raw in step.payloads.values()]
         if not step.complete:
             log.warning("stage 2 holds more than %d replica steps: released %s@%s before every input "
                         "partition reported (%d replica summaries)", state.assembler.max_pending,
@@ -181,7 +182,7 @@ class ModelStage:
                                         self.settings.window)
         replica_features = [p.features for p in inputs]
         telemetry: dict[str, tuple[TelemetrySample, float]] = {}
-        for replica, payload in step.payloads.items():
+        for replica, payload in zip(step.payloads, inputs, strict=True):
             if payload.telemetry is not None:
                 telemetry[replica] = (payload.telemetry, step.window_end - payload.telemetry.ts)
         decider = state.deciders.get(step.model)

@@ -17,10 +17,11 @@ others in stage 1, so they do not stall the rule; a replica missing from a compl
 simply silent, which the weights treat as a signal. Summaries for an already completed step
 (a replay after a rebalance) are counted as late and dropped.
 
-Memory: the worker holds each pending replica step as a :class:`ReplicaStepInput` (decoded once
-on arrival, about a third of the decoded JSON), and the number held is bounded
-(``max_pending``): past it, the oldest pending steps are released incomplete (``forced``), so
-one input partition far behind the others cannot make stage 2 hold its whole backlog.
+Memory: the worker holds each pending replica step as its record's bytes (~2.5 KB, where the
+decoded JSON took ~10 KB; decoded into a :class:`ReplicaStepInput` when the step completes, and
+embedded as they are in a checkpoint), and the number held is bounded (``max_pending``): past
+it, the oldest pending steps are released incomplete (``forced``), so one input partition far
+behind the others cannot make stage 2 hold its whole backlog.
 
 >>> a = StepAssembler()
 >>> a.add("m", 10.0, "r1", {"n": 1})
@@ -44,18 +45,14 @@ from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.window import WindowSummary
 
 # Replica steps held per assembler before the oldest pending steps are released incomplete:
-# ~3.5 KB each as decoded objects (ReplicaStepInput), so about 70 MB; live operation holds one or
-# two steps of a partition's replicas, only a far-behind input partition gets near it.
+# the worker holds each as its record's bytes (~2.5 KB), so about 50 MB; live operation holds one
+# or two steps of a partition's replicas, only a far-behind input partition gets near it.
 DEFAULT_MAX_PENDING = 20_000
 
 
 @dataclass(slots=True)
 class ReplicaStepInput:
-    """What stage 1 sent for one replica and step, decoded once on arrival.
-
-    Held until the model's step completes: numpy arrays and slotted objects take about a third
-    of the memory of the decoded JSON body (~3.5 KB against ~10 KB per replica).
-    """
+    """What stage 1 sent for one replica and step, decoded (from the record's JSON body)."""
 
     summary: WindowSummary
     features: FeatureVector

@@ -122,3 +122,22 @@ def test_worker_payloads_are_decoded_objects_and_checkpoint_as_the_record() -> N
     got = restored.payloads["r1"]
     assert got.features == step.features and got.telemetry == step.telemetry
     assert got.summary.to_dict() == step.summary.to_dict()
+
+
+def test_stage2_checkpoint_embeds_pending_records_and_restores_them() -> None:
+    """The worker holds a pending replica step as its record's bytes; a checkpoint embeds them as
+    JSON (not as a string) and a restore gives the same records back."""
+    from skewwatch.agents.stage2 import PartitionModels
+    from skewwatch.config import Settings
+    from skewwatch.pipeline.decide import DetectorSettings
+
+    body = {"summary": {"v": 1, "x": [1, 2]}, "features": {"model": "m", "replica": "r1", "window_end": 105.0},
+            "telemetry": None, "telemetry_stale": False}
+    raw = orjson.dumps(body)
+    partition = PartitionModels(Settings())
+    partition.assembler.add("m", 105.0, "r1", raw)
+    snapshot = partition.snapshot()
+    assert orjson.loads(snapshot)["assembler"]["models"]["m"]["steps"] == [[105.0, {"r1": body}]]
+    restored = PartitionModels.restore(snapshot, Settings(), DetectorSettings.from_overrides({}))
+    [step] = restored.assembler.complete(force_until=105.0)
+    assert orjson.loads(step.payloads["r1"]) == body
