@@ -10,22 +10,20 @@ replica for most of the run, KV-cache fragmentation and a batch-scheduler collap
 another replica. (No context burst: in the simulator a burst belongs to the replica — whatever
 is routed there gets long prompts — so it says nothing about a router.) The first ``WARMUP_S`` are not measured.
 
-**Policies.** ``round_robin`` and ``least_connections`` are the simulator's routers. ``dynamic``
-is the pipeline in the loop: the real ``skewwatch worker`` on a real broker reads the
+**Policies** (the simulator's ``--policy`` list, :mod:`skewwatch.sim.router`). ``round_robin``
+and ``least_connections`` route on their own. ``dynamic`` and ``dynamic_least_request`` are the
+pipeline in the loop: the real ``skewwatch worker`` on a real broker reads the
 simulator's events and telemetry and publishes ``llm.routing-corrections``; the simulator
 applies each step's correction before simulating the next step (lockstep on event time,
 :func:`skewwatch.sim.loop.run_kafka_loop`, two steps of lag for the allowed lateness). It runs
 once per detector profile (``seed``: the seed's formula and defaults; ``tuned``:
-``bench/profiles/tuned.toml``). An extra row, ``dynamic (in-process)``, closes the same loop
-with the pure weights (:class:`~skewwatch.sim.loop.LocalWeightsLoop`: no Kafka, no lag, no
-detectors' actions), for comparison only.
-
-**One more router, defined here only** (not in the simulator's ``--policy`` list):
-``dynamic + least-request`` applies the same corrections from the real worker, but instead of
-smooth weighted round robin it sends each request to the replica with the fewest requests in
-flight *per unit of weight*, ``argmin (in_flight + 1) / weight`` (weighted least request, as
-Envoy and nginx do it). It shows what the weights are worth when the router also sees its own
-in-flight counts between two corrections.
+``bench/profiles/tuned.toml``). ``dynamic`` applies the weights by smooth weighted round robin
+(the seed's reading: traffic in proportion to the weights); ``dynamic_least_request`` applies the
+same corrections as weighted least request, each request to ``argmin (in_flight + 1) / weight``
+(as Envoy and nginx do it), so between two corrections the router also sees its own in-flight
+counts. Extra rows ``... (in-process)`` close the same loops with the pure weights
+(:class:`~skewwatch.sim.loop.LocalWeightsLoop`: no Kafka, no lag, no detectors' actions), for
+comparison only.
 
 **Definitions** (:func:`routing_metrics`; requests that *arrived* in the measured span):
 
@@ -87,7 +85,7 @@ from bench.common import (  # noqa: E402
 from skewwatch.pipeline.events import RequestColumns  # noqa: E402
 from skewwatch.pipeline.telemetry import TelemetrySample  # noqa: E402
 from skewwatch.sim.faults import Injection  # noqa: E402
-from skewwatch.sim.router import DynamicWeightRouter  # noqa: E402
+from skewwatch.sim.router import CORRECTION_POLICIES  # noqa: E402
 
 START_TS = 1_700_000_000.0
 REPLICAS = 8
@@ -197,34 +195,12 @@ def routing_metrics(requests: RequestColumns, telemetry: Sequence[TelemetrySampl
 # ----------------------------------------------------------------------------- runs
 
 
-class WeightedLeastRequestRouter(DynamicWeightRouter):
-    """The corrections' weights (and drain/isolate/throttle actions) applied as weighted least request.
-
-    >>> r = WeightedLeastRequestRouter()
-    >>> r.apply_correction({"model": "m", "weights": {"a": 0.75, "b": 0.25}, "actions": []}, now=0.0)
-    >>> r.choose("m", ["a", "b"], [2, 0], now=1.0), r.choose("m", ["a", "b"], [3, 0], now=1.0)
-    (0, 1)
-    """
-
-    def choose(self, model: str, pool: Sequence[str], inflight: Sequence[int], now: float) -> int:
-        weights = self.weights(model, pool, now)
-        if sum(weights) <= 0.0:
-            self.fallbacks += 1
-            return self._fallback.choose(model, pool, inflight, now)
-        # ties go to the lowest index: deterministic, and rare once in-flight counts differ
-        return min((i for i, w in enumerate(weights) if w > 0.0), key=lambda i: (inflight[i] + 1) / weights[i])
-
-
 def _simulator(scenario: Scenario, policy: str, on_step: Callable[..., None] | None) -> Any:
-    """``policy``: a simulator policy, or ``least_request`` (dynamic corrections, weighted least request)."""
     from skewwatch.sim.fleet import FleetConfig, FleetSimulator
 
-    config = FleetConfig(replicas=scenario.replicas, policy="dynamic" if policy == "least_request" else policy,
-                         load=scenario.load, seed=scenario.seed, injections=scenario.injections())
-    sim = FleetSimulator(config, START_TS, scenario.run_s, on_step=on_step)
-    if policy == "least_request":
-        sim.router = WeightedLeastRequestRouter()
-    return sim
+    config = FleetConfig(replicas=scenario.replicas, policy=policy, load=scenario.load, seed=scenario.seed,
+                         injections=scenario.injections())
+    return FleetSimulator(config, START_TS, scenario.run_s, on_step=on_step)
 
 
 def _finish(sim: Any, requests: list[RequestColumns], telemetry: list[TelemetrySample], scenario: Scenario,
@@ -236,11 +212,11 @@ def _finish(sim: Any, requests: list[RequestColumns], telemetry: list[TelemetryS
 
 
 def run_local(scenario: Scenario, policy: str, profile: str | None = None) -> dict[str, Any]:
-    """A policy without Kafka; ``dynamic``/``least_request`` with the pure weights in-process."""
+    """A policy without Kafka; the dynamic policies with the pure weights in-process."""
     from skewwatch.sim.loop import LocalWeightsLoop
 
     loop = None
-    if policy in ("dynamic", "least_request"):
+    if policy in CORRECTION_POLICIES:
         from bench.common import detector_settings
 
         loop = LocalWeightsLoop(weights=detector_settings(profile or "seed").weights)
@@ -262,7 +238,7 @@ def run_local(scenario: Scenario, policy: str, profile: str | None = None) -> di
 
 def run_worker_loop(scenario: Scenario, bootstrap: str, workdir: Path, profile: str,
                     policy: str = "dynamic") -> dict[str, Any]:
-    """``dynamic`` (or ``least_request``) through the real worker: lockstep on its ``llm.routing-corrections``."""
+    """A dynamic policy through the real worker: lockstep on its ``llm.routing-corrections``."""
     from skewwatch.sim.emit import TrafficProducer
     from skewwatch.sim.loop import KafkaCorrections, run_kafka_loop
 
@@ -330,7 +306,7 @@ def table(rows: dict[str, dict[str, Any]], faulty: Sequence[str]) -> str:
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in rows.items():
         step, ustep = r["p99_deviation_per_step_ms"], r["utilization_spread_per_step_pp"]
-        seed = SEED_TABLE.get(name) if name in ("round_robin", "least_connections", "dynamic") else None
+        seed = SEED_TABLE.get(name)
         share = sum(r["replicas"].get(f, {}).get("share", 0.0) for f in faulty)
         lines.append(
             f"| {name} | {_ms(r['p99_deviation_ms'])} | {_ms(step['mean'])} / {_ms(step['p95'])} | "
@@ -376,14 +352,13 @@ def plot(rows: dict[str, dict[str, Any]], scenario: Scenario, path: Path) -> Non
 
 
 def row_name(policy: str, profile: str, in_process: bool = False) -> str:
-    """``dynamic``, ``dynamic (tuned)``, ``dynamic + least-request (tuned, in-process)``, ...
+    """``dynamic``, ``dynamic (tuned)``, ``dynamic_least_request (tuned, in-process)``, ...
 
-    >>> row_name("dynamic", "seed"), row_name("least_request", "tuned", in_process=True)
-    ('dynamic', 'dynamic + least-request (tuned, in-process)')
+    >>> row_name("dynamic", "seed"), row_name("dynamic_least_request", "tuned", in_process=True)
+    ('dynamic', 'dynamic_least_request (tuned, in-process)')
     """
-    base = "dynamic" if policy == "dynamic" else "dynamic + least-request"
     notes = [n for n in (None if profile == "seed" else profile, "in-process" if in_process else None) if n]
-    return f"{base} ({', '.join(notes)})" if notes else base
+    return f"{policy} ({', '.join(notes)})" if notes else policy
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -402,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows[policy] = run_local(scenario, policy)
         print(f"{policy}: {rows[policy]['wall_s']} s", file=sys.stderr)
     workdir = Path(tempfile.mkdtemp(prefix="skewwatch-routing-"))
-    looped = [(policy, profile) for policy in ("dynamic", "least_request") for profile in profiles]
+    looped = [(policy, profile) for policy in CORRECTION_POLICIES for profile in profiles]
     with kafka(workdir) as bootstrap:
         for policy, profile in looped:
             name = row_name(policy, profile)

@@ -13,9 +13,10 @@ fast as the machine allows (or paced with ``--speed``), and sends what the fleet
 It always prints a summary (JSON on stdout): arrivals, finished, failed, throughput, fleet P99,
 and per replica its share of requests, P99 latency and mean GPU utilisation, with the two
 spreads of the seed's routing table (std across replicas of per-replica P99, in ms, and of mean
-utilisation, in percentage points). ``--policy dynamic`` closes the routing loop in-process with
-the pipeline's pure weights (:class:`~skewwatch.sim.loop.LocalWeightsLoop`), in lockstep on
-event time.
+utilisation, in percentage points). ``--policy dynamic`` (smooth weighted round robin) and
+``--policy dynamic_least_request`` (weighted least request) close the routing loop, in lockstep
+on event time, with the pipeline's pure weights in-process
+(:class:`~skewwatch.sim.loop.LocalWeightsLoop`) or the real worker's corrections (``--weights kafka``).
 
     skewwatch simulate --policy least_connections --load 0.8 --duration 3600 \\
         --inject slow_replica --replica r1 --at 600 --for 1200 --labels labels.json
@@ -48,7 +49,7 @@ from skewwatch.sim.faults import FAULT_KINDS, FaultError, write_labels
 from skewwatch.sim.fleet import FleetConfig, FleetSimulator, fleet_replicas
 from skewwatch.sim.generator import TrafficChunk, event_rows
 from skewwatch.sim.loop import LocalWeightsLoop
-from skewwatch.sim.router import POLICIES
+from skewwatch.sim.router import CORRECTION_POLICIES, POLICIES
 from skewwatch.sim.trace import ColumnMapping, TraceError, load_trace
 
 
@@ -99,7 +100,8 @@ def _jsonl_lines(chunk: TrafficChunk, requests_topic: str, telemetry_topic: str)
 @click.option("--models", default="llama-3-70b", show_default=True, help="Model names, comma separated.")
 @click.option("--replicas", default=4, show_default=True, type=click.IntRange(min=1), help="Replicas per model.")
 @click.option("--policy", type=click.Choice(POLICIES), default="round_robin", show_default=True,
-              help="Routing policy; 'dynamic' closes the loop with the pipeline's weights.")
+              help="Routing policy; 'dynamic' (smooth weighted round robin) and 'dynamic_least_request' "
+                   "(weighted least request) close the loop with the pipeline's weights.")
 @click.option("--load", default=0.8, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Target share of the fleet's estimated capacity.")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True),
@@ -133,7 +135,7 @@ def _jsonl_lines(chunk: TrafficChunk, requests_topic: str, telemetry_topic: str)
               help="Write messages as JSON lines to this file instead of Kafka.")
 @click.option("--weights", "weights_source", type=click.Choice(["local", "kafka"]), default="local",
               show_default=True,
-              help="dynamic policy: weights from the pure pipeline in-process, or from the real worker's "
+              help="dynamic policies: weights from the pure pipeline in-process, or from the real worker's "
                    "llm.routing-corrections in lockstep (needs Kafka; run the worker with "
                    "SKEWWATCH_DETECTORS__CORRECTIONS__HEARTBEAT_S=5 so it publishes every step).")
 @click.option("--corrections-topic", help="Routing corrections topic (default: config topics.routing_corrections).")
@@ -169,8 +171,9 @@ def simulate_command(models: str, replicas: int, policy: str, load: float, rate:
     if labels_path:
         model_of = {r: m for m, r in fleet_replicas(config)}
         write_labels(labels_path, [inj.label(start, model_of[inj.replica]) for inj in config.injections])
-    kafka_loop = policy == "dynamic" and weights_source == "kafka"
-    loop = LocalWeightsLoop() if policy == "dynamic" and not kafka_loop else None
+    closed = policy in CORRECTION_POLICIES
+    kafka_loop = closed and weights_source == "kafka"
+    loop = LocalWeightsLoop() if closed and not kafka_loop else None
     sim = FleetSimulator(config, start, duration, on_step=loop)
     requests_topic = topic or settings.topics.requests
     tel_topic = telemetry_topic or settings.topics.gpu_telemetry
@@ -244,7 +247,7 @@ def _produce(bootstrap: str, chunks: Iterable[TrafficChunk], requests_topic: str
 def _closed_loop(bootstrap: str, sim: FleetSimulator, *, chunks_seen: list[RequestColumns],
                  telemetry_seen: list[TelemetrySample], requests_topic: str, telemetry_topic: str | None,
                  corrections_topic: str, batch: int, lag: int, timeout: float) -> int:
-    """The dynamic policy through the real worker; returns the number of lockstep misses."""
+    """A dynamic policy through the real worker; returns the number of lockstep misses."""
     from skewwatch.sim.emit import TopicMissingError, TrafficProducer
     from skewwatch.sim.loop import KafkaCorrections, run_kafka_loop
 

@@ -1,7 +1,7 @@
 """The closed routing loop without Kafka: the pipeline's pure weights computed in-process.
 
-Issue 5's ``dynamic`` policy applies the weights the worker publishes on
-``llm.routing-corrections``, in lockstep on event time. The full loop runs the real worker on a
+Issue 5's ``dynamic`` policies (``dynamic``, ``dynamic_least_request``) apply the weights the
+worker publishes on ``llm.routing-corrections``, in lockstep on event time. The full loop runs the real worker on a
 real broker; this module is the same loop with the broker and worker replaced by the pure
 functions they run (:func:`skewwatch.pipeline.reference.reference_features` for the 60 s window,
 :func:`skewwatch.pipeline.weights.compute_weights` for the seed's formula), so a seeded closed

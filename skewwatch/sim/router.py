@@ -14,6 +14,15 @@ replica of a model's pool per arriving request:
   action expires, ``throttle`` halves its weight). Before the first correction, or when every
   weight of the pool is 0, it falls back to least connections and counts the fallback, so no
   request is dropped for want of a weight.
+- ``dynamic_least_request``: the same corrections (weights and actions, the same fallback),
+  applied as *weighted least request* (Envoy's and nginx's ``least_conn`` with weights): each
+  request goes to the replica with the fewest requests in flight per unit of weight,
+  ``argmin (in_flight + 1) / weight``, ties to the replica after the last one picked. The
+  weights (refreshed every 5 s step, from 60 s windows) say how much a replica should get; the
+  router's own in-flight counts say, between two corrections, whether it is keeping up. Smooth
+  weighted round robin keeps sending a replica its share whatever its queue, so a replica whose
+  scheduler stalls gets its share until the weights catch up (a minute or more); weighted least
+  request stops sending as soon as its queue stands out.
 
 Pure and deterministic: no clock (the caller passes event time), no randomness.
 
@@ -21,6 +30,10 @@ Pure and deterministic: no clock (the caller passes event time), no randomness.
 >>> r.apply_correction({"model": "m", "weights": {"a": 0.75, "b": 0.25}, "actions": []}, now=0.0)
 >>> "".join(["ab"[r.choose("m", ["a", "b"], [0, 0], now=1.0)] for _ in range(8)])
 'aabaaaba'
+>>> wlr = WeightedLeastRequestRouter()
+>>> wlr.apply_correction({"model": "m", "weights": {"a": 0.75, "b": 0.25}, "actions": []}, now=0.0)
+>>> wlr.choose("m", ["a", "b"], [2, 0], now=1.0), wlr.choose("m", ["a", "b"], [3, 0], now=1.0)
+(0, 1)
 >>> RoundRobinRouter().choose("m", ["a", "b"], [5, 0], now=0.0)
 0
 >>> LeastConnectionsRouter().choose("m", ["a", "b"], [5, 0], now=0.0)
@@ -33,7 +46,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-POLICIES = ("round_robin", "least_connections", "dynamic")
+POLICIES = ("round_robin", "least_connections", "dynamic", "dynamic_least_request")
+CORRECTION_POLICIES = ("dynamic", "dynamic_least_request")  # the routing loop is closed: they read corrections
 THROTTLE_FACTOR = 0.5  # a throttled replica keeps half its weight (seed §4.3: "throttle and retry")
 
 
@@ -123,6 +137,28 @@ class DynamicWeightRouter:
         return best
 
 
+class WeightedLeastRequestRouter(DynamicWeightRouter):
+    """The latest routing correction per model, applied as weighted least request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last: dict[str, int] = {}  # model -> index of the last pick, for rotating ties
+
+    def choose(self, model: str, pool: Sequence[str], inflight: Sequence[int], now: float) -> int:
+        weights = self.weights(model, pool, now)
+        if sum(weights) <= 0.0:
+            self.fallbacks += 1
+            return self._fallback.choose(model, pool, inflight, now)
+        n = len(pool)
+        start = (self._last.get(model, -1) + 1) % n
+        # ties rotate like least connections, so equal replicas at equal load share evenly
+        best_k = min((k for k in range(n) if weights[(start + k) % n] > 0.0),
+                     key=lambda k: ((inflight[(start + k) % n] + 1) / weights[(start + k) % n], k))
+        picked = (start + best_k) % n
+        self._last[model] = picked
+        return picked
+
+
 def make_router(policy: str) -> RoundRobinRouter | LeastConnectionsRouter | DynamicWeightRouter:
     if policy == "round_robin":
         return RoundRobinRouter()
@@ -130,4 +166,6 @@ def make_router(policy: str) -> RoundRobinRouter | LeastConnectionsRouter | Dyna
         return LeastConnectionsRouter()
     if policy == "dynamic":
         return DynamicWeightRouter()
+    if policy == "dynamic_least_request":
+        return WeightedLeastRequestRouter()
     raise ValueError(f"unknown routing policy {policy!r} (known: {', '.join(POLICIES)})")

@@ -43,3 +43,13 @@ def test_simulate_refuses_an_unknown_replica() -> None:
     result = CliRunner().invoke(simulate_command, ["--replicas", "2", "--inject", "slow_replica",
                                                    "--replica", "r5", "--output", "/dev/null"])
     assert result.exit_code != 0 and "no replica 'r5'" in result.output
+
+
+def test_simulate_closes_the_loop_in_process_under_both_dynamic_policies() -> None:
+    for policy in ("dynamic", "dynamic_least_request"):
+        result = CliRunner().invoke(simulate_command, ["--replicas", "2", "--duration", "30", "--start-ts", str(T0),
+                                                       "--policy", policy], env={"KAFKA_BOOTSTRAP": ""})
+        assert result.exit_code == 0, result.output
+        report = orjson.loads(result.stdout)
+        # only the first 5 s step routes without a correction (least connections, counted)
+        assert report["policy"] == policy and 0 < report["fallbacks"] < report["arrivals"] / 3
