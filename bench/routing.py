@@ -179,6 +179,10 @@ def routing_metrics(requests: RequestColumns, telemetry: Sequence[TelemetrySampl
         "requests": len(cols),
         "p99_deviation_ms": _std(p99s),
         "p99_range_ms": (max(p99s) - min(p99s)) if p99s else None,
+        # which replica the deviation comes from: the same std with each replica left out
+        "p99_deviation_without_ms": {name: _std([p["latency_p99_ms"] for other, p in per.items()
+                                                 if other != name and p["latency_p99_ms"] is not None])
+                                     for name in names},
         "p99_deviation_per_step_ms": _series_stats(step_p99_spread),
         "utilization_spread_pp": _std(utils),
         "utilization_spread_per_step_pp": _series_stats(step_util_spread),
@@ -316,6 +320,17 @@ def table(rows: dict[str, dict[str, Any]], faulty: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def breakdown(rows: dict[str, dict[str, Any]], faulty: Sequence[str]) -> str:
+    """Where each row's P99 deviation comes from: each faulty replica's P99, and the deviation without it."""
+    lines = ["| policy | " + " | ".join(f"{f}: P99 (ms) / deviation without it" for f in faulty) + " |",
+             "|---|" + "---:|" * len(faulty)]
+    for name, r in rows.items():
+        cells = [f"{r['replicas'][f]['latency_p99_ms']:,.0f} / {_ms(r['p99_deviation_without_ms'].get(f))}"
+                 if r["replicas"].get(f, {}).get("latency_p99_ms") is not None else "—" for f in faulty]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot(rows: dict[str, dict[str, Any]], scenario: Scenario, path: Path) -> None:
     """Per-step P99 spread and utilisation spread over time, one line per policy."""
     import matplotlib
@@ -388,6 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows[row_name(policy, profile, in_process=True)] = run_local(scenario, policy, profile)
     faulty = sorted({inj.replica for inj in scenario.injections()}, key=lambda r: int(r[1:]))
     print(table(rows, faulty))
+    print()
+    print(breakdown(rows, faulty))
     out = {"machine": machine(), "wall_s": round(time.monotonic() - began, 1),
            "scenario": {"trace": "conv", "replicas": scenario.replicas, "load": scenario.load, "seed": scenario.seed,
                         "run_s": scenario.run_s, "warmup_s": scenario.warmup_s,
