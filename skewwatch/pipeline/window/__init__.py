@@ -1,6 +1,10 @@
 """Sliding 60 s / 5 s event-time windows per (model, replica), kept as 12 five-second buckets.
 
-Implements issue 2 "Windows" and DESIGN.md "Topology, state and recovery" (stage 1):
+Implements issue 2 "Windows" and DESIGN.md "Topology, state and recovery" (stage 1), vectorised
+across replicas (issue 6). Modules: ``partition.py`` (the columnar state, ``apply``, ``close_steps``),
+``steps.py`` (what a step returns: ``StepBatch`` columns, per-replica ``ReplicaStep`` on demand),
+``summary.py`` (``WindowSummary``, the stage 1 -> 2 hand-off, and the feature definitions),
+``snapshot.py`` (checkpoint bytes).
 
 * **Event time, watermark, lateness.** Each Kafka partition has one :class:`PartitionWindows`.
   Its watermark is ``max event ts seen - allowed_lateness_s`` (never moving back). A bucket
@@ -9,22 +13,26 @@ Implements issue 2 "Windows" and DESIGN.md "Topology, state and recovery" (stage
   counted (:attr:`PartitionWindows.late_total`), not folded in. Events far in the future are
   accepted and simply push the watermark ahead (a producer with a fast clock therefore closes
   steps early for the whole partition; the events themselves are not rejected here).
-* **Buckets, not Faust windowed tables.** Per key: a ring of ``length_s / step_s`` (= 12) sealed
-  buckets plus the few *open* buckets still collecting events (usually 1-2: the watermark trails by
-  the allowed lateness). Each bucket holds counts, Welford moments, sums and sparse sketches.
-  The window keeps a dense running :class:`~skewwatch.pipeline.sketch.SketchTotal` per sketch: a
-  step *adds* the newly sealed bucket and *subtracts* the one that fell out, instead of
-  re-merging 12 buckets. (Buckets enter the total when sealed, not on insert, so a bucket still
-  open for late-ish events never leaks into an earlier window's quantiles.)
-* **Silence is visible.** Every closed step emits one :class:`ReplicaStep` for *every* known key,
-  with ``count == 0`` for a silent replica; a key is released once it has had no event for
-  ``max(idle_release_s, length_s)`` seconds (never while it still has data in the window).
+* **Buckets, not Faust windowed tables, as columns.** Per key: a ring of ``length_s / step_s``
+  (= 12) sealed buckets plus the few *open* buckets still collecting events (usually 1-2: the
+  watermark trails by the allowed lateness). Each bucket holds counts, Welford moments, sums and
+  sparse sketches. A partition keeps all its keys' buckets in a few arrays, one row per key
+  (``partition.py``), and a dense running sketch total per row: a step *adds* the newly sealed
+  bucket and *subtracts* the one that fell out, instead of re-merging 12 buckets. (Buckets enter
+  the total when sealed, not on insert, so a bucket still open for late-ish events never leaks
+  into an earlier window's quantiles.)
+* **Silence is visible.** Every closed step reports *every* known key (one :class:`StepBatch` row,
+  one :class:`ReplicaStep` when iterated), with ``count == 0`` for a silent replica; a key is
+  released after the step once it has had no event for ``max(idle_release_s, length_s)`` seconds
+  (so at most an event exactly at the window's start goes with it; its row is reused clean).
 * **Vectorised hot path.** :meth:`PartitionWindows.apply` groups a whole decoded batch by
-  (key, bucket) once and computes every per-group statistic with ``np.bincount``/``np.unique``;
-  only the merge into each touched bucket is a Python loop, over groups, not events.
+  (key, bucket) once and computes every per-group statistic with ``np.bincount``/``np.unique``,
+  then merges them into the open buckets' rows at once (a loop over the batch's 1-2 bucket ids).
+  :meth:`PartitionWindows.close_steps` merges every key's 12 buckets (Chan) and finds every key's
+  quantiles in whole-array operations; the per-replica objects are built only when iterated.
 * **State survives restarts.** :meth:`PartitionWindows.snapshot` / :meth:`PartitionWindows.restore`
-  give compact bytes (zlib-compressed JSON, numpy arrays as base64; never pickle: it is read back
-  from Kafka) that the worker stores with the input offset it covers.
+  give compact bytes (zlib-compressed columns; never pickle: they are read back from Kafka) that the
+  worker stores with the input offset it covers.
 
 * **Unknown batch sizes** (contract v1.1: OTLP spans carry none). The batch moments are kept over
   the rows that *have* a batch size only (``batch_fill`` over rows with size and capacity), with
