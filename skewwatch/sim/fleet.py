@@ -78,7 +78,7 @@ class FleetConfig:
     models: tuple[str, ...] = ("llama-3-70b",)
     replicas: int = 4  # per model
     replica_prefix: str = "r"
-    policy: str = "round_robin"  # round_robin | least_connections | dynamic
+    policy: str = "round_robin"  # round_robin | least_connections | dynamic | dynamic_least_request
     # -- engine (per replica)
     max_batch: int = 32  # batch_capacity: max running sequences
     kv_capacity_tokens: int = 52_000  # ~8 GiB of FP8 KV at 160 KiB/token (80 layers x 8 KV heads x 128 x 2)
@@ -526,7 +526,8 @@ class FleetSimulator:
                 "fallbacks": router.fallbacks if isinstance(router, DynamicWeightRouter) else 0}
 
     def apply_correction(self, record: Mapping[str, Any], now: float) -> None:
-        """Hand a routing-corrections record to the router (``dynamic`` policy only)."""
+        """Hand a routing-corrections record to the router (the ``dynamic`` policies only)."""
         if not isinstance(self.router, DynamicWeightRouter):
-            raise ValueError(f"routing corrections need policy 'dynamic', not {self.config.policy!r}")
+            raise ValueError(f"routing corrections need policy 'dynamic' or 'dynamic_least_request', "
+                             f"not {self.config.policy!r}")
         self.router.apply_correction(record, now)
