@@ -115,3 +115,24 @@ def test_sketch_total_adds_subtracts_and_trims() -> None:
     assert total.count == 0 and total.counts.size == 0 and total.sparse().shape == (2, 0)
     with pytest.raises(ValueError):
         total.subtract(a)
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 40), width=st.integers(1, 60),
+       density=st.sampled_from([0.0, 0.05, 0.5, 1.0]))
+def test_row_quantiles_equal_the_per_sketch_quantiles(seed: int, rows: int, width: int, density: float) -> None:
+    """The vectorised per-row quantiles are bit-identical to quantile() on each row (NaN when empty)."""
+    rng = np.random.default_rng(seed)
+    bins = log_bins(ALPHA)
+    offset = int(rng.integers(0, bins.n_slots - width))
+    counts = (rng.random((rows, width)) < density) * rng.integers(1, 1000, (rows, width))
+    counts = counts.astype(np.int32)
+    qs = [0.0, 0.5, 0.95, 0.99, 1.0]
+    got = bins.row_quantiles(counts, offset, qs)
+    for r in range(rows):
+        want = bins.quantile(counts[r], qs, slots=np.arange(offset, offset + width))
+        if want is None:
+            assert np.isnan(got[r]).all()
+        else:
+            assert got[r].tolist() == want
+    assert bins.row_quantiles(np.zeros((3, 0), np.int32), 0, qs).shape == (3, len(qs))
