@@ -446,6 +446,10 @@ class PartitionWindows:
         every key's window."""
         settings = self.settings
         position = bucket_id % self.n_buckets
+        # keys added in order and none released yet: rows are 0..k-1, and slices (views) replace
+        # the gathers of every row's arrays
+        in_order = bool(rows.size) and rows[-1] == rows.size - 1 and bool(np.all(np.diff(rows) == 1))
+        select: slice | npt.NDArray[np.intp] = slice(0, rows.size) if in_order else rows
         self._add_sealed(self._ring[position], -1)
         entering = self._open.pop(bucket_id, None)
         cuda: dict[int, dict[str, int]] = {}
@@ -457,20 +461,21 @@ class PartitionWindows:
             self._stats[position] = entering.stats
             sealed = self._ring[position] = split_entries(entering.sketch(2 * self.bins.n_slots), self.bins.n_slots)
             self._add_sealed(sealed, +1)
-            step_count = entering.stats[rows, _COUNT].astype(np.int64)
+            step_count = entering.stats[select, _COUNT].astype(np.int64)
             if entering.cuda_errors:
                 index_of_row = dict(zip(rows.tolist(), range(rows.size), strict=True))
                 cuda = {index_of_row[row]: dict(errors) for row, errors in entering.cuda_errors.items()}
         self._latency.trim()
         self._ttft.trim()
-        latency = self._latency.counts[rows]
-        ttft = self._ttft.counts[rows]
+        # copies (a slice is copied too): the totals move on with the next step, the batch keeps these
+        latency = self._latency.counts[select].copy() if in_order else self._latency.counts[select]
+        ttft = self._ttft.counts[select].copy() if in_order else self._ttft.counts[select]
         return StepBatch(
             window_end=(bucket_id + 1) * settings.step_s,
             length_s=settings.length_s,
             relative_accuracy=settings.sketch_relative_accuracy,
             keys=keys,
-            stats=window_stats(self._stats[:, rows]),
+            stats=window_stats(self._stats[:, select]),
             step_count=step_count,
             step_cuda_errors=cuda,
             latency_q=self.bins.row_quantiles(latency, self._latency.offset, LATENCY_QUANTILES),
