@@ -141,6 +141,24 @@ def test_stuck_rule_fires_on_a_queue_beside_a_small_batch_with_memory_to_spare()
     assert out.actions[0].action == "adjust_batch_policy"
 
 
+def test_throttle_option_asks_the_router_to_throttle_while_the_alert_is_open() -> None:
+    import dataclasses
+
+    plain = BatchCollapseDetector(STUCK).update(fv(60.0, 0.5, 0.3), tel(60.0, queue=30, running=2), 60.0)
+    assert [a.action for a in plain.actions] == ["adjust_batch_policy"]  # off by default
+    det = BatchCollapseDetector(dataclasses.replace(STUCK, throttle=True))
+    out = det.update(fv(60.0, 0.5, 0.3), tel(60.0, queue=30, running=2), 60.0)
+    assert [a.action for a in out.actions] == ["adjust_batch_policy", "throttle"]
+    throttle = out.actions[1]
+    assert throttle.replica == "r1" and throttle.params == {} and throttle.severity == out.alerts[0].severity
+    # the scheduler recovers: once the alert resolves, neither action is sent
+    t = 60.0
+    while det.open_alerts():
+        t += 5.0
+        out = det.update(fv(t, 0.5, 0.3), tel(t, queue=0, running=20), t)
+    assert out.alerts[-1].state == "resolved" and out.actions == []
+
+
 def test_stuck_rule_is_off_by_default_and_the_seed_rule_is_unchanged() -> None:
     det = BatchCollapseDetector()
     assert not det.update(fv(60.0, 0.5, 0.05), tel(60.0, queue=300, running=1), 60.0).alerts

@@ -517,6 +517,7 @@ class ThresholdDetector(Detector):
         self._state: dict[str, _KeyState] = {}
         # rule_meta depends on the (frozen) config only: computed once per rule, not per key and step
         self._meta: dict[str, tuple[Severity, str | None, str]] = {}
+        self._routing: dict[str, tuple[str, ...]] = {}  # rule -> routing_actions(rule), cached likewise
 
     # --- what subclasses provide
 
@@ -530,6 +531,12 @@ class ThresholdDetector(Detector):
     @abstractmethod
     def rule_meta(self, rule: str) -> tuple[Severity, str | None, str]:
         """(severity, action name or None, stable reason) of a rule."""
+
+    def routing_actions(self, rule: str) -> tuple[str, ...]:
+        """Router actions (``throttle``, ``isolate``, ``drain``) sent beside the rule's own action
+        while its alert is open, without params. Default none: a detector's action is for the
+        engine or the operator, and only health moves traffic."""
+        return ()
 
     remembers: ClassVar[bool] = False  # True: evaluate() keeps memory every step (see remember)
 
@@ -621,6 +628,9 @@ class ThresholdDetector(Detector):
             if meta is None:
                 meta = self._meta[rule] = self.rule_meta(rule)
             severity, action, reason = meta
+            routing = self._routing.get(rule)
+            if routing is None:
+                routing = self._routing[rule] = self.routing_actions(rule)
             if transition == "open":
                 alerts.append(self._alert(fv, now, severity, "open", finding.message, finding.evidence, rule))
             elif transition == "resolve":
@@ -639,6 +649,12 @@ class ThresholdDetector(Detector):
                         params=dict(rule_state.params or {}),
                         expires_at=now + cfg.action_ttl_s,
                     )
+                )
+            if hysteresis.is_open and routing and fv.replica is not None:
+                actions.extend(
+                    Action(replica=fv.replica, action=name, severity=severity, reason=reason, params={},
+                           expires_at=now + cfg.action_ttl_s)
+                    for name in routing
                 )
 
     def _alert(

@@ -21,6 +21,12 @@ step; without telemetry it falls back to the window's ``queue_length_mean`` and
 fit a scheduler stuck at 1-2 (its batches barely vary) and holds on healthy replicas at low load
 and on long prompts; ``seed_rule = false`` leaves the judgement to the stuck rule.
 
+**Option ``throttle``** (ours, off by default; on in the tuned profile): while the alert is open,
+a ``throttle`` action for the router goes beside ``adjust_batch_policy``. A collapsed scheduler
+serves a fraction of its share, and until the engine takes the new batch policy what it cannot
+admit only waits in its queue; weights from 60 s windows of *finished* requests notice that a
+window late (the routing benchmark in the README measures the difference).
+
 The action ``adjust_batch_policy`` sends ``params.max_batch_size`` from the seed's §4.2
 controller (:mod:`skewwatch.pipeline.batch_controller`): queue length from the window's mean
 ``queue_length`` (else the engine's telemetry, else the window's mean batch size, so the
@@ -87,6 +93,8 @@ class BatchCollapseConfig(DetectorConfig):
     stuck_fill_max: float = 0.4  # running batch / batch capacity
     stuck_kv_room: float = 4.0  # KV free for fewer requests (of the running ones' mean size): KV limits the batch
     stuck_fragmentation_max: float = 0.4  # above: fragmentation limits it (kv_pressure's seed bound)
+    # ours, off by default: while the alert is open also ask the router to ``throttle`` the replica
+    throttle: bool = False
 
     section: ClassVar[str] = "batch_collapse"
 
@@ -130,6 +138,9 @@ class BatchCollapseDetector(ThresholdDetector):
             rules.append(f"queue >= {cfg.stuck_queue_min:g} with running batch < {cfg.stuck_fill_max:.0%}")
         reason = "batch collapse: " + ", or ".join(rules)
         return Severity.CRITICAL, "adjust_batch_policy", reason
+
+    def routing_actions(self, rule: str) -> tuple[str, ...]:
+        return ("throttle",) if self.config.throttle else ()
 
     def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_] | None:
         """The seed rule over the step's replicas as columns (None, i.e. evaluate each, with
