@@ -24,6 +24,9 @@ class WorkerMetrics:
                             "Events whose 5 s bucket had already closed (counted, not applied)", registry=r)
         self.telemetry_in = Counter("skewwatch_telemetry_samples_total", "GPU telemetry samples accepted",
                                     registry=r)
+        self.telemetry_held = Gauge("skewwatch_telemetry_held",
+                                    "Telemetry samples held back (more than [window] telemetry_ahead_s ahead of "
+                                    "the requests' watermark; their partitions are paused)", registry=r)
         self.consumer_lag = Gauge("skewwatch_consumer_lag", "Messages behind the end of the partition",
                                   ["topic", "partition"], registry=r)
         self.step_duration = Histogram("skewwatch_step_duration_seconds",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import struct
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from skewwatch.pipeline.decide import DetectorSettings
 from skewwatch.pipeline.derived_batch import derive_batch
 from skewwatch.pipeline.events import RequestColumns
 from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.pipeline.telemetry_flow import TelemetryFlow
 from skewwatch.pipeline.telemetry_join import TelemetryJoin
 from skewwatch.pipeline.window import ClosedSteps, PartitionWindows
 from skewwatch.schemas.dead_letter import dead_letter_record
@@ -86,6 +88,10 @@ class RequestStage:
         # is not checkpointed. Stale after the decider's telemetry_max_age_s (3 intervals, 15 s).
         self.telemetry = TelemetryJoin()
         self.telemetry_stale_s = DetectorSettings.from_overrides(settings.detectors).weights.telemetry_max_age_s
+        # telemetry read too far ahead of the requests is held and its partition paused (a backlog of
+        # telemetry would push the samples the next steps need out of the join's history)
+        self.telemetry_flow = TelemetryFlow[TelemetrySample](settings.window.telemetry_ahead_s)
+        self._telemetry_released_at: float | None = None  # watermark of the last release_idle
         self.checkpoints = CheckpointStore(producer, bootstrap, settings.topics.checkpoints, self.stage)
         self.consumer: AIOKafkaConsumer | None = None
         self._lock = asyncio.Lock()
@@ -153,6 +159,8 @@ class RequestStage:
                 if tp.topic == self.settings.topics.requests:
                     # the last checkpoint plus a replay rebuilds it wherever it is assigned next
                     self.partitions.pop(tp.partition, None)
+                elif tp.topic == self.settings.topics.gpu_telemetry:
+                    self.telemetry_flow.forget(tp.partition)  # re-read wherever it is assigned next
 
     # -- hot path --------------------------------------------------------------------------
     async def _process(self, batches: dict[TopicPartition, list[Any]]) -> None:
@@ -170,18 +178,27 @@ class RequestStage:
                 continue
             # one vectorised decode per poll of the partition, whatever the message sizes
             decoded = decode_request_messages([m.value for m in messages], self.settings.limits)
-            for message, rejects in zip(messages, decoded.rejects, strict=True):
-                if rejects:
-                    await self._dead_letter(tp, message, rejects)
-            if len(decoded.columns):
+            for index, rejects in decoded.rejects.rejected.items():
+                await self._dead_letter(tp, messages[index], rejects)
+            # A catch-up poll can cover minutes of event time: it is applied in event-time slices, each
+            # with the telemetry of its time and its steps closed before the next slice's telemetry is
+            # joined (the join keeps a bounded history). The same events, the same steps; a checkpoint
+            # only at the end of the poll, where the state matches an input offset.
+            closed = False
+            slices = decoded.columns.time_slices(self.settings.window.telemetry_ahead_s / 2)
+            for part in slices if len(decoded.columns) else ():
+                self._release_telemetry(tp.partition, float(part.ts.max()))
                 # contract v1.1: events without a batch size (OTLP) get one from telemetry, marked derived
-                result = state.windows.apply(self._derive_batch(decoded.columns))
+                result = state.windows.apply(self._derive_batch(part))
                 self.metrics.events_in.inc(result.accepted)
                 if result.late:
                     self.metrics.late.inc(result.late)
+                if len(slices) > 1:
+                    closed |= await self._close_steps(tp, state, checkpoint=False)
             state.next_offset = messages[-1].offset + 1
             state.last_input_wall = time.monotonic()
-            await self._close_steps(tp, state)
+            await self._close_steps(tp, state, checkpoint_anyway=closed)
+        await self._flow_telemetry()
 
     def _derive_batch(self, columns: RequestColumns) -> RequestColumns:
         """Fill unknown batch sizes from the replica's telemetry as of each event's time (running
@@ -200,13 +217,72 @@ class RequestStage:
         return out.columns
 
     async def _process_telemetry(self, tp: TopicPartition, messages: list[Any]) -> None:
+        samples: list[tuple[float, TelemetrySample]] = []
         for message in messages:
             decoded = decode_telemetry(message.value)
             if isinstance(decoded, TelemetrySample):
-                self.telemetry.add(decoded)
+                samples.append((decoded.ts, decoded))
                 self.metrics.telemetry_in.inc()
             else:
                 await self._dead_letter(tp, message, [decoded])
+        for sample in self.telemetry_flow.offer(tp.partition, samples, self._requests_watermark(tp.partition)):
+            self.telemetry.add(sample)
+
+    def _requests_watermark(self, partition: int) -> float | None:
+        """The requests' watermark telemetry partition ``partition`` is held against: request partition
+        ``partition``'s (both topics are keyed by replica: same partition, same replicas), else the
+        slowest known one. Before any request: -inf (hold everything) for ``partition_idle_s`` after the
+        partition was assigned, as requests may simply not have been fetched yet; then None (hold
+        nothing: telemetry alone must not stall)."""
+        state = self.partitions.get(partition)
+        same = self._same_partitioning()
+        if state is not None and same:
+            if state.windows.watermark is not None:
+                return state.windows.watermark
+            if time.monotonic() - state.last_input_wall < self.settings.window.partition_idle_s:
+                return -math.inf
+        known = [s.windows.watermark for s in self.partitions.values() if s.windows.watermark is not None]
+        return min(known) if known else None
+
+    def _same_partitioning(self) -> bool:
+        if self.consumer is None:
+            return False
+        topics = self.settings.topics
+        requests = self.consumer.partitions_for_topic(topics.requests)
+        return bool(requests) and requests == self.consumer.partitions_for_topic(topics.gpu_telemetry)
+
+    def _release_telemetry(self, partition: int, up_to: float | None = None) -> None:
+        """Join what telemetry partition ``partition`` held that the requests have now come within
+        reach of (``up_to``: a poll's newest event time, else the requests' watermark)."""
+        if not self.telemetry_flow.held:
+            return
+        watermark = self._requests_watermark(partition)
+        if up_to is not None and self._same_partitioning():
+            watermark = up_to if watermark is None else max(watermark, up_to)
+        for sample in self.telemetry_flow.release(partition, watermark):
+            self.telemetry.add(sample)
+
+    async def _flow_telemetry(self) -> None:
+        """Release held telemetry, pause/resume telemetry partitions, and drop replicas that left."""
+        for partition in list(self.telemetry_flow.held):
+            self._release_telemetry(partition)
+        pause, resume = self.telemetry_flow.pause_resume()
+        if self.consumer is not None and (pause or resume):
+            topic = self.settings.topics.gpu_telemetry
+            assigned = self.consumer.assignment()
+            if pause_tps := [tp for p in pause if (tp := TopicPartition(topic, p)) in assigned]:
+                self.consumer.pause(*pause_tps)
+            if resume_tps := [tp for p in resume if (tp := TopicPartition(topic, p)) in assigned]:
+                self.consumer.resume(*resume_tps)
+        self.metrics.telemetry_held.set(len(self.telemetry_flow))
+        # replicas with no sample for retain_s of event time (they left the fleet) are released
+        known = [s.windows.watermark for s in self.partitions.values() if s.windows.watermark is not None]
+        if known:
+            slowest = min(known)
+            released_at = self._telemetry_released_at
+            if released_at is None or slowest - released_at >= self.settings.window.step_s:
+                self.telemetry.release_idle(now=slowest)
+                self._telemetry_released_at = slowest
 
     async def _dead_letter(self, tp: TopicPartition, message: Any, rejects: list[Rejection]) -> None:
         for reject in rejects:
@@ -228,23 +304,27 @@ class RequestStage:
                 state.windows.advance_watermark(leader)
                 await self._close_steps(TopicPartition(self.settings.topics.requests, partition), state)
 
-    async def _close_steps(self, tp: TopicPartition, state: PartitionState) -> None:
+    async def _close_steps(self, tp: TopicPartition, state: PartitionState, *, checkpoint: bool = True,
+                           checkpoint_anyway: bool = False) -> bool:
+        """Close, publish and (``checkpoint``) checkpoint the steps the watermark allows; True if any
+        closed. ``checkpoint_anyway``: steps were closed since the last checkpoint."""
         started = time.perf_counter()
         steps = state.windows.close_steps()
         if state.windows.watermark is not None:
             self.metrics.watermark.labels(str(tp.partition)).set(state.windows.watermark)
         progress = self._progress(state)
-        if not steps and progress == state.announced_end:
-            return
+        if not steps and progress == state.announced_end and not checkpoint_anyway:
+            return False
         await self._publish_steps(steps)
         if progress is not None and progress != state.announced_end:
             await self._announce_progress(tp.partition, progress)
             state.announced_end = progress
-        if steps and state.next_offset is not None:
+        if checkpoint and (steps or checkpoint_anyway) and state.next_offset is not None:
             await self.checkpoints.write(tp.topic, tp.partition, state.next_offset, encode_snapshot(state))
             self.metrics.checkpoints.labels(self.stage).inc()
             self._to_commit[tp] = state.next_offset
         self.metrics.step_duration.labels(self.stage).observe(time.perf_counter() - started)
+        return bool(steps)
 
     def _progress(self, state: PartitionState) -> float | None:
         """End of the newest step this partition has closed (for stage 2's completion rule)."""

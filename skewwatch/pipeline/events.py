@@ -153,6 +153,32 @@ class RequestColumns:
         """The rows selected by an index or mask, as a new batch."""
         return RequestColumns(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
+    def time_slices(self, span_s: float) -> list[RequestColumns]:
+        """The rows in event-time order, cut into consecutive slices of at most ``span_s`` each.
+
+        One slice (this batch, unsorted) when the whole batch spans ``span_s`` or less. Stage 1
+        cuts a catch-up poll that covers minutes of event time this way, so that the telemetry and
+        the steps of each slice are joined in turn rather than all at once.
+
+        >>> cols = RequestColumns.from_rows([dict(model="m", replica="r", ts=t, latency_ms=1.0,
+        ...     prompt_tokens=1, completion_tokens=1) for t in (70.0, 10.0, 30.0, 12.0)])
+        >>> [part.ts.tolist() for part in cols.time_slices(30.0)]
+        [[10.0, 12.0, 30.0], [70.0]]
+        """
+        if len(self) == 0 or float(self.ts.max() - self.ts.min()) <= span_s:
+            return [self]
+        order = np.argsort(self.ts, kind="stable")
+        ts = self.ts[order]
+        cuts = []
+        start = float(ts[0])
+        while True:
+            cut = int(np.searchsorted(ts, start + span_s, side="right"))
+            if cut >= len(ts):
+                break
+            cuts.append(cut)
+            start = float(ts[cut])
+        return [self.take(part) for part in np.split(order, cuts)]
+
     @staticmethod
     def concat(parts: list[RequestColumns]) -> RequestColumns:
         if not parts:

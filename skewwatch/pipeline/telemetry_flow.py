@@ -11,8 +11,9 @@ and those steps would see their telemetry as stale.
 time past the requests' watermark is *held* (in partition order) instead of joined, and its
 partition is paused while it holds anything, so at most one fetch per partition waits in memory;
 held samples are released to the join as the watermark comes within reach, and the partition is
-resumed once it holds nothing. Until a request has been seen (no watermark) nothing is held:
-telemetry alone must not stall.
+resumed once it holds nothing. Telemetry and requests are both keyed by replica, so telemetry
+partition p carries the replicas of request partition p, and p's samples wait for p's watermark.
+Until a request has been seen (no watermark) nothing is held: telemetry alone must not stall.
 
 Pure: the caller applies the pause/resume sets with the consumer's ``pause``/``resume``.
 
@@ -21,7 +22,7 @@ Pure: the caller applies the pause/resume sets with the consumer's ``pause``/``r
 ['a']
 >>> flow.pause_resume()
 (frozenset({0}), frozenset())
->>> flow.release(watermark=995.0)
+>>> flow.release(0, watermark=995.0)
 ['b']
 >>> flow.pause_resume()
 (frozenset(), frozenset({0}))
@@ -61,12 +62,10 @@ class TelemetryFlow(Generic[Sample]):
         queue.extend(samples)
         return self._drain(partition, queue, watermark)
 
-    def release(self, watermark: float | None) -> list[Sample]:
-        """Held samples now within ``ahead_s`` of ``watermark`` (every partition, in read order)."""
-        out: list[Sample] = []
-        for partition, queue in list(self.held.items()):
-            out.extend(self._drain(partition, queue, watermark))
-        return out
+    def release(self, partition: int, watermark: float | None) -> list[Sample]:
+        """Samples held for ``partition`` that are now within ``ahead_s`` of ``watermark``, in read order."""
+        queue = self.held.get(partition)
+        return self._drain(partition, queue, watermark) if queue is not None else []
 
     def forget(self, partition: int) -> None:
         """The partition was revoked: what it held goes with it (re-read wherever it is assigned)."""

@@ -19,7 +19,7 @@ def test_samples_within_reach_pass_and_the_rest_wait_in_order() -> None:
     # requests catch up step by step: each step releases what came within reach, in read order
     released: list[int] = []
     for watermark in range(105, 600, 5):
-        released += flow.release(float(watermark))
+        released += flow.release(3, float(watermark))
     assert joined + released == [s for _, s in samples]
     assert len(flow) == 0
     assert flow.pause_resume() == (frozenset(), frozenset({3}))
@@ -29,7 +29,7 @@ def test_order_is_kept_behind_a_held_sample() -> None:
     flow = TelemetryFlow[str](ahead_s=10.0)
     # "late" is within reach but was read after a held sample: it waits, so the join sees read order
     assert flow.offer(0, [(100.0, "ahead"), (50.0, "late")], watermark=50.0) == []
-    assert flow.release(90.0) == ["ahead", "late"]
+    assert flow.release(0, 90.0) == ["ahead", "late"]
 
 
 def test_without_a_watermark_nothing_is_held() -> None:
@@ -45,7 +45,8 @@ def test_partitions_are_independent_and_forget_drops_a_revoked_one() -> None:
     assert flow.pause_resume() == (frozenset({0, 1}), frozenset())
     flow.forget(0)
     assert len(flow) == 1
-    assert flow.release(450.0) == [3]
+    assert flow.release(0, 450.0) == []  # forgotten
+    assert flow.release(1, 450.0) == [3]
     assert flow.pause_resume() == (frozenset(), frozenset({1}))  # 0 is gone, not resumed
 
 
