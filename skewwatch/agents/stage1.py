@@ -356,7 +356,7 @@ class RequestStage:
                                                     value=encode_features(fv)))
             # merged as of the step's end: per-GPU worst, per-source fields, only fresh ones
             sample, _, stale = self.telemetry.view(fv.replica or "", fv.window_end, self.telemetry_stale_s)
-            body = {"summary": step.summary.to_dict(), "features": fv.to_dict(),
+            body = {"summary": step.summary.to_dict(), "features": fv,  # orjson writes the dataclass
                     "telemetry": sample.to_dict() if sample is not None else None,
                     "telemetry_stale": stale}
             pending.append(await self.producer.send(topics.replica_steps, key=fv.model.encode(),

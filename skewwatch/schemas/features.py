@@ -13,9 +13,6 @@ and a consumer must not mistake "no data" for a number). The key is ``FeatureVec
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import orjson
 
 from skewwatch.pipeline.features import FeatureVector
@@ -23,18 +20,10 @@ from skewwatch.pipeline.features import FeatureVector
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS  # numpy scalars; int cuda codes as keys
 
 
-def _finite_or_none(value: Any) -> Any:
-    # orjson would write NaN/inf as null anyway; doing it here keeps the decoded vector equal to
-    # what consumers see, and covers numpy floats too.
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def encode_features(fv: FeatureVector) -> bytes:
     """The ``llm.features`` value of one feature vector (UTF-8 JSON, NaN/inf never emitted)."""
-    record = {name: _finite_or_none(value) for name, value in fv.to_dict().items()}
-    return orjson.dumps(record, option=_OPTIONS)
+    # orjson serialises the dataclass itself (no intermediate dict) and writes NaN/inf as null
+    return orjson.dumps(fv, option=_OPTIONS)
 
 
 def decode_features(value: bytes) -> FeatureVector:
