@@ -27,6 +27,9 @@ class WorkerMetrics:
         self.telemetry_held = Gauge("skewwatch_telemetry_held",
                                     "Telemetry samples held back (more than [window] telemetry_ahead_s ahead of "
                                     "the requests' watermark; their partitions are paused)", registry=r)
+        self.steps_forced = Counter("skewwatch_model_steps_forced_total",
+                                    "Per-model steps stage 2 released before every input partition reported, "
+                                    "because it held too many replica steps (memory bound)", registry=r)
         self.consumer_lag = Gauge("skewwatch_consumer_lag", "Messages behind the end of the partition",
                                   ["topic", "partition"], registry=r)
         self.step_duration = Histogram("skewwatch_step_duration_seconds",

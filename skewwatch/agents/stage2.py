@@ -175,6 +175,7 @@ class ModelStage:
         topics = self.settings.topics
         inputs = [ReplicaStepInput.from_body(orjson.loads(raw)) for raw in step.payloads.values()]
         if not step.complete:
+            self.metrics.steps_forced.inc()
             log.warning("stage 2 holds more than %d replica steps: released %s@%s before every input "
                         "partition reported (%d replica summaries)", state.assembler.max_pending,
                         step.model, step.window_end, len(inputs))
