@@ -241,8 +241,12 @@ class RequestStage:
                 return state.windows.watermark
             if time.monotonic() - state.last_input_wall < self.settings.window.partition_idle_s:
                 return -math.inf
-        known = [s.windows.watermark for s in self.partitions.values() if s.windows.watermark is not None]
+        known = self._known_watermarks()
         return min(known) if known else None
+
+    def _known_watermarks(self) -> list[float]:
+        """The watermarks of the request partitions that have one."""
+        return [s.windows.watermark for s in self.partitions.values() if s.windows.watermark is not None]
 
     def _same_partitioning(self) -> bool:
         if self.consumer is None:
@@ -276,7 +280,7 @@ class RequestStage:
                 self.consumer.resume(*resume_tps)
         self.metrics.telemetry_held.set(len(self.telemetry_flow))
         # replicas with no sample for retain_s of event time (they left the fleet) are released
-        known = [s.windows.watermark for s in self.partitions.values() if s.windows.watermark is not None]
+        known = self._known_watermarks()
         if known:
             slowest = min(known)
             released_at = self._telemetry_released_at
@@ -293,7 +297,7 @@ class RequestStage:
 
     async def _advance_idle_partitions(self) -> None:
         """An input partition without traffic follows the others' watermark (Flink-style idleness)."""
-        watermarks = [s.windows.watermark for s in self.partitions.values() if s.windows.watermark is not None]
+        watermarks = self._known_watermarks()
         if not watermarks:
             return
         leader = max(watermarks)
