@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+import numpy.typing as npt
 
 from skewwatch.pipeline.detectors.base import OverridableConfig, StepColumns
 from skewwatch.pipeline.features import FeatureVector
@@ -253,6 +254,26 @@ def compute_weights(inputs: Iterable[WeightInput], config: WeightConfig | None =
     return _normalise([inp.replica for inp in inputs], [inp.health for inp in inputs], rows)
 
 
+# The notes of a row computed as columns, by which signals it lacks (bit 1 mem, 2 queue,
+# 4 latency): the reference's notes for those signals, and its reason (the notes joined). A row as
+# columns lacks mem only for want of any telemetry sample (a stale or partial sample has its own
+# note, left to the reference).
+_MISSING_NOTES = ("mem missing (no telemetry)", "queue missing (not reported)", "latency missing (empty window)")
+_COLUMN_NOTES = tuple([note for bit, note in enumerate(_MISSING_NOTES) if code >> bit & 1] for code in range(8))
+_COLUMN_REASONS = np.array(["; ".join(notes) or "ok" for notes in _COLUMN_NOTES], dtype=object)
+
+
+def _floats_or_none(column: npt.NDArray[np.float64], missing: npt.NDArray[np.bool_]) -> list[float | None]:
+    """``column`` as Python floats, None where ``missing`` (the reference's missing component)."""
+    if not missing.any():
+        return column.tolist()
+    if missing.all():
+        return [None] * len(column)
+    values = column.astype(object)
+    values[missing] = None
+    return values.tolist()
+
+
 def pool_weights(
     step: StepColumns,
     replicas: Sequence[str],
@@ -266,11 +287,13 @@ def pool_weights(
     ``step`` holds each replica's vector (an empty one for a replica without a summary, which
     weighs the same as none) and its fresh telemetry, in ``replicas`` order, as do ``health``
     (score, note) and ``silent_steps``; ``telemetry`` maps a replica to its latest (sample, age).
-    The usual replica (not stale, every signal present, healthy, above the idle floor) is
-    computed as columns; any other row goes through the reference's per-replica code, for its
-    notes.
+    The usual replica (not stale, healthy, above the idle floor, with at least one signal, and
+    without telemetry at all or with a fresh sample giving memory) is computed as columns, its
+    missing signals included; any other row goes through the reference's per-replica code, for
+    its notes.
     """
     cfg = config
+    n = len(replicas)
     # TelemetrySample.memory_ratio as columns: used / total clamped to [0, 1], unknown without both
     used, total = step.telemetry_column("memory_used_bytes"), step.telemetry_column("memory_total_bytes")
     known = ~np.isnan(used) & ~np.isnan(total) & (total != 0)
@@ -280,39 +303,74 @@ def pool_weights(
     queue = np.where(np.isnan(events_queue), step.telemetry_column("queue_length"), events_queue)
     queue = np.minimum(np.maximum(queue, 0.0) / cfg.queue_cap, 1.0)
     latency = np.minimum(np.maximum(step.column("latency_mean"), 0.0) / cfg.latency_ref_ms, 1.0)
-    # the reference's order of operations: sums from 0.0 in the order mem, queue, latency
-    weighted = ((0.0 + cfg.mem_coef * mem) + cfg.queue_coef * queue) + cfg.latency_coef * latency
-    present_coef = ((0.0 + cfg.mem_coef) + cfg.queue_coef) + cfg.latency_coef
+    no_mem, no_queue, no_latency = np.isnan(mem), np.isnan(queue), np.isnan(latency)
+    # the reference's order of operations: sums from 0.0 over the present signals in the order
+    # mem, queue, latency; a missing signal adds +0.0 here, which leaves the partial sums (never
+    # negative: every term is >= 0) unchanged bit for bit
+    weighted = (((0.0 + np.where(no_mem, 0.0, cfg.mem_coef * mem)) + np.where(no_queue, 0.0, cfg.queue_coef * queue))
+                + np.where(no_latency, 0.0, cfg.latency_coef * latency))
+    present_coef = (((0.0 + np.where(no_mem, 0.0, cfg.mem_coef)) + np.where(no_queue, 0.0, cfg.queue_coef))
+                    + np.where(no_latency, 0.0, cfg.latency_coef))
     total_coef = cfg.mem_coef + cfg.queue_coef + cfg.latency_coef
-    denominator = total_coef * weighted / present_coef
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        denominator = total_coef * weighted / present_coef
+        raw_column = 1.0 / denominator
     scores = [score for score, _ in health]
-    usual = (
-        ~np.isnan(denominator)  # every signal present
-        & (denominator >= cfg.min_denominator)
+    columnar = (
+        (present_coef > 0)  # at least one signal (else the reference's "no load signal" row)
+        & (denominator >= cfg.min_denominator)  # not floored (NaN: never)
         & (np.array(scores, dtype=np.float64) == 1.0)
         & (np.array(silent_steps, dtype=np.int64) < cfg.stale_steps)
     )
-    columns = (mem.tolist(), queue.tolist(), latency.tolist(), denominator.tolist())
-    if usual.all():
-        # the common case: every replica as columns, "ok", health 1.0
-        with np.errstate(divide="ignore"):
-            raws = (1.0 / denominator).tolist()
-        total = sum(raws)
-        if total > 0:
-            return {
-                replica: ReplicaWeight(replica, raw / total, raw, 1.0, "ok",
-                                       {"mem": m, "queue": q, "latency": lat, "denominator": d})
-                for replica, raw, m, q, lat, d in zip(replicas, raws, *columns, strict=True)
-            }
-    rows: list[Row] = []
-    no_telemetry: tuple[None, None] = (None, None)
-    for i, (is_usual, m, q, lat, d) in enumerate(zip(usual.tolist(), *columns, strict=True)):
-        if is_usual:
-            raw = 1.0 / d
-            rows.append((raw, raw, {"mem": m, "queue": q, "latency": lat, "denominator": d}, []))
-            continue
-        sample, age = telemetry.get(replicas[i], no_telemetry)
-        weight_input = WeightInput(replicas[i], step.vectors[i], sample, age, health[i][0], health[i][1],
-                                   silent_steps[i])
-        rows.append(_row(weight_input, cfg))
-    return _normalise(replicas, scores, rows)
+    if telemetry:
+        # mem missing despite a sample (stale, or without memory used/total): the reference says which
+        no_telemetry: tuple[None, None] = (None, None)
+        for row in np.flatnonzero(no_mem & columnar).tolist():
+            if telemetry.get(replicas[row], no_telemetry)[0] is not None:
+                columnar[row] = False
+    vectors = step.vectors
+    for row in np.flatnonzero(np.isnan(events_queue) & columnar).tolist():
+        if vectors[row].queue_length_mean is not None:  # NaN, which the reference takes as a queue (NaN)
+            columnar[row] = False
+    codes = no_mem.astype(np.int64) + 2 * no_queue + 4 * no_latency
+    reasons = _COLUMN_REASONS[codes].tolist()
+    columns = (_floats_or_none(mem, no_mem), _floats_or_none(queue, no_queue),
+               _floats_or_none(latency, no_latency), denominator.tolist())
+    raws = raw_column.tolist()
+    if columnar.all():
+        # the common case: every replica as columns, health 1.0, raw > 0 so the total is too
+        pool_total = sum(raws)
+        return {
+            replica: ReplicaWeight(replica, raw / pool_total, raw, 1.0, reason,
+                                   {"mem": m, "queue": q, "latency": lat, "denominator": d})
+            for replica, raw, reason, m, q, lat, d in zip(replicas, raws, reasons, *columns, strict=True)
+        }
+    by_reference: dict[int, Row] = {}
+    no_sample: tuple[None, None] = (None, None)
+    effective = list(raws)
+    for row in np.flatnonzero(~columnar).tolist():
+        sample, age = telemetry.get(replicas[row], no_sample)
+        weight_input = WeightInput(replicas[row], step.vectors[row], sample, age, health[row][0], health[row][1],
+                                   silent_steps[row])
+        reference_row = by_reference[row] = _row(weight_input, cfg)
+        effective[row] = reference_row[1]
+    pool_total = sum(effective)
+    if not pool_total > 0:
+        # (only with no row as columns, each adding raw > 0, or a NaN from the reference's rows)
+        rows = [by_reference.get(row) or (raws[row], raws[row], {"mem": columns[0][row], "queue": columns[1][row],
+                                                                 "latency": columns[2][row],
+                                                                 "denominator": columns[3][row]},
+                                          list(_COLUMN_NOTES[codes[row]]))
+                for row in range(n)]
+        return _normalise(replicas, scores, rows)
+    result: dict[str, ReplicaWeight] = {}
+    for row, (replica, raw, reason, m, q, lat, d) in enumerate(zip(replicas, raws, reasons, *columns, strict=True)):
+        found = by_reference.get(row)
+        if found is None:
+            result[replica] = ReplicaWeight(replica, raw / pool_total, raw, 1.0, reason,
+                                            {"mem": m, "queue": q, "latency": lat, "denominator": d})
+        else:
+            reference_raw, effective_raw, components, notes = found
+            result[replica] = ReplicaWeight(replica, effective_raw / pool_total, reference_raw, scores[row],
+                                            "; ".join(notes) if notes else "ok", components)
+    return result
