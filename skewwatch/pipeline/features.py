@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 FEATURES_SCHEMA_VERSION = 1
+RECENT_S = 20.0  # span of the recent_* fields: the newest 4 steps of 5 s of the window
 
 
 @dataclass(slots=True)
@@ -51,6 +52,17 @@ class FeatureVector:
     # None statistics with batch_count 0 mean no event had a batch size (the batch detectors stay silent)
     batch_count: int = 0  # events in the window with a batch size, reported or derived
     batch_derived_count: int = 0  # of which the worker derived from telemetry (running_requests)
+    # contract v1.2 (optional, additive): time per output token, per event (latency_ms - ttft_ms) /
+    # completion_tokens, or latency_ms / completion_tokens without ttft_ms; events with no completion
+    # tokens are left out. A slowed decode shows here on the first short request that finishes,
+    # where end-to-end latency (dominated by output length) shows it a minute later.
+    tpot_p50: float | None = None  # ms per output token; None when no event had completion tokens
+    tpot_p99: float | None = None
+    # the window's newest RECENT_S (20 s, 4 steps) only: prompt-length moments for rules that must
+    # not wait for the 60 s window to fill. None on vectors that do not carry them (per-model ones)
+    recent_count: int | None = None  # requests finished in the last RECENT_S of the window
+    recent_prompt_tokens_mean: float | None = None  # None also when recent_count is 0
+    recent_prompt_tokens_var: float | None = None  # population variance, tokens²
     v: int = FEATURES_SCHEMA_VERSION
 
     @property

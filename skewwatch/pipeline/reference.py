@@ -31,7 +31,7 @@ import numpy as np
 
 from skewwatch.config import WindowSettings
 from skewwatch.pipeline.events import BATCH_DERIVED
-from skewwatch.pipeline.features import FeatureVector
+from skewwatch.pipeline.features import RECENT_S, FeatureVector
 
 
 def _exact_quantiles(values: list[float], qs: Sequence[float]) -> list[float | None]:
@@ -69,6 +69,12 @@ def reference_features(events: Sequence[Mapping[str, Any]], model: str, replica:
               if e["model"] == model and (replica is None or e["replica"] == replica)
               and first_bucket <= bucket(e) <= last_bucket]
     newest = [e for e in window if bucket(e) == last_bucket]
+    recent_buckets = min(max(round(RECENT_S / step), 1), last_bucket - first_bucket + 1)
+    recent_prompt = [float(e["prompt_tokens"]) for e in window if bucket(e) > last_bucket - recent_buckets]
+    # time per output token: decode time (latency - ttft, or latency) / completion tokens
+    tpot = [max(float(e["latency_ms"]) - float(e.get("ttft_ms") or 0.0), 0.0) / int(e["completion_tokens"])
+            for e in window if int(e["completion_tokens"]) > 0]
+    tpot_p50, tpot_p99 = _exact_quantiles(tpot, [0.5, 0.99])
 
     def column(name: str) -> list[float]:
         return [float(e[name]) for e in window if e.get(name) is not None]
@@ -113,4 +119,10 @@ def reference_features(events: Sequence[Mapping[str, Any]], model: str, replica:
         replicas=None if replica is not None else replicas,
         batch_count=len(batch_size),
         batch_derived_count=sum(1 for e in window if e.get("batch_source") == BATCH_DERIVED),
+        # per-model vectors carry no TPOT or recent fields yet (model_merge does not merge them)
+        tpot_p50=None if replica is None else tpot_p50,
+        tpot_p99=None if replica is None else tpot_p99,
+        recent_count=None if replica is None else len(recent_prompt),
+        recent_prompt_tokens_mean=None if replica is None else _mean(recent_prompt),
+        recent_prompt_tokens_var=None if replica is None else _var(recent_prompt),
     )

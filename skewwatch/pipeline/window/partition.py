@@ -9,14 +9,17 @@ One partition's state is a handful of arrays with one row per key (a key registr
 * open buckets (still collecting events, usually 1-2): per bucket id a dense ``(rows, _STATS_LEN)``
   array, the sketch as ``(row, slot, count)`` parts, and the CUDA error counts of the rows that had any;
 * the sealed buckets' sketches as ``(3, k)`` int32 ``(row, slot, count)`` arrays per ring position,
-  latency and TTFT apart (an open bucket keeps both in one slot space: TTFT at ``n_slots + slot``);
-* two dense running totals per row (latency, TTFT) over the slot range in use by the partition
+  latency, TTFT and TPOT (time per output token) apart (an open bucket keeps them in one slot
+  space: TTFT at ``n_slots + slot``, TPOT at ``2 * n_slots + slot``; TPOT's bins are coarser,
+  ``tpot_accuracy``, so its slots fit below ``n_slots``);
+* three dense running totals per row (latency, TTFT, TPOT) over the slot range in use by the partition
   (grown when a value falls outside it, trimmed when its edges empty out): a step *adds* the newly
   sealed bucket's entries and *subtracts* the leaving one's, instead of re-merging 12 buckets.
 
 A step is then a few whole-array operations for all rows: Chan's merge of the 12 buckets'
 moments, one cumulative sum + rank search over the dense totals for the quantiles
-(:meth:`LogBins.row_quantiles`), and a :class:`StepBatch` of columns. Per-row Python runs only
+(:meth:`LogBins.row_quantiles`), the prompt-length moments of the newest ``RECENT_S`` (4 buckets),
+and a :class:`StepBatch` of columns. Per-row Python runs only
 when someone iterates the batch (to publish it).
 """
 
@@ -32,8 +35,15 @@ import numpy.typing as npt
 from skewwatch.config import WindowSettings
 from skewwatch.pipeline import moments
 from skewwatch.pipeline.events import BATCH_DERIVED, RequestColumns
+from skewwatch.pipeline.features import RECENT_S
 from skewwatch.pipeline.sketch import log_bins
-from skewwatch.pipeline.window.steps import LATENCY_QUANTILES, TTFT_QUANTILES, ClosedSteps, StepBatch
+from skewwatch.pipeline.window.steps import (
+    LATENCY_QUANTILES,
+    TPOT_QUANTILES,
+    TTFT_QUANTILES,
+    ClosedSteps,
+    StepBatch,
+)
 from skewwatch.pipeline.window.summary import (
     _BATCH_N,
     _COMPLETION,
@@ -48,6 +58,7 @@ from skewwatch.pipeline.window.summary import (
     _OPT_SUM,
     _STATS_LEN,
     OPTIONAL_FIELDS,
+    tpot_accuracy,
 )
 
 FloatArray = npt.NDArray[np.float64]
@@ -61,6 +72,8 @@ _MAX_OPEN_PARTS = 8
 # Slots of margin kept on each side of a running total's range, so a range that wobbles by a
 # few slots does not reallocate every step.
 _TOTAL_MARGIN = 8
+# Sketches per event, one slot space each in an open bucket: latency, TTFT, TPOT.
+N_SKETCHES = 3
 
 
 class ApplyResult(NamedTuple):
@@ -132,23 +145,29 @@ class OpenBucket:
 
 
 class Sealed(NamedTuple):
-    """A sealed bucket's sketch entries, latency and TTFT apart (TTFT slots in TTFT space)."""
+    """A sealed bucket's sketch entries, latency, TTFT and TPOT apart (each in its own slot space)."""
 
     latency: Entries
     ttft: Entries
+    tpot: Entries = EMPTY_ENTRIES
 
 
-EMPTY_SEALED = Sealed(EMPTY_ENTRIES, EMPTY_ENTRIES)
+EMPTY_SEALED = Sealed(EMPTY_ENTRIES, EMPTY_ENTRIES, EMPTY_ENTRIES)
 
 
 def split_entries(entries: Entries, n_slots: int) -> Sealed:
-    """Combined-slot entries (TTFT at ``n_slots + slot``) as a :class:`Sealed` pair."""
-    is_latency = entries[1] < n_slots
-    if is_latency.all():
-        return Sealed(entries, EMPTY_ENTRIES)
-    ttft = entries[:, ~is_latency]
-    ttft[1] -= n_slots
-    return Sealed(entries[:, is_latency], ttft)
+    """Combined-slot entries (TTFT at ``n_slots + slot``, TPOT at ``2 * n_slots + slot``) as a
+    :class:`Sealed` triple. Entries sorted by (row, combined slot) stay sorted by (row, slot)."""
+    space = entries[1] // n_slots
+    if not space.any():
+        return Sealed(entries, EMPTY_ENTRIES, EMPTY_ENTRIES)
+    parts = []
+    for k in range(N_SKETCHES):
+        part = entries[:, space == k]
+        if k:
+            part[1] -= k * n_slots
+        parts.append(part)
+    return Sealed(*parts)
 
 
 class RowTotals:
@@ -214,6 +233,7 @@ class PartitionWindows:
         self.settings = settings
         self.n_buckets = round(n)
         self.bins = log_bins(settings.sketch_relative_accuracy)
+        self.tpot_bins = log_bins(tpot_accuracy(settings.sketch_relative_accuracy))  # coarser
         self.keys: dict[tuple[str, str], int] = {}  # (model, replica) -> row, in first-seen order
         self.watermark: float | None = None
         self.closed_through: int | None = None  # id of the newest sealed bucket
@@ -228,6 +248,9 @@ class PartitionWindows:
         self._ring: list[Sealed] = [EMPTY_SEALED] * self.n_buckets  # sealed sketches by ring position
         self._latency = RowTotals(0, n_slots)  # always the sum of the ring's latency entries
         self._ttft = RowTotals(0, n_slots)  # ... and of its TTFT entries (slot - n_slots)
+        self._tpot = RowTotals(0, self.tpot_bins.n_slots)  # ... and of its TPOT entries (slot - 2 * n_slots)
+        # the newest buckets whose prompt moments make the recent_* features
+        self.recent_buckets = min(max(round(RECENT_S / settings.step_s), 1), self.n_buckets)
 
     @property
     def last_closed_end(self) -> float | None:
@@ -256,6 +279,7 @@ class PartitionWindows:
             bucket.stats = grown
         self._latency.grow_rows(capacity)
         self._ttft.grow_rows(capacity)
+        self._tpot.grow_rows(capacity)
         self._capacity = capacity
 
     def _add_key(self, key: tuple[str, str]) -> int:
@@ -283,6 +307,7 @@ class PartitionWindows:
         self._last_ts[rows] = -math.inf
         self._latency.counts[rows] = 0
         self._ttft.counts[rows] = 0
+        self._tpot.counts[rows] = 0
         self._free.extend(rows.tolist())
 
     def _open_bucket(self, bucket_id: int) -> OpenBucket:
@@ -293,7 +318,8 @@ class PartitionWindows:
 
     def _add_sealed(self, sealed: Sealed, sign: int) -> None:
         """Add a sealed bucket's sketch to the running totals (``sign=-1``: it leaves the window)."""
-        for totals, entries in ((self._latency, sealed.latency), (self._ttft, sealed.ttft)):
+        for totals, entries in ((self._latency, sealed.latency), (self._ttft, sealed.ttft),
+                                (self._tpot, sealed.tpot)):
             totals.add(entries[0], entries[1], entries[2], sign)
 
     # -- events ---------------------------------------------------------------------------------
@@ -354,7 +380,7 @@ class PartitionWindows:
         group_row = groups // n_ids
         group_bucket = groups % n_ids
         entry_bucket = group_bucket[entry_group]
-        n_codes = 2 * self.bins.n_slots
+        n_codes = N_SKETCHES * self.bins.n_slots
         for b, bucket_id in enumerate(bucket_ids.tolist()):  # a loop over bucket ids (1-2), not keys
             open_bucket = self._open_bucket(bucket_id)
             mine = np.flatnonzero(group_bucket == b) if n_ids > 1 else slice(None)
@@ -398,14 +424,22 @@ class PartitionWindows:
 
     def _group_sketches(self, cols: RequestColumns, g: npt.NDArray[np.intp]
                         ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """Per group, the combined latency + TTFT sketch entries (group, slot, count), from one np.unique."""
+        """Per group, the combined latency + TTFT + TPOT sketch entries (group, slot, count), from one
+        np.unique. TPOT = (latency - TTFT) / completion tokens, latency / completion tokens without a
+        TTFT; events without completion tokens have none."""
         n_slots = self.bins.n_slots
-        has_ttft = ~np.isnan(cols.ttft_ms)
-        slots = np.concatenate([self.bins.index(cols.latency_ms),
-                                self.bins.index(cols.ttft_ms[has_ttft]) + n_slots])
-        owner = np.concatenate([g, g[has_ttft]]).astype(np.int64)
-        pairs, counts = np.unique(owner * (2 * n_slots) + slots, return_counts=True)
-        return pairs // (2 * n_slots), pairs % (2 * n_slots), counts
+        ttft = cols.ttft_ms
+        has_ttft = ~np.isnan(ttft)
+        has_tpot = cols.completion_tokens > 0
+        # decode time; a TTFT above the latency (clock skew) reads as 0, not negative
+        decode_ms = np.maximum(cols.latency_ms[has_tpot] - np.where(has_ttft[has_tpot], ttft[has_tpot], 0.0), 0.0)
+        tpot = decode_ms / cols.completion_tokens[has_tpot]
+        slots = np.concatenate([self.bins.index(cols.latency_ms), self.bins.index(ttft[has_ttft]) + n_slots,
+                                self.tpot_bins.index(tpot) + 2 * n_slots])
+        owner = np.concatenate([g, g[has_ttft], g[has_tpot]]).astype(np.int64)
+        n_codes = N_SKETCHES * n_slots
+        pairs, counts = np.unique(owner * n_codes + slots, return_counts=True)
+        return pairs // n_codes, pairs % n_codes, counts
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -459,7 +493,8 @@ class PartitionWindows:
             step_count = np.zeros(rows.size, dtype=np.int64)
         else:
             self._stats[position] = entering.stats
-            sealed = self._ring[position] = split_entries(entering.sketch(2 * self.bins.n_slots), self.bins.n_slots)
+            sealed = self._ring[position] = split_entries(entering.sketch(N_SKETCHES * self.bins.n_slots),
+                                                          self.bins.n_slots)
             self._add_sealed(sealed, +1)
             step_count = entering.stats[select, _COUNT].astype(np.int64)
             if entering.cuda_errors:
@@ -467,9 +502,11 @@ class PartitionWindows:
                 cuda = {index_of_row[row]: dict(errors) for row, errors in entering.cuda_errors.items()}
         self._latency.trim()
         self._ttft.trim()
+        self._tpot.trim()
         # copies (a slice is copied too): the totals move on with the next step, the batch keeps these
         latency = self._latency.counts[select].copy() if in_order else self._latency.counts[select]
         ttft = self._ttft.counts[select].copy() if in_order else self._ttft.counts[select]
+        tpot = self._tpot.counts[select].copy() if in_order else self._tpot.counts[select]
         return StepBatch(
             window_end=(bucket_id + 1) * settings.step_s,
             length_s=settings.length_s,
@@ -484,7 +521,28 @@ class PartitionWindows:
             latency_offset=self._latency.offset,
             ttft_counts=ttft,
             ttft_offset=self._ttft.offset,
+            tpot_q=self.tpot_bins.row_quantiles(tpot, self._tpot.offset, TPOT_QUANTILES),
+            tpot_counts=tpot,
+            tpot_offset=self._tpot.offset,
+            recent=self._recent_prompt(bucket_id, select),
         )
+
+    def _recent_prompt(self, bucket_id: int, select: slice | npt.NDArray[np.intp]) -> FloatArray:
+        """``(rows, 3)``: count, prompt-length mean and m2 of the newest ``recent_buckets`` sealed
+        buckets (up to ``bucket_id``), by Chan's merge of three columns only, not the whole rows."""
+        prompt_mean, prompt_m2 = _MEAN.start + 1, _M2.start + 1  # MOMENT_FIELDS[1] is prompt_tokens
+        positions = [(bucket_id - k) % self.n_buckets for k in range(self.recent_buckets)]
+        count = np.stack([self._stats[p, select, _COUNT] for p in positions])  # (buckets, rows)
+        bucket_mean = np.stack([self._stats[p, select, prompt_mean] for p in positions])
+        m2 = sum(self._stats[p, select, prompt_m2] for p in positions)
+        n = count.sum(axis=0)
+        mean = (count * bucket_mean).sum(axis=0) / np.where(n > 0, n, 1.0)
+        between = bucket_mean - mean
+        out = np.empty((n.size, 3))
+        out[:, 0] = n
+        out[:, 1] = mean
+        out[:, 2] = m2 + (count * between * between).sum(axis=0)
+        return out
 
     # -- checkpoint -----------------------------------------------------------------------------
 

@@ -6,8 +6,11 @@ order, and every non-empty bucket, sealed or open, as columns: its key, id, stat
 combined latency + TTFT sparse sketch. Sketch totals are not stored: they are by definition the sum
 of the sealed buckets and are rebuilt on restore (smaller, and they cannot disagree with the buckets).
 Versions: v1/v2 are zlib-compressed JSON with the arrays in base64 (v1's stats rows lack the v1.1
-batch counts and are read as "every event had a reported batch"); v3, written by default, is a JSON
-header followed by the raw columns, compressed together (see ``SNAPSHOT_VERSION``). All are read.
+batch counts and are read as "every event had a reported batch"); v3 is a JSON header followed by
+the raw columns, compressed together; v4, written by default, is v3 with a third sketch slot space
+(TPOT at ``2 * n_slots + slot``, see ``SNAPSHOT_VERSION``). All are read; a v1-v3 snapshot has no
+TPOT sketch, so after restoring one the tpot_* features cover only the events applied since,
+until its buckets have left the window (60 s).
 
 Both directions are whole-array operations over all buckets (no per-key Python besides the key
 list itself); zlib is most of the cost. Measured on full windows of 10,000 replicas over 8 partitions
@@ -38,15 +41,17 @@ import numpy.typing as npt
 import orjson
 
 from skewwatch.config import WindowSettings
-from skewwatch.pipeline.window.partition import PartitionWindows, split_entries
+from skewwatch.pipeline.window.partition import N_SKETCHES, PartitionWindows, split_entries
 from skewwatch.pipeline.window.summary import _BATCH_N, _COUNT, _FILL_N, _STATS_LEN, _STATS_LEN_V1
 
 SNAPSHOT_FORMAT = "skewwatch.partition-windows"
 # v2: stats rows gained _BATCH_N, _FILL_N, _DERIVED_N (v1 is still read); both are magic b"SWW1" +
-# zlib(JSON with the arrays in base64). v3 (written by default): magic b"SWW3" + zlib(header length,
+# zlib(JSON with the arrays in base64). v3: magic b"SWW3" + zlib(header length,
 # JSON header, then the same columns as raw little-endian bytes: stats column-major, sketch slots and
 # (when they fit) counts as uint16): ~35 % smaller and ~40 % less CPU than v2 on full windows.
-SNAPSHOT_VERSION = 3
+# v4 (written by default): the v3 layout, with sketch slots up to 3 * n_slots (the TPOT sketch);
+# v3/v2 can still be written for older readers (without the TPOT entries).
+SNAPSHOT_VERSION = 4
 _SNAPSHOT_MAGIC = b"SWW1"
 _SNAPSHOT_MAGIC_V3 = b"SWW3"
 _HEADER = struct.Struct("<I")
@@ -55,9 +60,10 @@ _U16_MAX = 0xFFFF
 
 
 def encode(windows: PartitionWindows, version: int = SNAPSHOT_VERSION) -> bytes:
-    """The complete state of ``windows`` as snapshot bytes, format ``version`` (3, or 2 for readers
-    from before v3). Open sketches are merged in place first, which changes nothing observable: the
-    live windows and a restored copy continue identically.
+    """The complete state of ``windows`` as snapshot bytes, format ``version`` (4, or 3 / 2 for readers
+    from before v4 / v3: without the TPOT sketch, which they do not know). Open sketches are merged
+    in place first, which changes nothing observable: the live windows and a restored copy continue
+    identically.
 
     Buckets are written ordered by (bucket id, key): each ring position and each open bucket is
     then one block whose rows are already in key order, and needs no sort (v2 readers accept any
@@ -71,16 +77,26 @@ def encode(windows: PartitionWindows, version: int = SNAPSHOT_VERSION) -> bytes:
     key_of_row[rows] = np.arange(n_keys)
     n = w.n_buckets
     n_slots = w.bins.n_slots
+    if version not in (2, 3, 4):
+        raise ValueError(f"cannot write window snapshot v{version}")
+    spaces = N_SKETCHES if version >= 4 else 2  # combined slot spaces the reader knows
     blocks: list[tuple[int, npt.NDArray[np.float64], npt.NDArray[np.int32]]] = []  # (id, stats by key, entries)
     if w.closed_through is not None and n_keys:
         for bucket_id in range(w.closed_through - n + 1, w.closed_through + 1):
             sealed = w._ring[bucket_id % n]
-            ttft = sealed.ttft.copy()
-            ttft[1] += n_slots
-            blocks.append((bucket_id, w._stats[bucket_id % n][rows], np.concatenate([sealed.latency, ttft], axis=1)))
+            shifted = []
+            for k, part in enumerate(sealed[:spaces]):
+                if k:
+                    part = part.copy()
+                    part[1] += k * n_slots
+                shifted.append(part)
+            blocks.append((bucket_id, w._stats[bucket_id % n][rows], np.concatenate(shifted, axis=1)))
     open_cuda: dict[int, dict[int, Counter[str]]] = {}
     for bucket_id, bucket in sorted(w._open.items()):
-        blocks.append((bucket_id, bucket.stats[rows], bucket.sketch(2 * n_slots)))
+        entries = bucket.sketch(N_SKETCHES * n_slots)
+        if spaces < N_SKETCHES:
+            entries = entries[:, entries[1] < spaces * n_slots]
+        blocks.append((bucket_id, bucket.stats[rows], entries))
         open_cuda[bucket_id] = bucket.cuda_errors
 
     b_key: list[npt.NDArray[np.int64]] = []
@@ -145,8 +161,6 @@ def encode(windows: PartitionWindows, version: int = SNAPSHOT_VERSION) -> bytes:
             "cuda_errors": cuda_rows,
         }
         return _SNAPSHOT_MAGIC + zlib.compress(orjson.dumps(doc), 1)
-    if version != 3:
-        raise ValueError(f"cannot write window snapshot v{version}")
     wide_counts = bool(sketch_col.shape[1]) and int(sketch_col[1].max()) > _U16_MAX
     header = orjson.dumps({**meta, "cuda_errors": cuda_rows, "buckets": int(key_col.size),
                            "entries": int(sketch_col.shape[1]), "wide_counts": wide_counts})
@@ -207,13 +221,13 @@ def _read_json(data: bytes) -> tuple[dict[str, Any], Columns]:
 
 
 def _read_binary(data: bytes) -> tuple[dict[str, Any], Columns]:
-    """v3: header length, JSON header, raw little-endian columns; every size checked."""
+    """v3/v4: header length, JSON header, raw little-endian columns; every size checked."""
     raw = _inflate(data[len(_SNAPSHOT_MAGIC_V3):])
     (header_len,) = _HEADER.unpack_from(raw)
     at = _HEADER.size + header_len
     doc = orjson.loads(raw[_HEADER.size:at])
-    if doc.get("format") != SNAPSHOT_FORMAT or doc.get("v") != 3:
-        raise ValueError(f"not a v3 {SNAPSHOT_FORMAT} snapshot")
+    if doc.get("format") != SNAPSHOT_FORMAT or doc.get("v") not in (3, 4):
+        raise ValueError(f"not a v3/v4 {SNAPSHOT_FORMAT} snapshot")
     n, total = int(doc["buckets"]), int(doc["entries"])
     if n < 0 or total < 0:
         raise ValueError("negative bucket or entry count")
@@ -279,7 +293,9 @@ def _decode(data: bytes, settings: WindowSettings) -> PartitionWindows:
         raise ValueError("bucket refers to an unknown key")
     total = int(lengths.sum())
     n_slots = w.bins.n_slots
-    if total and (sketch[0].min() < 0 or sketch[0].max() >= 2 * n_slots or sketch[1].min() <= 0):
+    spaces = N_SKETCHES if doc["v"] >= 4 else 2  # before v4: latency and TTFT only
+    top = 2 * n_slots + (w.tpot_bins.n_slots if spaces > 2 else 0)  # TPOT slots in coarser bins
+    if total and (sketch[0].min() < 0 or sketch[0].max() >= top or sketch[1].min() <= 0):
         raise ValueError("sketch slot out of range or non-positive count")
     entry_bucket = np.repeat(np.arange(n), lengths)
     same_bucket = entry_bucket[1:] == entry_bucket[:-1]

@@ -56,12 +56,14 @@ CountMatrix = npt.NDArray[np.int32]
 
 LATENCY_QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
 TTFT_QUANTILES: tuple[float, ...] = (0.5, 0.99)
+TPOT_QUANTILES: tuple[float, ...] = (0.5, 0.99)
 _FEATURE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(FeatureVector))
 # WindowSummary is built positionally too: this is the order the builder passes its columns in
 _SUMMARY_ORDER: tuple[str, ...] = (
     "model", "replica", "window_end", "length_s", "relative_accuracy", "count", "errors", "completion_tokens",
     "mean", "m2", "optional_count", "optional_sum", "latency", "ttft", "step_count", "step_cuda_errors",
-    "replicas", "batch_count", "fill_count", "derived_count")
+    "replicas", "batch_count", "fill_count", "derived_count", "tpot", "recent_count", "recent_prompt_mean",
+    "recent_prompt_m2")
 if tuple(f.name for f in dataclasses.fields(WindowSummary)) != _SUMMARY_ORDER:  # pragma: no cover
     raise ImportError("WindowSummary's fields changed: update StepBatch._build")
 
@@ -108,6 +110,10 @@ class StepBatch:
     latency_offset: int
     ttft_counts: CountMatrix
     ttft_offset: int
+    tpot_q: FloatArray  # (rows, len(TPOT_QUANTILES)); NaN: no event with completion tokens
+    tpot_counts: CountMatrix
+    tpot_offset: int
+    recent: FloatArray  # (rows, 3): count, prompt-length mean and m2 over the newest RECENT_S
     _steps: list[ReplicaStep] | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
@@ -159,6 +165,12 @@ class StepBatch:
         step_count = self.step_count.tolist()
         latency_known = ~np.isnan(self.latency_q)
         ttft_known = ~np.isnan(self.ttft_q)
+        tpot_known = ~np.isnan(self.tpot_q)
+        recent_n = self.recent[:, 0]
+        recent_known = recent_n > 0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            recent_var = self.recent[:, 2] / recent_n
+        recent_count = recent_n.astype(np.int64).tolist()
         columns = {
             "rps": (count_f / length).tolist(),
             "latency_p50": _or_none(self.latency_q[:, 0], latency_known[:, 0]),
@@ -179,6 +191,11 @@ class StepBatch:
             "error_rate": _or_none(error_rate, has_events),
             "queue_length_mean": _or_none(optional_mean[:, 1], optional_known[:, 1]),
             "kv_cache_hit_rate_mean": _or_none(optional_mean[:, 2], optional_known[:, 2]),
+            "tpot_p50": _or_none(self.tpot_q[:, 0], tpot_known[:, 0]),
+            "tpot_p99": _or_none(self.tpot_q[:, 1], tpot_known[:, 1]),
+            "recent_count": recent_count,
+            "recent_prompt_tokens_mean": _or_none(self.recent[:, 1], recent_known),
+            "recent_prompt_tokens_var": _or_none(recent_var, recent_known),
         }
         cuda = self.step_cuda_errors
         step_cuda = [dict(cuda[i]) if i in cuda else {} for i in range(rows)] if cuda else [{} for _ in range(rows)]
@@ -198,7 +215,9 @@ class StepBatch:
                 [self.relative_accuracy] * rows, count, errors, completion, st[:, _MEAN], st[:, _M2],
                 optional_count, st[:, _OPT_SUM], _sparse_rows(self.latency_counts, self.latency_offset),
                 _sparse_rows(self.ttft_counts, self.ttft_offset), step_count,
-                [dict(d) for d in step_cuda], [None] * rows, batch_count, fill_count, derived_count, strict=True)
+                [dict(d) for d in step_cuda], [None] * rows, batch_count, fill_count, derived_count,
+                _sparse_rows(self.tpot_counts, self.tpot_offset), recent_count, self.recent[:, 1].tolist(),
+                self.recent[:, 2].tolist(), strict=True)
         ]
         return [ReplicaStep(fv, summary) for fv, summary in zip(vectors, summaries, strict=True)]
 

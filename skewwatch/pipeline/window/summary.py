@@ -17,7 +17,7 @@ numbers for many rows at once and the tests hold the two bit-identical).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from skewwatch.pipeline import moments
 from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.sketch import SparseCounts, log_bins
+from skewwatch.pipeline.sketch import EMPTY_SPARSE, SparseCounts, log_bins
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -57,6 +57,15 @@ _STATS_LEN = _BATCH_N + 3
 _MOMENT_COUNT_COLUMNS: tuple[int, ...] = (_COUNT,) * _EVENT_MOMENTS + (_BATCH_N, _FILL_N)
 
 SUMMARY_VERSION = 1
+# The TPOT sketch is coarser than the latency one: its rules compare ratios of 1.5x and more, and
+# 5 % bins keep its memory per replica at a fraction of the latency sketch's.
+TPOT_RELATIVE_ACCURACY = 0.05
+
+
+def tpot_accuracy(relative_accuracy: float) -> float:
+    """The TPOT sketch's relative accuracy beside a latency sketch of ``relative_accuracy`` (never
+    finer than it, so its slots always fit inside the latency slot range)."""
+    return max(TPOT_RELATIVE_ACCURACY, relative_accuracy)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,6 +101,13 @@ class WindowSummary:
     batch_count: int = 0  # events with a known batch_size: the count of the batch_size moments
     fill_count: int = 0  # events with a known batch_size and batch_capacity: batch_fill's count
     derived_count: int = 0  # events whose batch_size the worker derived from telemetry
+    # contract v1.2 (absent from older summaries: empty / 0). Not merged across replicas yet, so a
+    # per-model summary has none and its tpot_* and recent_* features are None.
+    # time-per-output-token sketch (events with completion tokens), bins of tpot_accuracy()
+    tpot: SparseCounts = field(default_factory=lambda: EMPTY_SPARSE)
+    recent_count: int = 0  # events in the newest RECENT_S of the window
+    recent_prompt_mean: float = 0.0  # their prompt-length mean ...
+    recent_prompt_m2: float = 0.0  # ... and sum of squared deviations
 
     @property
     def window_start(self) -> float:
@@ -114,6 +130,11 @@ class WindowSummary:
             latency_q = list(bins.quantile(self.latency[1], [0.5, 0.95, 0.99], slots=self.latency[0]) or [])
         if self.ttft.shape[1]:
             ttft_q = list(bins.quantile(self.ttft[1], [0.5, 0.99], slots=self.ttft[0]) or [])
+        tpot_q: list[float | None] = [None] * 2
+        if self.tpot.shape[1]:
+            tpot_bins = log_bins(tpot_accuracy(self.relative_accuracy))
+            tpot_q = list(tpot_bins.quantile(self.tpot[1], [0.5, 0.99], slots=self.tpot[0]) or [])
+        recent = self.recent_count if self.replica is not None else None
         mean: dict[str, float | None] = dict.fromkeys(MOMENT_FIELDS)
         var: dict[str, float | None] = dict.fromkeys(MOMENT_FIELDS)
         counts = [n] * _EVENT_MOMENTS + [self.batch_count, self.fill_count]
@@ -157,6 +178,11 @@ class WindowSummary:
             replicas=self.replicas,
             batch_count=self.batch_count,
             batch_derived_count=self.derived_count,
+            tpot_p50=tpot_q[0],
+            tpot_p99=tpot_q[1],
+            recent_count=recent,
+            recent_prompt_tokens_mean=self.recent_prompt_mean if recent else None,
+            recent_prompt_tokens_var=self.recent_prompt_m2 / recent if recent else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -183,6 +209,10 @@ class WindowSummary:
             "batch_count": self.batch_count,
             "fill_count": self.fill_count,
             "derived_count": self.derived_count,
+            "tpot": self.tpot.tolist(),
+            "recent_count": self.recent_count,
+            "recent_prompt_mean": self.recent_prompt_mean,
+            "recent_prompt_m2": self.recent_prompt_m2,
         }
 
     @classmethod
@@ -191,10 +221,12 @@ class WindowSummary:
         if data.get("v") != SUMMARY_VERSION:
             raise ValueError(f"window summary: unsupported version {data.get('v')!r}")
         try:
-            n_slots = log_bins(float(data["relative_accuracy"])).n_slots
+            accuracy = float(data["relative_accuracy"])
 
             def sparse(name: str) -> SparseCounts:
-                arr = np.asarray(data[name], dtype=np.int64).reshape(2, -1)
+                arr = np.asarray(data[name] if name in data or name != "tpot" else [[], []],
+                                 dtype=np.int64).reshape(2, -1)
+                n_slots = log_bins(tpot_accuracy(accuracy) if name == "tpot" else accuracy).n_slots
                 if arr.shape[1] and (arr[0].min() < 0 or arr[0].max() >= n_slots or arr[1].min() <= 0
                                      or np.any(np.diff(arr[0]) <= 0)):
                     raise ValueError(f"{name}: slots must be sorted, in range, with positive counts")
@@ -227,6 +259,11 @@ class WindowSummary:
                 batch_count=int(data.get("batch_count", count)),
                 fill_count=int(data.get("fill_count", count)),
                 derived_count=int(data.get("derived_count", 0)),
+                # from a worker before contract v1.2: no TPOT sketch, no recent moments
+                tpot=sparse("tpot"),
+                recent_count=int(data.get("recent_count", 0)),
+                recent_prompt_mean=float(data.get("recent_prompt_mean", 0.0)),
+                recent_prompt_m2=float(data.get("recent_prompt_m2", 0.0)),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"window summary: malformed ({exc!r})") from exc
