@@ -570,4 +570,4 @@ def test_tpot_and_recent_prompt_features() -> None:
     assert later[1075.0].recent_count == 0 and later[1075.0].recent_prompt_tokens_mean is None
     # the 1050/1051 events are still in the window (10 and 300 ms/token; rank floor(q * (n - 1)))
     assert later[1075.0].count == 2 and later[1075.0].tpot_p50 == pytest.approx(10.0, rel=0.05)
-    assert later[1110.0].count == 0 and later[1110.0].tpot_p50 is None
+    assert later[1115.0].count == 0 and later[1115.0].tpot_p50 is None
