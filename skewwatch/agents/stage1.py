@@ -10,7 +10,9 @@ so a batch message of 100 events costs one decode and one vectorised window upda
 2. publishes each replica's mergeable summary, its features and its telemetry as of the step
    (:class:`~skewwatch.pipeline.telemetry_join.TelemetryJoin`: GPUs and sources merged, fresh
    fields only, plus ``telemetry_stale``: the signals that were stale) on the internal
-   ``replica_steps`` topic keyed by model (stage 2 merges them per model),
+   ``replica_steps`` topic keyed by model, one record per model and step holding all of the
+   partition's replicas of that model as columns (:mod:`skewwatch.pipeline.handoff`; stage 2
+   merges them per model),
 3. writes a snapshot of the partition's windows with the input offset it covers
    (:mod:`skewwatch.agents.checkpoint`), then commits that offset.
 
@@ -38,10 +40,11 @@ from skewwatch.config import Settings
 from skewwatch.pipeline.decide import DetectorSettings
 from skewwatch.pipeline.derived_batch import derive_batch
 from skewwatch.pipeline.events import RequestColumns
+from skewwatch.pipeline.handoff import MAX_REPLICAS_PER_RECORD, encode_model_step, step_header
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.telemetry_flow import TelemetryFlow
 from skewwatch.pipeline.telemetry_join import TelemetryJoin
-from skewwatch.pipeline.window import ClosedSteps, PartitionWindows
+from skewwatch.pipeline.window import ClosedSteps, PartitionWindows, ReplicaStep
 from skewwatch.schemas.dead_letter import dead_letter_record
 from skewwatch.schemas.features import encode_features
 from skewwatch.schemas.requests import Rejection, decode_request_messages
@@ -319,7 +322,7 @@ class RequestStage:
         progress = self._progress(state)
         if not steps and progress == state.announced_end and not checkpoint_anyway:
             return False
-        await self._publish_steps(steps)
+        await self._publish_steps(steps, tp.partition)
         if progress is not None and progress != state.announced_end:
             await self._announce_progress(tp.partition, progress)
             state.announced_end = progress
@@ -351,21 +354,30 @@ class RequestStage:
         await asyncio.gather(*[await self.producer.send(topics.replica_steps, value=body, partition=target)
                                for target in sorted(targets)])
 
-    async def _publish_steps(self, steps: ClosedSteps) -> None:
+    async def _publish_steps(self, steps: ClosedSteps, source: int) -> None:
+        """Each replica's feature vector on ``llm.features``, and per model and step ONE record on the
+        replica-steps topic with all of the model's replicas of input partition ``source``
+        (:mod:`skewwatch.pipeline.handoff`, format 2)."""
         topics = self.settings.topics
         pending = []
+        by_model: dict[tuple[str, float], list[ReplicaStep]] = {}
         for step in steps:  # the columnar batches become per-replica objects here, to be published
             fv = step.features
             pending.append(await self.producer.send(topics.features, key=fv.key.encode(),
                                                     value=encode_features(fv)))
-            # merged as of the step's end: per-GPU worst, per-source fields, only fresh ones
-            sample, _, stale = self.telemetry.view(fv.replica or "", fv.window_end, self.telemetry_stale_s)
-            body = {"summary": step.summary.to_dict(), "features": fv,  # orjson writes the dataclass
-                    "telemetry": sample.to_dict() if sample is not None else None,
-                    "telemetry_stale": stale}
-            pending.append(await self.producer.send(topics.replica_steps, key=fv.model.encode(),
-                                                    value=orjson.dumps(body)))
-            self.metrics.features_out.labels("replica").inc()
+            by_model.setdefault((fv.model, fv.window_end), []).append(step)
+        self.metrics.features_out.labels("replica").inc(len(steps))
+        for (model, window_end), replicas in by_model.items():
+            for part, start in enumerate(range(0, len(replicas), MAX_REPLICAS_PER_RECORD)):
+                group = replicas[start:start + MAX_REPLICAS_PER_RECORD]
+                # merged as of the step's end: per-GPU worst, per-source fields, only fresh ones
+                views = [self.telemetry.view(s.features.replica or "", window_end, self.telemetry_stale_s)
+                         for s in group]
+                value = encode_model_step(model, window_end, source, group, [sample for sample, _, _ in views],
+                                          [stale for _, _, stale in views])
+                pending.append(await self.producer.send(
+                    topics.replica_steps, key=model.encode(), value=value,
+                    headers=step_header(window_end, source, len(group), part)))
         await asyncio.gather(*pending)
 
     def _update_lag(self) -> None:

@@ -11,6 +11,7 @@ stage 1, so seq numbers and open alerts survive restarts.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 from typing import Any
@@ -22,14 +23,19 @@ from skewwatch.agents.checkpoint import CheckpointStore
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.rebalance import StageRebalanceListener
 from skewwatch.config import Settings
-from skewwatch.pipeline.assembler import DEFAULT_MAX_PENDING, ModelStep, ReplicaStepInput, StepAssembler
+from skewwatch.pipeline.assembler import DEFAULT_MAX_PENDING, ModelStep, StepAssembler
 from skewwatch.pipeline.corrections import RoutingCorrection
 from skewwatch.pipeline.decide import DetectorSettings, ModelDecider
+from skewwatch.pipeline.handoff import model_step_inputs, read_step_header
 from skewwatch.pipeline.model_merge import merge_model_features
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.schemas.features import encode_features
 
 log = logging.getLogger(__name__)
+
+
+def _base64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
 
 
 class PartitionModels:
@@ -43,9 +49,10 @@ class PartitionModels:
 
     def snapshot(self) -> bytes:
         return orjson.dumps({
-            "v": 1,
-            # pending replica steps are held as the records' bytes: embedded as they are
-            "assembler": self.assembler.state_dict(encode=orjson.Fragment),
+            "v": 2,  # 2: the assembler may hold chunks (hand-off format 2); v1 snapshots restore as they are
+            # pending steps are held as the records' bytes: a format-1 record (JSON) embedded as it is,
+            # a chunk (binary) as base64
+            "assembler": self.assembler.state_dict(encode=orjson.Fragment, encode_chunk=_base64),
             "deciders": {model: d.state_dict() for model, d in self.deciders.items()},
         })
 
@@ -53,7 +60,7 @@ class PartitionModels:
     def restore(cls, data: bytes, settings: Settings, detector_settings: DetectorSettings) -> PartitionModels:
         state = orjson.loads(data)
         partition = cls(settings)
-        partition.assembler.load_state(state["assembler"], decode=orjson.dumps)
+        partition.assembler.load_state(state["assembler"], decode=orjson.dumps, decode_chunk=base64.b64decode)
         partition.deciders = {model: ModelDecider.from_state(s, detector_settings)
                               for model, s in state["deciders"].items()}
         return partition
@@ -133,14 +140,21 @@ class ModelStage:
         if state is None:
             return
         for message in messages:
+            # format 2 (one record per input partition, model and step) is routed by its header alone;
+            # held as the record's bytes, decoded when the model's step completes
+            header = read_step_header(message.headers)
+            if header is not None:
+                state.assembler.add_chunk(message.key.decode(), header.window_end, header.source,
+                                          header.replicas, message.value, part=header.part)
+                continue
             body = orjson.loads(message.value)
             progress = body.get("progress")
             if progress is not None:
                 state.assembler.progress(int(progress["source"]), float(progress["closed_end"]),
                                          int(progress["sources"]))
                 continue
-            # held as the record's bytes until the model's step completes (a third of the decoded
-            # dicts' memory, and a checkpoint embeds them as they are); decoded again then
+            # format 1 (one record per replica step, from a stage 1 before format 2): held as the
+            # record's bytes until the model's step completes (a checkpoint embeds them as they are)
             fv = body["features"]
             state.assembler.add(fv["model"], float(fv["window_end"]), str(fv["replica"]), message.value)
         state.next_offset = messages[-1].offset + 1
@@ -173,7 +187,8 @@ class ModelStage:
 
     async def _decide(self, state: PartitionModels, step: ModelStep) -> list[Any]:
         topics = self.settings.topics
-        inputs = [ReplicaStepInput.from_body(orjson.loads(raw)) for raw in step.payloads.values()]
+        by_replica = model_step_inputs(step)
+        inputs = list(by_replica.values())
         if not step.complete:
             self.metrics.steps_forced.inc()
             log.warning("stage 2 holds more than %d replica steps: released %s@%s before every input "
@@ -183,7 +198,7 @@ class ModelStage:
                                         self.settings.window)
         replica_features = [p.features for p in inputs]
         telemetry: dict[str, tuple[TelemetrySample, float]] = {}
-        for replica, payload in zip(step.payloads, inputs, strict=True):
+        for replica, payload in by_replica.items():
             if payload.telemetry is not None:
                 telemetry[replica] = (payload.telemetry, step.window_end - payload.telemetry.ts)
         decider = state.deciders.get(step.model)

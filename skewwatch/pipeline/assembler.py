@@ -1,7 +1,9 @@
 """Stage 2's completion rule: when is a model's 5 s step complete?
 
-Stage 1 (partitioned by replica) sends one summary per replica per closed step, silent
-replicas included; stage 2 (partitioned by model) must have *all* of a model's replicas for a
+Stage 1 (partitioned by replica) sends a summary of every replica for every closed step, silent
+replicas included — since hand-off format 2 as one record per (input partition, model, step) that
+holds all of them (:mod:`skewwatch.pipeline.handoff`; format 1, one record per replica step, is
+still accepted); stage 2 (partitioned by model) must have *all* of a model's replicas for a
 step before it merges them and normalises weights. The replicas of a model are spread over
 stage 1's input partitions, and those partitions progress at different speeds (one may be
 replaying a backlog while another is live), so "every replica I know of has reported" is not
@@ -17,9 +19,10 @@ others in stage 1, so they do not stall the rule; a replica missing from a compl
 simply silent, which the weights treat as a signal. Summaries for an already completed step
 (a replay after a rebalance) are counted as late and dropped.
 
-Memory: the worker holds each pending replica step as its record's bytes (~2.5 KB, where the
-decoded JSON took ~10 KB; decoded into a :class:`ReplicaStepInput` when the step completes, and
-embedded as they are in a checkpoint), and the number held is bounded (``max_pending``): past
+Memory: the worker holds each pending chunk as its record's bytes (about 1.5 KB per replica step;
+a format-1 record ~2.5 KB, where the decoded JSON took ~10 KB), decoded into
+:class:`ReplicaStepInput` objects when the step completes and embedded in a checkpoint as they are
+(a chunk as base64), and the number of replica steps held is bounded (``max_pending``): past
 it, the oldest pending steps are released incomplete (``forced``), so one input partition far
 behind the others cannot make stage 2 hold its whole backlog.
 
@@ -32,6 +35,14 @@ behind the others cannot make stage 2 hold its whole backlog.
 >>> a.progress(source=1, closed_end=15.0, sources=2)
 >>> [(s.model, s.window_end, sorted(s.payloads)) for s in a.complete()]
 [('m', 10.0, ['r1', 'r2'])]
+
+A chunk counts the replica steps it holds; a re-sent chunk of the same input partition replaces it:
+
+>>> a.add_chunk("m", 15.0, source=0, replicas=3, payload=b"first")
+>>> a.add_chunk("m", 15.0, source=0, replicas=3, payload=b"again")
+>>> a.add_chunk("m", 15.0, source=1, replicas=2, payload=b"other")
+>>> a.pending, a.complete(force_until=15.0)[0].chunks
+(5, {(0, 0): b'again', (1, 0): b'other'})
 """
 
 from __future__ import annotations
@@ -81,19 +92,34 @@ class ReplicaStepInput:
 class ModelStep:
     model: str
     window_end: float
-    payloads: dict[str, Any]  # replica -> what stage 1 sent for this step (the worker: ReplicaStepInput)
+    payloads: dict[str, Any]  # replica -> its step alone (format 1: one record per replica step)
     complete: bool = True  # False: released by the memory bound before every input partition reported
+    # (input partition, part) -> replicas of the model that partition closed this step (format 2: one
+    # record per input partition, model and step, split in parts past a size; pipeline/handoff.py)
+    chunks: dict[tuple[int, int], Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _PendingStep:
+    payloads: dict[str, Any] = field(default_factory=dict)  # replica -> payload
+    chunks: dict[tuple[int, int], tuple[int, Any]] = field(default_factory=dict)  # -> (replica steps, payload)
+
+    @property
+    def size(self) -> int:
+        return len(self.payloads) + sum(n for n, _ in self.chunks.values())
 
 
 @dataclass(slots=True)
 class _ModelPending:
-    steps: dict[float, dict[str, Any]] = field(default_factory=dict)
+    steps: dict[float, _PendingStep] = field(default_factory=dict)
     completed_until: float = float("-inf")  # newest window_end released
 
 
 class StepAssembler:
     """Pending replica steps per model until the min-watermark completes them.
 
+    A step arrives replica by replica (:meth:`add`) or as one chunk per input partition holding all
+    of the model's replicas there (:meth:`add_chunk`); both count replica steps for ``max_pending``.
     ``max_pending`` bounds memory: when more replica steps than that are held, the oldest
     pending steps (of any model) are released as they are (``ModelStep.complete`` False,
     counted in ``forced``), as if their missing replicas were silent.
@@ -103,20 +129,40 @@ class StepAssembler:
         self.models: dict[str, _ModelPending] = {}
         self.source_progress: dict[int, float] = {}  # input partition -> newest closed step end
         self.sources = 0  # number of input partitions
-        self.late = 0
+        self.late = 0  # replica steps that came after their step was released
         self.forced = 0  # steps released incomplete by the memory bound
         self.pending = 0  # replica steps held
         self.max_pending = max_pending
 
-    def add(self, model: str, window_end: float, replica: str, payload: Any) -> None:
+    def _pending_step(self, model: str, window_end: float, replicas: int) -> _PendingStep | None:
         pending = self.models.setdefault(model, _ModelPending())
         if window_end <= pending.completed_until:
-            self.late += 1
+            self.late += replicas
+            return None
+        step = pending.steps.get(window_end)
+        if step is None:
+            step = pending.steps[window_end] = _PendingStep()
+        return step
+
+    def add(self, model: str, window_end: float, replica: str, payload: Any) -> None:
+        """One replica's step."""
+        step = self._pending_step(model, window_end, 1)
+        if step is None:
             return
-        step = pending.steps.setdefault(window_end, {})
-        if replica not in step:
+        if replica not in step.payloads:
             self.pending += 1
-        step[replica] = payload  # a re-sent summary replaces the earlier one
+        step.payloads[replica] = payload  # a re-sent summary replaces the earlier one
+
+    def add_chunk(self, model: str, window_end: float, source: int, replicas: int, payload: Any,
+                  part: int = 0) -> None:
+        """The replicas of ``model`` that input partition ``source`` closed at ``window_end`` (part
+        ``part`` of them), as one payload holding ``replicas`` replica steps."""
+        step = self._pending_step(model, window_end, replicas)
+        if step is None:
+            return
+        earlier = step.chunks.get((source, part))
+        self.pending += replicas - (earlier[0] if earlier is not None else 0)
+        step.chunks[(source, part)] = (replicas, payload)  # a re-sent chunk (a replay) replaces the earlier one
 
     def progress(self, source: int, closed_end: float, sources: int) -> None:
         """Input partition ``source`` (of ``sources``) has closed every step ending <= ``closed_end``."""
@@ -150,18 +196,33 @@ class StepAssembler:
         return done
 
     def _release(self, model: str, pending: _ModelPending, end: float, complete: bool) -> ModelStep:
-        payloads = pending.steps.pop(end)
-        self.pending -= len(payloads)
+        step = pending.steps.pop(end)
+        self.pending -= step.size
         pending.completed_until = end
-        return ModelStep(model, end, payloads, complete)
+        return ModelStep(model, end, step.payloads, complete,
+                         chunks={key: payload for key, (_, payload) in step.chunks.items()})
 
     def oldest_pending(self) -> float | None:
         ends = [min(p.steps) for p in self.models.values() if p.steps]
         return min(ends) if ends else None
 
-    def state_dict(self, encode: Callable[[Any], Any] | None = None) -> dict[str, Any]:
-        """JSON-able state; ``encode`` turns a payload into JSON-able data (default: as is)."""
+    def state_dict(self, encode: Callable[[Any], Any] | None = None,
+                   encode_chunk: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+        """JSON-able state; ``encode`` turns a payload into JSON-able data (default: as is),
+        ``encode_chunk`` a chunk's payload (default: ``encode``).
+
+        A pending step is ``[end, {replica: payload}]``, with ``[[source, part, replica steps, chunk], ...]``
+        as a third item when it holds chunks (state written before chunks has two items: still read).
+        """
         enc = encode or (lambda payload: payload)
+        enc_chunk = encode_chunk or enc
+
+        def step_state(end: float, step: _PendingStep) -> list[Any]:
+            out: list[Any] = [end, {r: enc(x) for r, x in step.payloads.items()}]
+            if step.chunks:
+                out.append([[source, part, n, enc_chunk(x)] for (source, part), (n, x) in step.chunks.items()])
+            return out
+
         return {
             "late": self.late,
             "forced": self.forced,
@@ -169,18 +230,18 @@ class StepAssembler:
             "source_progress": {str(k): v for k, v in self.source_progress.items()},
             "models": {
                 model: {
-                    "steps": [
-                        [end, {r: enc(x) for r, x in payloads.items()}] for end, payloads in sorted(p.steps.items())
-                    ],
+                    "steps": [step_state(end, step) for end, step in sorted(p.steps.items())],
                     "completed_until": p.completed_until if p.completed_until != float("-inf") else None,
                 }
                 for model, p in self.models.items()
             },
         }
 
-    def load_state(self, state: dict[str, Any], decode: Callable[[Any], Any] | None = None) -> None:
-        """Inverse of :meth:`state_dict`; ``decode`` inverts its ``encode``."""
+    def load_state(self, state: dict[str, Any], decode: Callable[[Any], Any] | None = None,
+                   decode_chunk: Callable[[Any], Any] | None = None) -> None:
+        """Inverse of :meth:`state_dict`; ``decode`` and ``decode_chunk`` invert its encoders."""
         dec = decode or (lambda payload: payload)
+        dec_chunk = decode_chunk or dec
         self.late = int(state.get("late", 0))
         self.forced = int(state.get("forced", 0))
         self.sources = int(state.get("sources", 0))
@@ -189,8 +250,13 @@ class StepAssembler:
         self.pending = 0
         for model, p in state.get("models", {}).items():
             until = p.get("completed_until")
-            steps = {float(end): {r: dec(x) for r, x in payloads.items()} for end, payloads in p["steps"]}
-            self.pending += sum(len(payloads) for payloads in steps.values())
+            steps: dict[float, _PendingStep] = {}
+            for end, payloads, *chunks in p["steps"]:
+                step = steps[float(end)] = _PendingStep(
+                    payloads={r: dec(x) for r, x in payloads.items()},
+                    chunks={(int(source), int(part)): (int(n), dec_chunk(x))
+                            for source, part, n, x in (chunks[0] if chunks else ())})
+                self.pending += step.size
             self.models[model] = _ModelPending(
                 steps=steps,
                 completed_until=float(until) if until is not None else float("-inf"),

@@ -15,10 +15,10 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
-import orjson
 import pytest
 
 from skewwatch.broker import run_blocking
+from skewwatch.pipeline.handoff import expand_model_step, read_step_header
 from skewwatch.sim.emit import produce_traffic
 from skewwatch.sim.generator import GeneratorConfig, generate_chunks
 from skewwatch.topics import delete_topics, ensure_topics
@@ -47,13 +47,13 @@ def steps(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         last_end = START + RUN_FOR - 2 * STEP  # the last steps close once the watermark passes them
 
         def done(records: list[Any]) -> bool:
-            return any(b.get("features", {}).get("window_end", 0) >= last_end
-                       for b in (orjson.loads(r.value) for r in records))
+            return any(h.window_end >= last_end for h in (read_step_header(r.headers) for r in records) if h)
 
         with WorkerProcess(settings, tmp_path_factory.mktemp("backlog") / "worker.log") as worker:
             records = asyncio.run(consume_until(kafka_bootstrap, [topics.replica_steps], done, 180))
             log = worker.log_tail()
-        bodies = [b for b in (orjson.loads(r.value) for r in records) if "features" in b]
+        # one record per input partition, model and step (progress markers carry no step header)
+        bodies = [b for r in records if read_step_header(r.headers) for b in expand_model_step(r.value)]
         assert bodies, log
         yield bodies
     finally:

@@ -28,6 +28,7 @@ import pytest
 
 from skewwatch.broker import run_blocking
 from skewwatch.config import Settings
+from skewwatch.pipeline.handoff import expand_model_step, read_step_header
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.schemas.telemetry import decode_telemetry, encode_telemetry
 from skewwatch.sim.emit import produce_traffic
@@ -128,8 +129,8 @@ def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
             "corrections": sorted((orjson.loads(r.value) for r in records if r.topic == topics.routing_corrections),
                                   key=lambda c: (c["model"], c["seq"])),
             # stage 1 -> stage 2 (internal): each replica's step with the telemetry the join merged
-            "steps": [body for body in (orjson.loads(r.value) for r in records if r.topic == topics.replica_steps)
-                      if "features" in body],
+            "steps": [body for r in records if r.topic == topics.replica_steps and read_step_header(r.headers)
+                      for body in expand_model_step(r.value)],
             "log": worker.log_tail(),
         }
     finally:

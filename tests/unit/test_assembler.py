@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
 from skewwatch.pipeline.assembler import StepAssembler
@@ -141,3 +143,79 @@ def test_stage2_checkpoint_embeds_pending_records_and_restores_them() -> None:
     restored = PartitionModels.restore(snapshot, Settings(), DetectorSettings.from_overrides({}))
     [step] = restored.assembler.complete(force_until=105.0)
     assert orjson.loads(step.payloads["r1"]) == body
+
+
+def test_chunks_count_their_replica_steps_and_a_resent_chunk_replaces() -> None:
+    a = StepAssembler(max_pending=10)
+    a.add_chunk("m", 5.0, source=0, replicas=4, payload=b"p0")
+    a.add_chunk("m", 5.0, source=0, replicas=3, payload=b"p0 again")  # a replay of partition 0's step
+    a.add_chunk("m", 5.0, source=0, replicas=2, payload=b"p0 part 1", part=1)
+    a.add_chunk("m", 5.0, source=1, replicas=4, payload=b"p1")
+    assert a.pending == 9
+    a.progress(0, 5.0, sources=2)
+    assert a.complete() == []  # partition 1 has not announced step 5 yet
+    a.progress(1, 5.0, sources=2)
+    [step] = a.complete()
+    assert step.chunks == {(0, 0): b"p0 again", (0, 1): b"p0 part 1", (1, 0): b"p1"} and a.pending == 0
+    a.add_chunk("m", 5.0, source=1, replicas=4, payload=b"late")
+    assert (a.late, a.pending) == (4, 0)
+
+
+def test_the_memory_bound_counts_replica_steps_in_chunks() -> None:
+    a = StepAssembler(max_pending=5)
+    a.add_chunk("m", 5.0, source=0, replicas=3, payload=b"a")
+    a.add_chunk("m", 10.0, source=0, replicas=3, payload=b"b")
+    [step] = a.complete()
+    assert (step.window_end, step.complete, a.forced, a.pending) == (5.0, False, 1, 3)
+
+
+def test_state_with_chunks_round_trips_and_state_without_them_still_loads() -> None:
+    a = StepAssembler()
+    a.add("m", 5.0, "r1", {"x": 1})
+    a.add_chunk("m", 5.0, source=1, replicas=2, payload={"chunk": 1}, part=0)
+    a.add_chunk("m", 10.0, source=0, replicas=5, payload={"chunk": 2}, part=1)
+    state = orjson.loads(orjson.dumps(a.state_dict()))
+    assert state["models"]["m"]["steps"] == [[5.0, {"r1": {"x": 1}}, [[1, 0, 2, {"chunk": 1}]]],
+                                             [10.0, {}, [[0, 1, 5, {"chunk": 2}]]]]
+    b = StepAssembler()
+    b.load_state(state)
+    assert b.pending == 8
+    [five, ten] = b.complete(force_until=10.0)
+    assert (five.payloads, five.chunks) == ({"r1": {"x": 1}}, {(1, 0): {"chunk": 1}})
+    assert ten.chunks == {(0, 1): {"chunk": 2}}
+    # written before chunks existed: [end, {replica: payload}] only
+    old = {"late": 2, "forced": 0, "sources": 1, "source_progress": {"0": 0.0},
+           "models": {"m": {"steps": [[5.0, {"r1": {"x": 1}, "r2": {"x": 2}}]], "completed_until": 0.0}}}
+    c = StepAssembler()
+    c.load_state(old)
+    assert (c.pending, c.late) == (2, 2)
+    [step] = c.complete(force_until=5.0)
+    assert step.payloads == {"r1": {"x": 1}, "r2": {"x": 2}} and step.chunks == {}
+
+
+def test_stage2_checkpoint_holds_chunks_and_restores_a_checkpoint_from_before_them() -> None:
+    from skewwatch.agents.stage2 import PartitionModels
+    from skewwatch.config import Settings
+    from skewwatch.pipeline.decide import DetectorSettings
+
+    settings, detectors = Settings(), DetectorSettings.from_overrides({})
+    chunk = b"\x00\x00\x00\x02{}\xff\x00binary"  # the assembler holds a chunk's bytes as they are
+    partition = PartitionModels(settings)
+    partition.assembler.add_chunk("m", 105.0, source=0, replicas=3, payload=chunk)
+    restored = PartitionModels.restore(partition.snapshot(), settings, detectors)
+    assert restored.assembler.pending == 3
+    [step] = restored.assembler.complete(force_until=105.0)
+    assert step.chunks == {(0, 0): chunk}
+
+    # a stage 2 checkpoint as the code before format 2 wrote it (v1: per-replica records, embedded)
+    body: dict[str, Any] = {"summary": {"v": 1, "x": [1, 2]},
+                            "features": {"model": "m", "replica": "r1", "window_end": 110.0},
+                            "telemetry": None, "telemetry_stale": []}
+    v1 = orjson.dumps({"v": 1, "assembler": {"late": 0, "forced": 0, "sources": 2, "source_progress": {"0": 105.0},
+                                             "models": {"m": {"steps": [[110.0, {"r1": body}]],
+                                                              "completed_until": 105.0}}},
+                       "deciders": {}})
+    old = PartitionModels.restore(v1, settings, detectors)
+    assert old.assembler.pending == 1 and old.assembler.source_progress == {0: 105.0}
+    [step] = old.assembler.complete(force_until=110.0)
+    assert orjson.loads(step.payloads["r1"]) == body and step.chunks == {}

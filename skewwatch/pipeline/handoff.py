@@ -1,0 +1,258 @@
+"""The stage 1 -> stage 2 record: one per (input partition, model, closed step), as columns.
+
+Stage 1 closes a step for every replica of its input partition at once; stage 2 needs them per
+model. Until format 2 each replica's step was its own record (``{"summary", "features",
+"telemetry", "telemetry_stale"}``, JSON, ~2.5 KB): per replica two ``producer.send`` calls in
+stage 1, and in stage 2 one JSON decode to route the record and, at completion, a second one plus
+``WindowSummary.from_dict`` (numpy arrays and checks per replica) — ~100 µs per replica step.
+Format 2 sends every replica of one model in one closed step of one input partition as ONE
+record, its per-replica fields as columns:
+
+``{"v": 2, "model", "window_end", "source", "replicas": [names],
+"summary": {"v": SUMMARY_VERSION, "fields": {name: {"kind", "data", ...}}},
+"features": {name: [one value per replica]}, "telemetry": [sample dict or null, ...],
+"telemetry_stale": [[field, ...], ...]}``
+
+A summary field whose values are 1-D arrays is one ``rows`` matrix (``dtype``), 2-D (sparse
+sketch) arrays one ``sparse`` concatenation (``lengths`` per replica), anything else ``values``.
+The fields are read off the dataclasses, so a field added to :class:`WindowSummary` or
+:class:`FeatureVector` travels without a change here; the decoded objects equal what
+``from_dict(to_dict())`` gives (the tests hold them equal, field by field and dtype).
+Routing needs no JSON: the Kafka header ``skewwatch-step`` holds ``[window_end, source,
+replicas]`` (:func:`step_header`, :func:`read_step_header`).
+
+>>> from skewwatch.config import WindowSettings
+>>> from skewwatch.pipeline.events import RequestColumns
+>>> from skewwatch.pipeline.window import PartitionWindows
+>>> ev = dict(model="m", prompt_tokens=10, completion_tokens=20, batch_size=4, batch_capacity=16)
+>>> windows = PartitionWindows(WindowSettings())
+>>> _ = windows.apply(RequestColumns.from_rows([dict(ev, request_id=r, replica=r, ts=101.0, latency_ms=100.0)
+...                                             for r in ("r1", "r2")]))
+>>> windows.advance_watermark(105.0)
+>>> steps = list(windows.close_steps())
+>>> record = encode_model_step("m", 105.0, 0, steps, [None, None], [[], []])
+>>> decoded = decode_model_step(record)
+>>> [(name, step.features == s.features) for (name, step), s in zip(decoded, steps)]
+[('r1', True), ('r2', True)]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import orjson
+
+from skewwatch.pipeline.assembler import ModelStep, ReplicaStepInput
+from skewwatch.pipeline.features import FeatureVector
+from skewwatch.pipeline.sketch import log_bins
+from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.pipeline.window import ReplicaStep, WindowSummary
+from skewwatch.pipeline.window.summary import SUMMARY_VERSION
+
+HANDOFF_VERSION = 2  # 1: one record per replica step (still read: ReplicaStepInput.from_body)
+STEP_HEADER = "skewwatch-step"  # Kafka header of a format-2 record: [window_end, source, replicas, part]
+# A partition's replicas of one model go in parts of at most this many (a record stays well under the
+# topic's 1 MiB max.message.bytes: ~1.5 KB per replica step)
+MAX_REPLICAS_PER_RECORD = 256
+
+_HEAD_LENGTH = struct.Struct(">I")  # a record: length of the JSON head, the head, the arrays' bytes
+_DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+_SUMMARY_FIELDS = dataclasses.fields(WindowSummary)
+_SUMMARY_NAMES: tuple[str, ...] = tuple(f.name for f in _SUMMARY_FIELDS)
+# from_dict's conversions of the plain scalar fields (annotations are strings here), kept so a decoded
+# object is the same, type for type (a float field sent as 5.0 comes back as 5.0, not 5)
+_CASTS: dict[str, type] = {"float": float, "int": int, "str": str}
+_SUMMARY_CAST: dict[str, type] = {f.name: _CASTS[str(f.type)] for f in _SUMMARY_FIELDS if str(f.type) in _CASTS}
+_FEATURE_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(FeatureVector))
+_FEATURE_SET = frozenset(_FEATURE_NAMES)
+_summary_row = operator.attrgetter(*_SUMMARY_NAMES)
+_feature_row = operator.attrgetter(*_FEATURE_NAMES)
+_TELEMETRY_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TelemetrySample))
+_TELEMETRY_NAMES = frozenset(_TELEMETRY_FIELDS)
+_telemetry_row = operator.attrgetter(*_TELEMETRY_FIELDS)
+
+
+class StepHeader(NamedTuple):
+    """What stage 2 routes a format-2 record by (its Kafka header; the key is the model)."""
+
+    window_end: float
+    source: int  # stage 1's input partition
+    replicas: int  # replica steps in the record
+    part: int  # which part of the partition's replicas of the model (past MAX_REPLICAS_PER_RECORD)
+
+
+def step_header(window_end: float, source: int, replicas: int, part: int = 0) -> list[tuple[str, bytes]]:
+    """The Kafka headers of a format-2 record."""
+    return [(STEP_HEADER, orjson.dumps([window_end, source, replicas, part]))]
+
+
+def read_step_header(headers: Sequence[tuple[str, bytes]] | None) -> StepHeader | None:
+    """The :class:`StepHeader` of a format-2 record; None for any other record."""
+    for key, value in headers or ():
+        if key == STEP_HEADER:
+            end, source, replicas, part = orjson.loads(value)
+            return StepHeader(float(end), int(source), int(replicas), int(part))
+    return None
+
+
+def _summary_columns(summaries: Sequence[WindowSummary], blobs: list[bytes]) -> dict[str, dict[str, Any]]:
+    """Each field as a column; arrays go to ``blobs`` (the record's binary tail), the column says where."""
+    columns: dict[str, dict[str, Any]] = {}
+    at = sum(map(len, blobs))
+
+    def blob(array: np.ndarray) -> dict[str, Any]:
+        nonlocal at
+        data = np.ascontiguousarray(array).tobytes()
+        blobs.append(data)
+        at += len(data)
+        return {"dtype": array.dtype.str, "at": at - len(data), "nbytes": len(data)}
+
+    for name, values in zip(_SUMMARY_NAMES, _transpose(summaries, _summary_row), strict=True):
+        first = values[0]
+        if not isinstance(first, np.ndarray):
+            columns[name] = {"kind": "values", "data": values}
+            continue
+        arrays: Sequence[np.ndarray] = values
+        if first.ndim == 1:
+            matrix = np.stack(arrays)
+            columns[name] = {"kind": "rows", "width": int(matrix.shape[1]), **blob(matrix)}
+        elif first.ndim == 2:  # a sparse sketch (2, k): slots and counts, concatenated
+            columns[name] = {"kind": "sparse", "lengths": [int(a.shape[1]) for a in arrays],
+                             **blob(np.concatenate(arrays, axis=1).astype(np.int32))}
+        else:
+            raise TypeError(f"window summary field {name}: {first.ndim}-D arrays cannot be sent as columns")
+    return columns
+
+
+def _transpose(objects: Sequence[Any], row: Callable[[Any], tuple[Any, ...]]) -> list[list[Any]]:
+    """Columns (one list per field) of ``objects``; ``row`` reads every field of one (attrgetter)."""
+    return [list(column) for column in zip(*map(row, objects), strict=True)]
+
+
+def _telemetry_dict(sample: TelemetrySample) -> dict[str, Any]:
+    """``sample.to_dict()`` (unknown fields left out) without ``asdict``'s deep copy."""
+    return {name: value for name, value in zip(_TELEMETRY_FIELDS, _telemetry_row(sample), strict=True)
+            if value is not None}
+
+
+def encode_model_step(model: str, window_end: float, source: int, steps: Sequence[ReplicaStep],
+                      telemetry: Sequence[TelemetrySample | None], stale: Sequence[list[str]]) -> bytes:
+    """The format-2 record of one model's replicas in one closed step of input partition ``source``."""
+    features = [s.features for s in steps]
+    blobs: list[bytes] = []
+    head = orjson.dumps({
+        "v": HANDOFF_VERSION, "model": model, "window_end": window_end, "source": source,
+        "replicas": [fv.replica for fv in features],
+        "summary": {"v": SUMMARY_VERSION, "fields": _summary_columns([s.summary for s in steps], blobs)},
+        "features": dict(zip(_FEATURE_NAMES, _transpose(features, _feature_row), strict=True)),
+        "telemetry": [None if t is None else _telemetry_dict(t) for t in telemetry],
+        "telemetry_stale": list(stale),
+    }, option=_DUMPS_OPTIONS)
+    return b"".join([_HEAD_LENGTH.pack(len(head)), head, *blobs])
+
+
+def _array(column: dict[str, Any], value: bytes, tail: int) -> np.ndarray:
+    """A column's array out of the record's binary tail, copied (writable, like from_dict's)."""
+    dtype = np.dtype(column["dtype"])
+    nbytes = int(column["nbytes"])
+    start = tail + int(column["at"])
+    if nbytes % dtype.itemsize or start + nbytes > len(value):
+        raise ValueError(f"replica-steps record: array at {column['at']} ({nbytes} B) out of bounds")
+    return np.frombuffer(value, dtype=dtype, count=nbytes // dtype.itemsize, offset=start).copy()
+
+
+def _summary_values(name: str, column: dict[str, Any], rows: int, n_slots: int, value: bytes,
+                    tail: int) -> list[Any]:
+    kind = column["kind"]
+    if kind == "values":
+        values: list[Any] = column["data"]
+        cast = _SUMMARY_CAST.get(name)
+        return values if cast is None else list(map(cast, values))
+    if kind == "rows":
+        width = int(column["width"])
+        matrix = _array(column, value, tail)
+        if matrix.size != rows * width:
+            raise ValueError(f"{name}: {matrix.size} values for {rows} rows of {width}")
+        return list(matrix.reshape(rows, width))
+    if kind == "sparse":
+        both = _array(column, value, tail).reshape(2, -1)
+        lengths = np.asarray(column["lengths"], dtype=np.int64)
+        bounds = np.zeros(rows + 1, dtype=np.int64)
+        np.cumsum(lengths, out=bounds[1:])
+        total = both.shape[1]
+        if total != bounds[-1]:
+            raise ValueError(f"{name}: {total} entries, the lengths say {bounds[-1]}")
+        if total:
+            slots, counts = both
+            gaps = np.diff(slots)
+            starts = bounds[1:-1]
+            gaps[starts[(starts > 0) & (starts < total)] - 1] = 1  # a row's first slot follows nothing
+            if slots.min() < 0 or slots.max() >= n_slots or counts.min() <= 0 or np.any(gaps <= 0):
+                raise ValueError(f"{name}: slots must be sorted, in range, with positive counts")
+        edges = bounds.tolist()
+        return [both[:, lo:hi] for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+    raise ValueError(f"window summary field {name}: unknown column kind {kind!r}")
+
+
+def decode_model_step(value: bytes) -> list[tuple[str, ReplicaStepInput]]:
+    """Every replica's step in a format-2 record, in the order stage 1 sent them.
+
+    Raises ValueError on a record that is not format 2 or whose summary version is not this one's.
+    """
+    (length,) = _HEAD_LENGTH.unpack_from(value)
+    tail = _HEAD_LENGTH.size + length
+    body = orjson.loads(memoryview(value)[_HEAD_LENGTH.size:tail])
+    if body.get("v") != HANDOFF_VERSION:
+        raise ValueError(f"replica-steps record: unsupported format {body.get('v')!r}")
+    replicas: list[str] = body["replicas"]
+    rows = len(replicas)
+    summary = body["summary"]
+    if summary.get("v") != SUMMARY_VERSION:
+        raise ValueError(f"window summary: unsupported version {summary.get('v')!r}")
+    fields: dict[str, dict[str, Any]] = summary["fields"]
+    accuracy = fields.get("relative_accuracy", {}).get("data") or [0.01]
+    n_slots = min(log_bins(float(a)).n_slots for a in set(accuracy))
+    columns = {name: _summary_values(name, column, rows, n_slots, value, tail)
+               for name, column in fields.items() if name in _SUMMARY_NAMES}
+    if tuple(columns) == _SUMMARY_NAMES:  # positionally: the same fields in the dataclass's order
+        summaries = [WindowSummary(*values) for values in zip(*columns.values(), strict=True)]
+    else:
+        summaries = [WindowSummary(**dict(zip(columns, values, strict=True)))
+                     for values in zip(*columns.values(), strict=True)]
+    feature_columns = {name: column for name, column in body["features"].items() if name in _FEATURE_SET}
+    if tuple(feature_columns) == _FEATURE_NAMES:
+        features = [FeatureVector(*values) for values in zip(*feature_columns.values(), strict=True)]
+    else:
+        features = [FeatureVector(**dict(zip(feature_columns, values, strict=True)))
+                    for values in zip(*feature_columns.values(), strict=True)]
+    telemetry = [None if t is None else TelemetrySample(**{k: v for k, v in t.items() if k in _TELEMETRY_NAMES})
+                 for t in body["telemetry"]]
+    return [(name, ReplicaStepInput(summary=s, features=fv, telemetry=t))
+            for name, s, fv, t in zip(replicas, summaries, features, telemetry, strict=True)]
+
+
+def expand_model_step(value: bytes) -> list[dict[str, Any]]:
+    """A format-2 record as the format-1 bodies it replaces (``summary``, ``features``, ``telemetry``,
+    ``telemetry_stale`` per replica): for tools and tests that read the internal topic."""
+    (length,) = _HEAD_LENGTH.unpack_from(value)
+    stale = orjson.loads(value[_HEAD_LENGTH.size:_HEAD_LENGTH.size + length])["telemetry_stale"]
+    return [{**step.to_body(), "features": step.features.to_dict(), "telemetry_stale": replica_stale}
+            for (_, step), replica_stale in zip(decode_model_step(value), stale, strict=True)]
+
+
+def model_step_inputs(step: ModelStep) -> dict[str, ReplicaStepInput]:
+    """Every replica's decoded step of a released model step, by replica: the chunks (format 2) in the
+    order they came, then the single records (format 1, as the worker held them: the record's bytes)
+    of replicas no chunk holds — a replica in both (a stage 1 upgraded mid-step, replaying) counts once."""
+    inputs: dict[str, ReplicaStepInput] = {}
+    for payload in step.chunks.values():
+        inputs.update(decode_model_step(payload))
+    for replica, raw in step.payloads.items():
+        if replica not in inputs:
+            inputs[replica] = ReplicaStepInput.from_body(orjson.loads(raw))
+    return inputs
