@@ -53,6 +53,7 @@ not dropped. Default off: the issue's rule, exactly.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -254,13 +255,27 @@ def compute_weights(inputs: Iterable[WeightInput], config: WeightConfig | None =
     return _normalise([inp.replica for inp in inputs], [inp.health for inp in inputs], rows)
 
 
-# The notes of a row computed as columns, by which signals it lacks (bit 1 mem, 2 queue,
-# 4 latency): the reference's notes for those signals, and its reason (the notes joined). A row as
-# columns lacks mem only for want of any telemetry sample (a stale or partial sample has its own
-# note, left to the reference).
+# The notes of a row computed as columns, by which signals it lacks (its code: bit 1 mem, 2 queue,
+# 4 latency): the reference's notes for those signals, its reason (the notes joined) and the sum of
+# the present signals' coefficients, added in the reference's order. A row as columns lacks mem
+# only for want of any telemetry sample (a stale or partial sample has its own note, left to the
+# reference).
 _MISSING_NOTES = ("mem missing (no telemetry)", "queue missing (not reported)", "latency missing (empty window)")
 _COLUMN_NOTES = tuple([note for bit, note in enumerate(_MISSING_NOTES) if code >> bit & 1] for code in range(8))
 _COLUMN_REASONS = np.array(["; ".join(notes) or "ok" for notes in _COLUMN_NOTES], dtype=object)
+
+
+@functools.lru_cache(maxsize=16)
+def _present_coefficients(config: WeightConfig) -> npt.NDArray[np.float64]:
+    """By code: the sum of the present signals' coefficients, as :func:`load_denominator` adds them."""
+    sums = []
+    for code in range(8):
+        present = 0.0
+        for bit, coef in enumerate((config.mem_coef, config.queue_coef, config.latency_coef)):
+            if not code >> bit & 1:
+                present += coef
+        sums.append(present)
+    return np.array(sums)
 
 
 def _floats_or_none(column: npt.NDArray[np.float64], missing: npt.NDArray[np.bool_]) -> list[float | None]:
@@ -290,38 +305,43 @@ def pool_weights(
     The usual replica (not stale, healthy, above the idle floor, with at least one signal, and
     without telemetry at all or with a fresh sample giving memory) is computed as columns, its
     missing signals included; any other row goes through the reference's per-replica code, for
-    its notes.
+    its notes. This runs per model and step, so it keeps to few numpy calls (each costs about
+    as much as a few replicas' arithmetic): a pool without fresh telemetry skips its columns.
     """
     cfg = config
     n = len(replicas)
-    # TelemetrySample.memory_ratio as columns: used / total clamped to [0, 1], unknown without both
-    used, total = step.telemetry_column("memory_used_bytes"), step.telemetry_column("memory_total_bytes")
-    known = ~np.isnan(used) & ~np.isnan(total) & (total != 0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mem = np.where(known, np.minimum(np.maximum(used / total, 0.0), 1.0), np.nan)
-    events_queue = step.column("queue_length_mean")
-    queue = np.where(np.isnan(events_queue), step.telemetry_column("queue_length"), events_queue)
-    queue = np.minimum(np.maximum(queue, 0.0) / cfg.queue_cap, 1.0)
-    latency = np.minimum(np.maximum(step.column("latency_mean"), 0.0) / cfg.latency_ref_ms, 1.0)
-    no_mem, no_queue, no_latency = np.isnan(mem), np.isnan(queue), np.isnan(latency)
-    # the reference's order of operations: sums from 0.0 over the present signals in the order
-    # mem, queue, latency; a missing signal adds +0.0 here, which leaves the partial sums (never
-    # negative: every term is >= 0) unchanged bit for bit
-    weighted = (((0.0 + np.where(no_mem, 0.0, cfg.mem_coef * mem)) + np.where(no_queue, 0.0, cfg.queue_coef * queue))
-                + np.where(no_latency, 0.0, cfg.latency_coef * latency))
-    present_coef = (((0.0 + np.where(no_mem, 0.0, cfg.mem_coef)) + np.where(no_queue, 0.0, cfg.queue_coef))
-                    + np.where(no_latency, 0.0, cfg.latency_coef))
-    total_coef = cfg.mem_coef + cfg.queue_coef + cfg.latency_coef
+    fresh = step.telemetry
+    # invalid/divide/over: NaN and inf rows are never computed as columns (the screen below)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        denominator = total_coef * weighted / present_coef
-        raw_column = 1.0 / denominator
+        events_queue = step.column("queue_length_mean")
+        if fresh.count(None) == n:  # no fresh sample: mem missing everywhere, queue from the events
+            mem, no_mem, queue = None, np.ones(n, dtype=np.bool_), events_queue
+        else:
+            # TelemetrySample.memory_ratio as columns: used / total clamped to [0, 1], unknown without both
+            used, total = step.telemetry_column("memory_used_bytes"), step.telemetry_column("memory_total_bytes")
+            mem = np.minimum(np.maximum(used / total, 0.0), 1.0)
+            mem[total == 0] = np.nan  # NaN / x and x / NaN are NaN already
+            no_mem = np.isnan(mem)
+            queue = np.where(np.isnan(events_queue), step.telemetry_column("queue_length"), events_queue)
+        queue = np.minimum(np.maximum(queue, 0.0) / cfg.queue_cap, 1.0)
+        latency = np.minimum(np.maximum(step.column("latency_mean"), 0.0) / cfg.latency_ref_ms, 1.0)
+        no_queue, no_latency = np.isnan(queue), np.isnan(latency)
+        codes = no_mem + (no_queue << 1) + (no_latency << 2)  # bool + int: the int64 code of each row
+        # the reference sums the present signals from 0.0 in the order mem, queue, latency; fmax
+        # turns a missing (NaN) term into 0.0, which leaves the sum unchanged (every term is >= 0;
+        # the sign of a zero sum does not matter: such a row is below the floor, a reference row)
+        weighted = np.fmax(cfg.queue_coef * queue, 0.0)
+        if mem is not None:
+            weighted = np.fmax(cfg.mem_coef * mem, 0.0) + weighted  # (mem + queue) + latency, the order
+        weighted += np.fmax(cfg.latency_coef * latency, 0.0)
+        total_coef = cfg.mem_coef + cfg.queue_coef + cfg.latency_coef
+        denominator = total_coef * weighted / _present_coefficients(cfg)[codes]
+        raws = (1.0 / denominator).tolist()
+        # not floored and at least one signal (no signal: 0 / 0, NaN, which compares False)
+        columnar = denominator >= cfg.min_denominator
     scores = [score for score, _ in health]
-    columnar = (
-        (present_coef > 0)  # at least one signal (else the reference's "no load signal" row)
-        & (denominator >= cfg.min_denominator)  # not floored (NaN: never)
-        & (np.array(scores, dtype=np.float64) == 1.0)
-        & (np.array(silent_steps, dtype=np.int64) < cfg.stale_steps)
-    )
+    if scores.count(1.0) != n or (n and max(silent_steps) >= cfg.stale_steps):
+        columnar &= (np.array(scores, dtype=np.float64) == 1.0) & (np.array(silent_steps) < cfg.stale_steps)
     if telemetry:
         # mem missing despite a sample (stale, or without memory used/total): the reference says which
         no_telemetry: tuple[None, None] = (None, None)
@@ -332,11 +352,11 @@ def pool_weights(
     for row in np.flatnonzero(np.isnan(events_queue) & columnar).tolist():
         if vectors[row].queue_length_mean is not None:  # NaN, which the reference takes as a queue (NaN)
             columnar[row] = False
-    codes = no_mem.astype(np.int64) + 2 * no_queue + 4 * no_latency
-    reasons = _COLUMN_REASONS[codes].tolist()
-    columns = (_floats_or_none(mem, no_mem), _floats_or_none(queue, no_queue),
+    first_code = int(codes[0]) if n else 0
+    reasons = (_COLUMN_REASONS[codes].tolist() if (codes != first_code).any()
+               else [_COLUMN_REASONS[first_code]] * n)
+    columns = ([None] * n if mem is None else _floats_or_none(mem, no_mem), _floats_or_none(queue, no_queue),
                _floats_or_none(latency, no_latency), denominator.tolist())
-    raws = raw_column.tolist()
     if columnar.all():
         # the common case: every replica as columns, health 1.0, raw > 0 so the total is too
         pool_total = sum(raws)
