@@ -357,8 +357,14 @@ class ModelDecider:
         detector = self.detectors.get(GpuHealthDetector.name)
         if not isinstance(detector, GpuHealthDetector):
             return [healthy] * len(keys)
+        unwell = detector.unwell_keys()
+        if not unwell:  # the usual step: no replica of any model has an error class
+            return [healthy] * len(keys)
         result: list[tuple[float, str | None]] = []
         for key in keys:
+            if key not in unwell:
+                result.append(healthy)
+                continue
             assessment = detector.assessment(key, now)
             if assessment is HEALTHY:
                 result.append(healthy)

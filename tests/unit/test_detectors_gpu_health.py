@@ -177,3 +177,47 @@ def test_model_level_vectors_are_ignored() -> None:
     det = GpuHealthDetector()
     assert det.update(fv(0.0, {"700": 5}, replica=None), None, 0.0).alerts == []
     assert det.state_dict()["keys"] == {}
+
+
+def test_a_step_at_once_is_update_per_replica() -> None:
+    """``update_step`` (the decider's path, which skips replicas with nothing to fold in) gives the
+    alerts, actions and assessments of ``update`` on every replica, and the same state for every
+    replica that has any (a skipped replica keeps none instead of an empty one)."""
+    import random
+
+    from skewwatch.pipeline.detectors.base import StepColumns
+
+    rng = random.Random(5)
+    errors = ["cudaErrorLaunchTimeout", "cudaErrorMemoryAllocation", "cudaErrorIllegalAddress", "999"]
+    replicas = [f"r{i}" for i in range(30)]
+    stepwise, per_replica = GpuHealthDetector(), GpuHealthDetector()
+    opened = 0
+    for k in range(120):
+        t = 5.0 * k
+        vectors, samples = [], []
+        for replica in replicas:
+            cuda = {rng.choice(errors): rng.randint(1, 3)} if rng.random() < 0.03 else {}
+            vectors.append(FeatureVector(model="m", replica=replica, window_start=t - 60, window_end=t, count=50,
+                                         step_count=5, step_cuda_errors=cuda))
+            samples.append(None if rng.random() < 0.7 else TelemetrySample(
+                ts=t, replica=replica, source="nvml", xid_last=rng.choice([None, 13, 48, 79]),
+                xid_count_5m=rng.choice([None, 0, 1, 2]), ecc_uncorrected_total=rng.choice([None, 0, 0, 1])))
+        got_alerts: list[Any] = []
+        got_actions: list[Any] = []
+        stepwise.update_step(StepColumns(vectors, samples), t, got_alerts, got_actions)
+        want_alerts: list[Any] = []
+        want_actions: list[Any] = []
+        for vector, sample in zip(vectors, samples, strict=True):
+            out = per_replica.update(vector, sample, t)
+            want_alerts += out.alerts
+            want_actions += out.actions
+        assert [a.to_dict() for a in got_alerts] == [a.to_dict() for a in want_alerts]
+        assert [a.to_dict() for a in got_actions] == [a.to_dict() for a in want_actions]
+        for replica in replicas:
+            assert stepwise.assessment(f"m/{replica}", t) == per_replica.assessment(f"m/{replica}", t)
+        unwell = {key for key in per_replica.state_dict()["keys"] if per_replica.assessment(key, t).score < 1.0}
+        assert unwell <= stepwise.unwell_keys()
+        opened += sum(a.state == "open" for a in got_alerts)
+    kept = stepwise.state_dict()["keys"]
+    assert kept and all(per_replica.state_dict()["keys"][key] == state for key, state in kept.items())
+    assert opened > 5  # the faults did happen

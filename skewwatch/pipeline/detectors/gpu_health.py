@@ -48,6 +48,7 @@ from skewwatch.pipeline.detectors.base import (
     Detector,
     DetectorOutput,
     Severity,
+    StepColumns,
 )
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.health import (
@@ -81,11 +82,28 @@ class GpuHealthDetector(Detector):
     def __init__(self, config: HealthConfig | None = None) -> None:
         super().__init__(config)
         self._state: dict[str, _ReplicaHealth] = {}  # key -> live health state and open alert class
+        # keys whose health has an error class (``last_error_ts``): the only ones whose assessment
+        # may be below 1.0, so the decider asks only these (see unwell_keys)
+        self._unwell: set[str] = set()
 
     def update(self, fv: FeatureVector, telemetry: TelemetrySample | None, now: float) -> DetectorOutput:
         out = DetectorOutput()
         self.update_into(fv, telemetry, now, out.alerts, out.actions)
         return out
+
+    def update_step(self, step: StepColumns, now: float, alerts: list[Alert], actions: list[Action]) -> None:
+        """``update`` of the replicas that can change anything: a CUDA error in the step, a fresh
+        telemetry sample (faults, baselines), or an error class or open alert to expire or
+        resolve. For any other replica ``update`` is a no-op apart from creating its empty state,
+        which is as good as none (``assessment`` and ``update`` treat both alike), so none is kept."""
+        state = self._state
+        update_into = self.update_into
+        for fv, key, telemetry in zip(step.vectors, step.keys, step.telemetry, strict=True):
+            if telemetry is None and not fv.step_cuda_errors:
+                key_state = state.get(key)
+                if key_state is None or (not key_state.health.last_error_ts and key_state.alert_class is None):
+                    continue
+            update_into(fv, telemetry, now, alerts, actions)
 
     def update_into(
         self,
@@ -100,6 +118,23 @@ class GpuHealthDetector(Detector):
         key_state = self._state.get(fv.key)
         if key_state is None:
             key_state = self._state[fv.key] = _ReplicaHealth()
+        self._fold(key_state, fv, telemetry, now, alerts, actions)
+        if key_state.health.last_error_ts:
+            self._unwell.add(fv.key)
+        else:
+            self._unwell.discard(fv.key)
+
+    def _fold(
+        self,
+        key_state: _ReplicaHealth,
+        fv: FeatureVector,
+        telemetry: TelemetrySample | None,
+        now: float,
+        alerts: list[Alert],
+        actions: list[Action],
+    ) -> None:
+        """One replica's step: fold its errors in, then open, escalate or resolve its alert."""
+        assert fv.replica is not None
         health = key_state.health
         if fv.step_cuda_errors or health.last_error_ts or (telemetry is not None and telemetry_news(health, telemetry)):
             observed = observe(health, fv.step_cuda_errors, telemetry, now, self.config)
@@ -196,6 +231,11 @@ class GpuHealthDetector(Detector):
             )
         return evidence
 
+    def unwell_keys(self) -> set[str]:
+        """Keys whose :meth:`assessment` may be below 1.0 (an error class not yet expired); every
+        other key is :data:`HEALTHY`. Read only."""
+        return self._unwell
+
     def assessment(self, key: str, now: float) -> HealthAssessment:
         """Health of ``model/replica`` at ``now`` (healthy when never seen)."""
         key_state = self._state.get(key)
@@ -216,9 +256,11 @@ class GpuHealthDetector(Detector):
             key: _ReplicaHealth(HealthState.from_dict(ks["health"]), ks.get("alert_class"))
             for key, ks in state.get("keys", {}).items()
         }
+        self._unwell = {key for key, ks in self._state.items() if ks.health.last_error_ts}
 
     def forget(self, key: str) -> None:
         self._state.pop(key, None)
+        self._unwell.discard(key)
 
     def open_alerts(self) -> dict[str, Severity]:
         return {
