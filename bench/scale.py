@@ -11,8 +11,9 @@ Three parts, each selectable with ``--parts``:
     objects from those columns (``ReplicaStep`` = ``FeatureVector`` + ``WindowSummary``, what stage 2
     and publishing read: column ``build``), ``merge_model_features`` per model and
     ``ModelDecider.step`` per model (every detector, health, weights, correction). The stage 1 -> 2
-    hand-off the worker also pays per replica (``to_dict`` + JSON + ``from_dict``) is timed
-    separately. Target: <= 250 ms at 10k, linear in replicas.
+    hand-off the worker also pays per replica (one record per partition, model and step, encoded in
+    stage 1 and decoded in stage 2: ``skewwatch.pipeline.handoff``) is timed separately.
+    Target: <= 250 ms at 10k, linear in replicas.
 ``memory``
     Window state per active replica (tracemalloc: bytes still allocated after building 8
     partitions of full windows, and the checkpoint snapshot's bytes and CPU time), the same for the deciders'
@@ -73,9 +74,14 @@ from bench.throughput.common import (  # noqa: E402
 from skewwatch.config import WindowSettings  # noqa: E402
 from skewwatch.pipeline.decide import DetectorSettings, ModelDecider  # noqa: E402
 from skewwatch.pipeline.events import RequestColumns  # noqa: E402
-from skewwatch.pipeline.features import FeatureVector  # noqa: E402
+from skewwatch.pipeline.handoff import (  # noqa: E402
+    decode_model_step,
+    encode_model_step,
+    read_step_header,
+    step_header,
+)
 from skewwatch.pipeline.model_merge import merge_model_features  # noqa: E402
-from skewwatch.pipeline.window import ClosedSteps, PartitionWindows, ReplicaStep, WindowSummary  # noqa: E402
+from skewwatch.pipeline.window import ClosedSteps, PartitionWindows, ReplicaStep  # noqa: E402
 
 PARTITIONS = 8
 STEP_S = 5.0
@@ -182,13 +188,20 @@ def fleet_replicas(n: int, models: int) -> list[tuple[str, str]]:
     return [(f"model-{i % models:02d}", f"r{i:06d}") for i in range(n)]
 
 
-def handoff_seconds(steps: list[ReplicaStep]) -> float:
-    """What the worker adds per replica step between the stages: JSON out of stage 1, back in stage 2."""
+def handoff_seconds(closed: list[ClosedSteps]) -> float:
+    """What the worker adds per replica step between the stages (hand-off format 2): per input partition,
+    model and step one record out of stage 1 (``encode_model_step``), its header read and the record
+    decoded back into per-replica objects in stage 2 (``decode_model_step``). No telemetry here."""
     t0 = time.perf_counter()
-    for step in steps:
-        body = orjson.loads(orjson.dumps({"summary": step.summary.to_dict(), "features": step.features.to_dict()}))
-        WindowSummary.from_dict(body["summary"])
-        FeatureVector.from_dict(body["features"])
+    for source, steps in enumerate(closed):
+        by_model: dict[tuple[str, float], list[ReplicaStep]] = {}
+        for step in steps:
+            by_model.setdefault((step.features.model, step.features.window_end), []).append(step)
+        for (model, end), group in by_model.items():
+            none = [None] * len(group)
+            record = encode_model_step(model, end, source, group, none, [[] for _ in group])
+            read_step_header(step_header(end, source, len(group)))
+            decode_model_step(record)
     return time.perf_counter() - t0
 
 
@@ -218,7 +231,7 @@ def measure_step_cost(n_replicas: int, models: int, rate: float, steps: int, war
         parts["merge"].append(stage2["merge"])
         parts["decide"].append(stage2["decide"])
         parts["total"].append(total)
-        parts["handoff"].append(handoff_seconds(closed))
+        parts["handoff"].append(handoff_seconds(columns))
     med = {k: statistics.median(v) for k, v in parts.items()}
     return {
         "replicas": n_replicas,
