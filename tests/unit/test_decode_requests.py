@@ -552,6 +552,45 @@ def test_a_large_poll_is_transposed_in_chunks_without_changing_a_row() -> None:
         "events[11].batch_size: 40 > batch_capacity 32", "events[12].batch_size: 40 > batch_capacity 32"]
 
 
+@pytest.mark.parametrize("shape", ["queue-int-then-absent", "queue-int-then-null", "ttft-null", "batch-null",
+                                   "errors-few", "errors-many", "cuda-none", "cuda-code-and-name"])
+def test_every_column_shape_packs_as_the_reference_reads_it(shape: str) -> None:
+    # columns_from_typed_events packs numbers with struct and falls back on a value that does not
+    # pack (an explicit null, NaN meaning absent in an integer field); failed requests are found by
+    # C scans up to a few per chunk, by a comparison of every row beyond
+    changes_by_shape: dict[str, dict[str, Any]] = {
+        "queue-int-then-absent": {"queue_length": 3}, "queue-int-then-null": {"queue_length": 3},
+        "ttft-null": {"ttft_ms": 2.5}, "batch-null": {}, "errors-few": {}, "errors-many": {},
+        "cuda-none": {"cuda_error": None}, "cuda-code-and-name": {"cuda_error": 700},
+    }
+    changes = changes_by_shape[shape]
+    events = [good_event(i, **changes) for i in range(600)]  # two transpose chunks
+    for i in (1, 300, 599):
+        if shape == "queue-int-then-absent":
+            del events[i]["queue_length"]
+        elif shape == "queue-int-then-null":
+            events[i]["queue_length"] = None
+        elif shape == "ttft-null":
+            events[i]["ttft_ms"] = None
+        elif shape == "batch-null":
+            events[i]["batch_size"] = None
+        elif shape == "cuda-code-and-name":
+            events[i]["cuda_error"] = "cudaErrorLaunchTimeout"
+    errors = {"errors-few": range(0, 600, 40), "errors-many": range(0, 600, 3)}.get(shape, range(0))
+    for i in errors:
+        events[i]["status"] = "error"
+    for i in range(0, 600, 7):
+        events[i].setdefault("status", "ok")
+    for values in ([encode_request_event(e) for e in events],
+                   [encode_request_events(events[i:i + 100]) for i in range(0, 600, 100)]):
+        assert decode_typed_runs(values, LIMITS).leftovers == []
+        decoded = decode_request_messages(values, LIMITS)
+        assert_same_decode(decoded, decode_request_messages(values, LIMITS, typed_fast_path=False))
+        assert len(decoded.columns) == 600 and int(decoded.columns.is_error.sum()) == len(errors)
+    small = decode_request_messages([encode_request_event(e) for e in events[:20]], LIMITS).columns  # one chunk
+    assert all(getattr(small, name).flags.writeable for name in ("ts", "queue_length", "prompt_tokens", "batch_size"))
+
+
 _ONE = encode_request_event(good_event(0))
 
 
