@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from skewwatch.config import ConfigError, Settings
 from skewwatch.pipeline.corrections import (
@@ -186,6 +186,7 @@ class ModelDecider:
         self._tracks: dict[str, _Track] = {}
         self._order: list[str] | None = None  # sorted(self._tracks), kept between steps
         self._keys: list[str] | None = None  # the detectors' keys (model/replica) in that order
+        self._track_list: list[_Track] | None = None  # the tracks in that order
         self._last_seq: int | None = None
         self._last_published: RoutingCorrection | None = None
         # event time of the step the last published correction reflects: the heartbeat counts
@@ -235,37 +236,42 @@ class ModelDecider:
                 raise ValueError(f"step of model {model!r} got the vector of {fv.key!r}")
             by_replica[fv.replica] = fv
         tracks = self._tracks
-        for replica in by_replica:
-            if replica not in tracks:
-                tracks[replica] = _Track(first_seen=now)
-                self._order = None
+        if not tracks.keys() >= by_replica.keys():
+            for replica in by_replica:
+                if replica not in tracks:
+                    tracks[replica] = _Track(first_seen=now)
+                    self._order = None
 
         max_age = self.settings.weights.telemetry_max_age_s
         order = self._sorted_replicas()
-        vectors: list[FeatureVector] = []
-        fresh_telemetry: list[TelemetrySample | None] = []
+        track_list = self._tracks_in_order()
+        # per replica, in order: its vector (None: no summary this step), silence and fresh telemetry
+        found: list[FeatureVector | None] = [by_replica.get(replica) for replica in order]
         silent_steps: list[int] = []
         silent: list[str] = []  # only these can be released below: the others were seen now
-        no_telemetry: tuple[None, None] = (None, None)
-        for replica in order:
-            track = tracks[replica]
-            fv_or_none = by_replica.get(replica)
+        for replica, track, fv_or_none in zip(order, track_list, found, strict=True):
             if fv_or_none is not None and fv_or_none.step_count > 0:
                 track.silent_steps = 0
                 track.last_seen = now
+                silent_steps.append(0)
             else:
                 track.silent_steps += 1
                 silent.append(replica)
-            silent_steps.append(track.silent_steps)
-            vectors.append(fv_or_none or FeatureVector(
-                model=model,
-                replica=replica,
-                window_start=now - self.settings.decider.window_s,
-                window_end=now,
-                count=0,
-            ))
-            sample, age = telemetry.get(replica, no_telemetry)
-            fresh_telemetry.append(sample if sample is not None and age is not None and age <= max_age else None)
+                silent_steps.append(track.silent_steps)
+        if len(by_replica) < len(order):  # the known replicas without a summary get an empty vector
+            window_start = now - self.settings.decider.window_s
+            for row, (replica, fv_or_none) in enumerate(zip(order, found, strict=True)):
+                if fv_or_none is None:
+                    found[row] = FeatureVector(model=model, replica=replica, window_start=window_start,
+                                                 window_end=now, count=0)
+        vectors = cast(list[FeatureVector], found)  # every None replaced
+        fresh_telemetry: list[TelemetrySample | None] = [None] * len(order)
+        if telemetry:
+            no_telemetry: tuple[None, None] = (None, None)
+            for row, replica in enumerate(order):
+                sample, age = telemetry.get(replica, no_telemetry)
+                if sample is not None and age is not None and age <= max_age:
+                    fresh_telemetry[row] = sample
         columns = StepColumns(vectors, fresh_telemetry, self._replica_keys())
         # detector by detector over the step (columns where a detector can), then back in the
         # order of one replica at a time, detectors in registry order
@@ -305,7 +311,7 @@ class ModelDecider:
         )
         self._current = correction
         self._last_weights = weights
-        self._last_health = {r: h for r, (h, _) in zip(order, health, strict=True)}
+        self._last_health = dict(zip(order, [score for score, _ in health], strict=True))
         cfg = self.settings.corrections
         prev = self._last_published
         if prev is not None and self._last_published_step is not None:
@@ -378,7 +384,15 @@ class ModelDecider:
         if self._order is None:
             self._order = sorted(self._tracks)
             self._keys = None
+            self._track_list = None
         return self._order
+
+    def _tracks_in_order(self) -> list[_Track]:
+        """The tracks of :meth:`_sorted_replicas`, in that order, built when that changes."""
+        order = self._sorted_replicas()
+        if self._track_list is None:
+            self._track_list = [self._tracks[replica] for replica in order]
+        return self._track_list
 
     def _replica_keys(self) -> list[str]:
         """``model/replica`` of :meth:`_sorted_replicas`, built when that changes."""
