@@ -58,6 +58,7 @@ class FeatureVector:
     # where end-to-end latency (dominated by output length) shows it a minute later.
     tpot_p50: float | None = None  # ms per output token; None when no event had completion tokens
     tpot_p99: float | None = None
+    tpot_max: float | None = None  # the slowest event's (one slowed request shows here first)
     # the window's newest RECENT_S (20 s, 4 steps) only: prompt-length moments for rules that must
     # not wait for the 60 s window to fill. None on vectors that do not carry them (per-model ones)
     recent_count: int | None = None  # requests finished in the last RECENT_S of the window

@@ -74,7 +74,7 @@ def reference_features(events: Sequence[Mapping[str, Any]], model: str, replica:
     # time per output token: decode time (latency - ttft, or latency) / completion tokens
     tpot = [max(float(e["latency_ms"]) - float(e.get("ttft_ms") or 0.0), 0.0) / int(e["completion_tokens"])
             for e in window if int(e["completion_tokens"]) > 0]
-    tpot_p50, tpot_p99 = _exact_quantiles(tpot, [0.5, 0.99])
+    tpot_p50, tpot_p99, tpot_max = _exact_quantiles(tpot, [0.5, 0.99, 1.0])
 
     def column(name: str) -> list[float]:
         return [float(e[name]) for e in window if e.get(name) is not None]
@@ -122,6 +122,7 @@ def reference_features(events: Sequence[Mapping[str, Any]], model: str, replica:
         # per-model vectors carry no TPOT or recent fields yet (model_merge does not merge them)
         tpot_p50=None if replica is None else tpot_p50,
         tpot_p99=None if replica is None else tpot_p99,
+        tpot_max=None if replica is None else tpot_max,
         recent_count=None if replica is None else len(recent_prompt),
         recent_prompt_tokens_mean=None if replica is None else _mean(recent_prompt),
         recent_prompt_tokens_var=None if replica is None else _var(recent_prompt),

@@ -329,6 +329,7 @@ def _random_step(rng: random.Random, n: int, end: float) -> tuple[list[FeatureVe
             batch_size_mean=maybe(rng.uniform(1, 32)), queue_length_mean=maybe(rng.uniform(0, 20)),
             kv_cache_hit_rate_mean=maybe(rng.uniform(0.4, 1.0)), tokens_per_s=rng.uniform(0, 300),
             prompt_tokens_mean=maybe(rng.uniform(500, 5000)), prompt_tokens_var=maybe(rng.uniform(0, 1e6)),
+            **_tpot_and_recent(rng, maybe),
         ))
         if rng.random() < 0.3:
             samples.append(None)
@@ -344,6 +345,16 @@ def _random_step(rng: random.Random, n: int, end: float) -> tuple[list[FeatureVe
             utilization_gpu=rng.uniform(0, 1),
         ))
     return vectors, samples
+
+
+def _tpot_and_recent(rng: random.Random, maybe: Any) -> dict[str, Any]:
+    """The v1.2 fields: TPOT quantiles (tight, spread or with one outlier) and the recent 20 s."""
+    p50 = rng.uniform(10, 60)
+    p99 = p50 * rng.choice([1.2, 1.4, 3.0])
+    return {"tpot_p50": maybe(p50), "tpot_p99": maybe(p99), "tpot_max": maybe(p99 * rng.choice([1.0, 1.5, 8.0])),
+            "recent_count": rng.choice([None, 0, 14, 15, 60]),
+            "recent_prompt_tokens_mean": maybe(rng.uniform(500, 5000)),
+            "recent_prompt_tokens_var": maybe(rng.uniform(0, 1e7))}
 
 
 def _configs(name: str) -> list[Any]:

@@ -24,7 +24,7 @@ from skewwatch.pipeline.window.summary import TPOT_RELATIVE_ACCURACY
 
 SETTINGS = WindowSettings()  # 60 s window, 5 s step, 5 s lateness, 90 s idle release, 1 %
 QUANTILE_FIELDS = ("latency_p50", "latency_p95", "latency_p99", "ttft_p50", "ttft_p99")
-TPOT_FIELDS = ("tpot_p50", "tpot_p99")  # a coarser sketch: 5 % (TPOT_RELATIVE_ACCURACY)
+TPOT_FIELDS = ("tpot_p50", "tpot_p99", "tpot_max")  # a coarser sketch: 5 % (TPOT_RELATIVE_ACCURACY)
 
 
 # -- helpers shared with test_model_merge.py ------------------------------------------------------
@@ -102,7 +102,7 @@ def assert_features_match(actual: FeatureVector, expected: FeatureVector, quanti
 
 
 def without_tpot(fv: FeatureVector) -> FeatureVector:
-    return dataclasses.replace(fv, tpot_p50=None, tpot_p99=None)
+    return dataclasses.replace(fv, tpot_p50=None, tpot_p99=None, tpot_max=None)
 
 
 def by_key(steps: Iterable[ReplicaStep]) -> dict[tuple[str, str | None], dict[float, FeatureVector]]:
@@ -561,6 +561,7 @@ def test_tpot_and_recent_prompt_features() -> None:
     fv = by_key(windows.close_steps())[("m", "r1")][1055.0]
     assert fv.count == 5
     assert fv.tpot_p50 == pytest.approx(10.0, rel=0.05) and fv.tpot_p99 == pytest.approx(50.0, rel=0.05)
+    assert fv.tpot_max == pytest.approx(300.0, rel=0.05)
     assert (fv.recent_count, fv.recent_prompt_tokens_mean, fv.recent_prompt_tokens_var) == (2, 2000.0, 1e6)
     assert fv.prompt_tokens_mean == 806.0  # the whole window still holds the three short prompts
     empty = by_key(windows.close_steps())  # nothing new closed
