@@ -63,7 +63,7 @@ class WindowSettings:
     sketch_relative_accuracy: float = 0.01  # quantile sketch: <= 1 % relative error
     # a telemetry partition read this far (event time) ahead of the requests' watermark is paused until
     # the requests catch up: a backlog of telemetry would otherwise push the samples old steps need out
-    # of the join's history (32 samples, 160 s at the 5 s interval)
+    # of the join's history (telemetry_join.history_for: 23 samples, 110 s at the 5 s interval)
     telemetry_ahead_s: float = 60.0
 
 

@@ -43,7 +43,7 @@ from skewwatch.pipeline.events import RequestColumns
 from skewwatch.pipeline.handoff import MAX_REPLICAS_PER_RECORD, encode_model_step, step_header
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.telemetry_flow import TelemetryFlow
-from skewwatch.pipeline.telemetry_join import TelemetryJoin
+from skewwatch.pipeline.telemetry_join import TelemetryJoin, history_for
 from skewwatch.pipeline.window import ClosedSteps, PartitionWindows, ReplicaStep
 from skewwatch.schemas.dead_letter import dead_letter_record
 from skewwatch.schemas.features import encode_features
@@ -89,7 +89,7 @@ class RequestStage:
         # latest telemetry per (replica, source, GPU), merged per replica at each step
         # (docs/telemetry.md "In the worker"); refilled within one interval after a restart, so it
         # is not checkpointed. Stale after the decider's telemetry_max_age_s (3 intervals, 15 s).
-        self.telemetry = TelemetryJoin()
+        self.telemetry = TelemetryJoin(history=history_for(settings.window))
         self.telemetry_stale_s = DetectorSettings.from_overrides(settings.detectors).weights.telemetry_max_age_s
         # telemetry read too far ahead of the requests is held and its partition paused (a backlog of
         # telemetry would push the samples the next steps need out of the join's history)

@@ -3,9 +3,9 @@
 Stage 1 reads ``llm.gpu-telemetry`` and ``llm.requests`` in the same consumer. In steady state both
 move together, but after a restart or an outage the worker catches up on a backlog, and telemetry
 (a few small samples per replica per interval) is fetched far faster than requests: the join's
-bounded history (:class:`~skewwatch.pipeline.telemetry_join.TelemetryJoin`, 32 samples per key,
-160 s at the 5 s interval) would then hold only samples from minutes *after* the steps being closed,
-and those steps would see their telemetry as stale.
+bounded history (:class:`~skewwatch.pipeline.telemetry_join.TelemetryJoin`, 23 samples per key,
+110 s at the 5 s interval, sized for this flow control) would then hold only samples from minutes
+*after* the steps being closed, and those steps would see their telemetry as stale.
 
 :class:`TelemetryFlow` sits between the fetch and the join. A sample more than ``ahead_s`` of event
 time past the requests' watermark is *held* (in partition order) instead of joined, and its

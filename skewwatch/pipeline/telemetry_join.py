@@ -45,12 +45,13 @@ fresh when the sample is), ``source`` = the best engine source that contributed 
 engine sample" still means the engine answered), else the best GPU source; ``gpu_index`` /
 ``gpu_uuid`` only when one GPU contributed, ``node`` the contributing nodes joined by ``,``.
 
-State is bounded: per key the newest ``history`` samples (32: 160 s at a 5 s interval, with room
-for extra XID samples the collector publishes at once). The history is what lets a step find its
-sample when the worker reads telemetry ahead of requests: catching up on a backlog, stage 1 was
-measured reading telemetry ~45 s of event time ahead of the requests it was closing steps for; a
-step whose samples have all been pushed out of the history sees no telemetry (stale), as during
-an outage, and never a sample from its future. Keys of a replica not heard from for
+State is bounded: per key the newest ``history`` samples, sized from the window settings by
+:func:`history_for` (23 with the defaults: 110 s at the 5 s interval, see there). The history is
+what lets a step find its sample when the worker reads telemetry ahead of requests (catching up
+on a backlog, stage 1 was measured reading telemetry ~45 s of event time ahead of the requests
+it was closing steps for, before :mod:`~skewwatch.pipeline.telemetry_flow` bounded that); a step
+whose samples have all been pushed out of the history sees no telemetry (stale), as during an
+outage, and never a sample from its future. Keys of a replica not heard from for
 ``retain_s`` are dropped when the replica's next sample comes, at most ``max_keys_per_replica``
 keys per replica (the key heard from least recently goes first), :meth:`TelemetryJoin.forget`
 drops a replica, and :meth:`TelemetryJoin.release_idle` drops every replica with no sample within a
@@ -77,10 +78,12 @@ is rare and a worker restart re-baselines.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from skewwatch.config import WindowSettings
 from skewwatch.pipeline.telemetry import TELEMETRY_SOURCES, TelemetrySample
 from skewwatch.pipeline.weights import ENGINE_SOURCES
 
@@ -217,10 +220,44 @@ class _Contribution:
     samples: list[TelemetrySample]
 
 
-class TelemetryJoin:
-    """Latest samples per (replica, source, GPU); merged per replica as of an event time. Pure."""
+def history_for(window: WindowSettings, interval_s: float | None = None, spare: int = 2) -> int:
+    """Samples per key the join must keep so that every step stage 1 closes still finds its own.
 
-    def __init__(self, history: int = 32, retain_s: float = 600.0, max_keys_per_replica: int = 64) -> None:
+    Stage 1 joins a telemetry sample only once it is at most ``telemetry_ahead_s`` past the
+    requests' event time (:mod:`~skewwatch.pipeline.telemetry_flow`); a catch-up poll is applied
+    in slices of ``telemetry_ahead_s / 2`` of event time, each after joining the telemetry up to
+    its newest event + ``telemetry_ahead_s``, and closes the steps the slice completes. So when a
+    step ending at ``T`` closes, the newest sample held is at most ``ahead + ahead / 2 +
+    allowed_lateness`` past the watermark before the slice, ``T`` is past that watermark, and the
+    step needs the newest sample at or before ``T``, at most one interval older: a span of
+    ``1.5 * ahead + allowed_lateness + interval`` (110 s with the defaults) holds
+    ``span / interval + 1`` samples (23) at the telemetry interval (a collector and the bridges
+    publish every ``step_s``, 5 s), plus ``spare`` for the extra samples a collector publishes at
+    once on an XID. Before the flow control it was a constant 32 (160 s); each sample costs ~310
+    bytes per (replica, source, GPU). Older samples only serve ``xid_last``'s tie-break between
+    GPUs (when each GPU's XID fields last changed), which then sees at most the history's span.
+
+    >>> history_for(WindowSettings())
+    23
+    """
+    interval = window.step_s if interval_s is None else interval_s
+    if not interval > 0 or spare < 0:
+        raise ValueError("interval_s must be > 0 and spare >= 0")
+    span = 1.5 * window.telemetry_ahead_s + window.allowed_lateness_s + interval
+    return math.ceil(span / interval) + 1 + spare
+
+
+DEFAULT_HISTORY = history_for(WindowSettings())
+
+
+class TelemetryJoin:
+    """Latest samples per (replica, source, GPU); merged per replica as of an event time. Pure.
+
+    ``history``: samples kept per key; :func:`history_for` the worker's window settings.
+    """
+
+    def __init__(self, history: int = DEFAULT_HISTORY, retain_s: float = 600.0,
+                 max_keys_per_replica: int = 64) -> None:
         if history < 1 or retain_s <= 0 or max_keys_per_replica < 1:
             raise ValueError("history, retain_s and max_keys_per_replica must be positive")
         self.history = history

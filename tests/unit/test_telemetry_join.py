@@ -288,3 +288,42 @@ def test_the_view_only_uses_fresh_samples_of_its_time(samples: list[TelemetrySam
     assert (merged.temperature_c is None) == (not temps)
     if temps:
         assert merged.temperature_c in temps
+
+
+def _catch_up_misses(history: int, phase: float, window: Any) -> int:
+    """Stage 1 catching up on a backlog (requests every second, telemetry every step_s at
+    ``phase``): each 30 s slice of requests first joins the telemetry up to its newest event +
+    telemetry_ahead_s, then closes the steps its watermark passed. Returns how many steps did not
+    find their own sample (the newest at or before the step's end) in the join."""
+    join = TelemetryJoin(history=history)
+    interval, ahead = window.step_s, window.telemetry_ahead_s
+    samples = [phase + interval * k for k in range(200)]
+    joined = watermark = 0
+    misses = 0
+    slice_start = 0.0
+    while slice_start < 700.0:
+        slice_end = slice_start + ahead / 2  # RequestColumns.time_slices(ahead / 2): events in [start, end]
+        while joined < len(samples) and samples[joined] <= slice_end + ahead:
+            join.add(engine(samples[joined], queue_length=joined))
+            joined += 1
+        new_watermark = slice_end - window.allowed_lateness_s
+        step_end = (watermark // interval + 1) * interval
+        while step_end <= new_watermark:
+            want = max(t for t in samples if t <= step_end)
+            got = join.view("r1", step_end, STALE)[0]
+            misses += got is None or got.ts != want
+            step_end += interval
+        watermark, slice_start = new_watermark, slice_end + 1.0
+    return misses
+
+
+@pytest.mark.parametrize("phase", [0.0, 0.1, 2.5, 4.9])
+def test_history_for_keeps_every_step_s_sample_through_a_catch_up(phase: float) -> None:
+    from skewwatch.config import WindowSettings
+    from skewwatch.pipeline.telemetry_join import DEFAULT_HISTORY, history_for
+
+    window = WindowSettings()
+    assert history_for(window) == DEFAULT_HISTORY == 23 == TelemetryJoin().history
+    assert history_for(WindowSettings(telemetry_ahead_s=120.0)) == 41  # 1.5 * 120 + 5 + 5 = 190 s
+    assert _catch_up_misses(history_for(window, spare=0), phase, window) == 0
+    assert _catch_up_misses(history_for(window, spare=0) - 3, phase, window) > 0  # and it is not loose by much
