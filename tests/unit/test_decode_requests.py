@@ -600,12 +600,13 @@ _ONE = encode_request_event(good_event(0))
     ([_ONE, encode_request_events([good_event(1)]), _ONE], [], 2),  # the batch decoded alone
     ([encode_request_events([good_event(1)]), _ONE], [], 1),
     ([encode_request_event(good_event(0, prompt_tokens=12.0))], [0], 1),
-    ([_ONE, encode_request_event(good_event(0, latency_ms=-1)), _ONE], [1], 2),
+    ([_ONE, encode_request_event(good_event(0, prompt_tokens=-1)), _ONE], [1], 2),
+    ([_ONE, encode_request_event(good_event(0, latency_ms=-1)), _ONE], [], 1),  # judged on the columns
     ([_ONE, encode_request_event(good_event(0, pad="x" * 4096))], [0, 1], 0),  # rare: all alone
     ([encode_request_events([good_event(i) for i in range(6)]), encode_request_events([good_event(9)])], [0], 1),
     ([], [], 0),
-], ids=["null", "empty", "forms-mixed", "batch-then-single", "integral-float", "invalid-event", "too-large",
-        "too-many-events", "empty-poll"])
+], ids=["null", "empty", "forms-mixed", "batch-then-single", "integral-float", "invalid-event",
+        "number-out-of-range", "too-large", "too-many-events", "empty-poll"])
 def test_a_refused_message_ends_a_run_and_is_left_to_the_per_message_paths(values: list[bytes | None],
                                                                           leftovers: list[int], maps: int) -> None:
     limits = LimitSettings(max_message_bytes=4096, max_events_per_message=5)
@@ -617,7 +618,7 @@ def test_a_refused_message_ends_a_run_and_is_left_to_the_per_message_paths(value
 
 def test_one_bad_message_costs_a_poll_one_more_pass_not_its_speed() -> None:
     values = [encode_request_event(good_event(i)) for i in range(2000)]
-    values[700] = encode_request_event(good_event(700, latency_ms=-1))
+    values[700] = encode_request_event(good_event(700, prompt_tokens=-1))
     values[1500] = b"{oops"
     runs = decode_typed_runs(values, LIMITS)
     assert (runs.maps, runs.leftovers, len(runs.events)) == (3, [700, 1500], 1998)
@@ -625,6 +626,29 @@ def test_one_bad_message_costs_a_poll_one_more_pass_not_its_speed() -> None:
     assert_same_decode(decoded, decode_request_messages(values, LIMITS, typed_fast_path=False))
     assert decoded.rejects.rejected.keys() == {700, 1500}
     assert [r.reason_code for r in decoded.rejects[1500]] == ["malformed_json"]
+
+
+def test_a_number_out_of_range_sends_its_message_to_the_general_path_without_ending_the_run() -> None:
+    # msgspec checks no number's range (the poll's columns do): the run goes on, and the message's
+    # reasons read the values as sent (-3, not the -3.0 msgspec made of it)
+    batch = [good_event(i) for i in range(5)]
+    batch[1]["latency_ms"], batch[3]["kv_cache_hit_rate"] = -3, 1.5
+    values = [encode_request_event(good_event(i)) for i in range(50)]
+    values[10] = encode_request_event(good_event(10, ts=1.7e12))
+    values[20] = encode_request_event(good_event(20, ttft_ms=-0.5, batch_size=64))
+    values[30] = encode_request_event(good_event(30, latency_ms=-0.0))  # -0.0 >= 0: fine
+    batches = [encode_request_events(batch), encode_request_events([good_event(7)])]
+    for poll in (values, batches):
+        runs = decode_typed_runs(poll, LIMITS)
+        assert (runs.maps, runs.leftovers) == (1, [])
+        decoded = decode_request_messages(poll, LIMITS)
+        assert_same_decode(decoded, decode_request_messages(poll, LIMITS, typed_fast_path=False))
+    decoded = decode_request_messages(values, LIMITS)
+    assert decoded.rejects.rejected.keys() == {10, 20} and len(decoded.columns) == 48
+    assert decoded.rejects[20][0].reason == ("ttft_ms: must be ≥ 0, got -0.5; "
+                                             "batch_size: 64 > batch_capacity 32")
+    assert [r.reason for r in decode_request_messages(batches, LIMITS).rejects[0]] == [
+        "events[1].latency_ms: must be ≥ 0, got -3", "events[3].kv_cache_hit_rate: must be ≤ 1, got 1.5"]
 
 
 def test_a_single_event_message_with_an_events_key_is_the_batch_form_in_a_poll() -> None:
