@@ -133,3 +133,45 @@ def test_completion_tokens_and_thresholds_are_configurable() -> None:
     assert [a.state for a in out.alerts] == ["open"]
     assert out.actions[0].action == "prewarm_tokenizer_cache"
     assert out.actions[0].params == {"tokens_mean": 100, "tokens_std": 24}
+
+
+# -- recent_window (ours, off by default) -----------------------------------------------------------
+
+RECENT = ContextBurstConfig(recent_window=True)
+
+
+def rv(t: float, var: float, recent_var: float, recent_mean: float, recent_count: int = 40,
+       mean: float = 1000.0) -> FeatureVector:
+    return fv(t, var, mean, recent_count=recent_count, recent_prompt_tokens_mean=recent_mean,
+              recent_prompt_tokens_var=recent_var)
+
+
+def test_recent_window_fires_on_the_last_20_s_against_the_window_that_ended_then() -> None:
+    det = ContextBurstDetector(RECENT)
+    quiet = [rv(5.0 * i, 10_000.0, 10_000.0, 800.0) for i in range(12)]
+    assert not any(det.update(w, None, w.window_end).alerts for w in quiet)
+    # the 60 s window itself is still short on average (the seed's rule would not fire) ...
+    (alert,) = det.update(rv(60.0, 30_000.0, 50_001.0, 2100.0), None, 60.0).alerts
+    assert alert.state == "open" and alert.evidence["previous_variance"] == 10_000.0  # the window ending at 40
+    assert alert.evidence["recent_count"] == 40 and "last 20 s" in alert.message
+    assert not ContextBurstDetector().update(rv(60.0, 30_000.0, 50_001.0, 2100.0), None, 60.0).alerts
+
+
+def test_recent_window_keeps_the_seed_thresholds_and_needs_enough_requests() -> None:
+    def last(window: FeatureVector) -> list[Alert]:
+        det = ContextBurstDetector(RECENT)
+        for i in range(12):
+            det.update(rv(5.0 * i, 10_000.0, 10_000.0, 800.0), None, 5.0 * i)
+        return det.update(window, None, 60.0).alerts
+
+    assert last(rv(60.0, 10_000.0, 50_000.0, 3000.0)) == []  # growth exactly 400 %
+    assert last(rv(60.0, 10_000.0, 90_000.0, 2048.0)) == []  # mean exactly 2048
+    assert last(rv(60.0, 10_000.0, 90_000.0, 3000.0, recent_count=14)) == []  # too few recent requests
+    assert len(last(rv(60.0, 10_000.0, 90_000.0, 3000.0, recent_count=15))) == 1
+
+
+def test_recent_window_needs_prompt_tokens() -> None:
+    from skewwatch.config import ConfigError
+
+    with pytest.raises(ConfigError, match="recent_window"):
+        ContextBurstConfig.from_overrides({"recent_window": True, "tokens": "completion"})

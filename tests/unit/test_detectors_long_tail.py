@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -178,3 +179,72 @@ def test_length_normalized_on_the_fleet_simulator_fires_on_the_fault_and_not_on_
                     first_norm = alert.ts - t0
     assert opened["seed"] >= {"r0", "r2"}  # healthy replicas: the seed's rule is open there
     assert opened["norm"] == {"r1"} and first_norm is not None and 60 < first_norm < 260
+
+
+# -- tpot_rule (ours, off by default) ---------------------------------------------------------------
+
+TPOT = LongTailConfig(tpot_rule=True, persistence=1)
+
+
+def tv(t: float, top: float | None, p50: float | None = 30.0, p99: float | None = 40.0, count: int = 100,
+       latency_p99: float = 200.0) -> FeatureVector:
+    """A window whose latency rule does not hold (P99 2 x P50), with these TPOT statistics."""
+    return fv(t, latency_p99, count=count, tpot_p50=p50, tpot_p99=p99, tpot_max=top)
+
+
+def run(det: LongTailDetector, windows: list[FeatureVector]) -> list[list[Any]]:
+    return [det.update(w, None, w.window_end).alerts for w in windows]
+
+
+def test_tpot_rule_fires_on_one_slow_request_where_tpot_was_tight() -> None:
+    det = LongTailDetector(TPOT)
+    steps = run(det, [tv(60.0 + 5 * i, 45.0) for i in range(13)] + [tv(125.0, 151.0)])
+    assert [len(s) for s in steps[:-1]] == [0] * 13
+    (alert,) = steps[-1]
+    assert alert.state == "open" and alert.evidence["tpot_max_over_p50"] == pytest.approx(151.0 / 30.0)
+    assert alert.evidence["tpot_spread_before"] == pytest.approx(40.0 / 30.0)
+    assert "per output token" in alert.message
+    # exactly at the ratio: no
+    det = LongTailDetector(TPOT)
+    assert not any(run(det, [tv(60.0 + 5 * i, 150.0) for i in range(20)]))
+
+
+def test_tpot_rule_makes_no_claim_without_a_tight_window_a_minute_before() -> None:
+    # the window 60 s earlier had TPOT P99 > 1.5 x P50 (TPOT does not describe this traffic)
+    det = LongTailDetector(TPOT)
+    spread = [tv(60.0 + 5 * i, 500.0, p99=46.0) for i in range(13)]
+    assert not any(run(det, spread))
+    # never seen a minute before (new replica, worker gap): no claim either
+    det = LongTailDetector(TPOT)
+    assert not any(run(det, [tv(60.0, 500.0), tv(65.0, 500.0)]))
+    # too few requests then or now
+    det = LongTailDetector(TPOT)
+    assert not any(run(det, [tv(60.0 + 5 * i, 500.0, count=19) for i in range(14)]))
+
+
+def test_tpot_rule_is_or_ed_with_the_latency_rule_and_off_by_default() -> None:
+    windows = [tv(60.0 + 5 * i, 45.0) for i in range(13)] + [tv(125.0, 200.0)]
+    assert not any(run(LongTailDetector(LongTailConfig(persistence=1)), windows))  # default: latency only
+    det = LongTailDetector(TPOT)
+    assert len(run(det, windows)[-1]) == 1
+    # the latency rule alone still opens it (TPOT quiet)
+    det = LongTailDetector(TPOT)
+    (alert,) = det.update(tv(60.0, 45.0, latency_p99=400.0), None, 60.0).alerts
+    assert alert.evidence["p99_over_p50"] == 4.0
+
+
+def test_tpot_history_keeps_only_the_lookback_and_survives_a_checkpoint() -> None:
+    det = LongTailDetector(TPOT)
+    run(det, [tv(60.0 + 5 * i, 45.0) for i in range(30)])
+    state = json.loads(json.dumps(det.state_dict()))  # plain JSON, as checkpointed
+    history = state["keys"]["m/r1"]["memory"]["tpot_by_end_ms"]
+    assert sorted(int(stamp) for stamp in history) == list(range(145_000, 205_001, 5_000))
+    restored = LongTailDetector(TPOT)
+    restored.load_state(state)
+    assert restored.update(tv(210.0, 200.0), None, 210.0).alerts != []
+
+
+def test_tpot_options_are_validated() -> None:
+    for bad in ({"tpot_ratio": 1.0}, {"tpot_spread": 0.5}, {"tpot_lookback_s": 0}):
+        with pytest.raises(ConfigError):
+            LongTailConfig.from_overrides(bad)
