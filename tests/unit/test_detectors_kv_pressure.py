@@ -94,3 +94,20 @@ def test_rules_have_independent_hysteresis() -> None:
 def test_thresholds_are_configurable() -> None:
     det = KvPressureDetector(KvPressureConfig.from_overrides({"throughput_threshold": "1000"}))
     assert len(det.update(fv(hit=0.9, tps=500.0), None, 60.0).alerts) == 1
+
+
+def test_column_screen_without_any_telemetry() -> None:
+    """A pool with no fresh sample (the screen skips the telemetry columns): quiet exactly where
+    evaluate() finds no rule holding, with rows on both sides of the prefill rule."""
+    import random
+
+    from skewwatch.pipeline.detectors.base import StepColumns
+
+    rng = random.Random(3)
+    detector = KvPressureDetector()
+    vectors = [FeatureVector(model="m", replica=f"r{i}", window_start=0.0, window_end=60.0,
+                             count=rng.choice([0, 1, 100]), tokens_per_s=rng.uniform(0, 300),
+                             kv_cache_hit_rate_mean=rng.choice([None, rng.uniform(0.4, 1.0)])) for i in range(200)]
+    quiet = detector.quiet(StepColumns(vectors, [None] * len(vectors))).tolist()
+    holds = [any(f.holds for f in detector.evaluate(v, None, {}).values()) for v in vectors]
+    assert quiet == [not h for h in holds] and 0 < sum(holds) < len(holds)

@@ -82,17 +82,21 @@ class KvPressureDetector(ThresholdDetector):
     def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_]:
         """Both rules over the step's replicas as columns (NaN, i.e. a missing signal, never holds)."""
         cfg = self.config
-        events_hit = step.column("kv_cache_hit_rate_mean")
-        hit = np.where(np.isnan(events_hit), step.telemetry_column("kv_cache_hit_rate"), events_hit)
-        # TelemetrySample.fragmentation as columns: 1 - allocated / reserved in [0, 1], unknown without both
-        allocated = step.telemetry_column("memory_allocated_bytes")
-        reserved = step.telemetry_column("memory_reserved_bytes")
-        with np.errstate(divide="ignore", invalid="ignore"):
-            frag = np.where(~np.isnan(allocated) & ~np.isnan(reserved) & (reserved != 0),
-                            np.minimum(np.maximum(1.0 - allocated / reserved, 0.0), 1.0), np.nan)
-        fragmentation = (frag > cfg.fragmentation_threshold) & (hit < cfg.low_hit_rate)
-        prefill = (step.column("tokens_per_s") < cfg.throughput_threshold) & (hit > cfg.high_hit_rate)
-        return ~((step.column("count") > 0) & (fragmentation | prefill))
+        hit = step.column("kv_cache_hit_rate_mean")
+        fragmentation: npt.NDArray[np.bool_] | None = None
+        if step.telemetry.count(None) < len(step):  # else no fragmentation, no hit rate from telemetry
+            hit = np.where(np.isnan(hit), step.telemetry_column("kv_cache_hit_rate"), hit)
+            # TelemetrySample.fragmentation as columns: 1 - allocated / reserved in [0, 1], unknown without both
+            allocated = step.telemetry_column("memory_allocated_bytes")
+            reserved = step.telemetry_column("memory_reserved_bytes")
+            with np.errstate(divide="ignore", invalid="ignore"):
+                frag = np.where(~np.isnan(allocated) & ~np.isnan(reserved) & (reserved != 0),
+                                np.minimum(np.maximum(1.0 - allocated / reserved, 0.0), 1.0), np.nan)
+            fragmentation = (frag > cfg.fragmentation_threshold) & (hit < cfg.low_hit_rate)
+        holds = (step.column("tokens_per_s") < cfg.throughput_threshold) & (hit > cfg.high_hit_rate)
+        if fragmentation is not None:
+            holds |= fragmentation
+        return ~((step.column("count") > 0) & holds)
 
     def evaluate(
         self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]
