@@ -8,18 +8,25 @@ per-event Python cost (DESIGN.md, issue 6, measured numbers), so a message goes 
 paths:
 
 - typed (fast): msgspec parses straight into structs generated from EVENT_FIELDS, checking every
-  type and range in C; it is strict, so it accepts a subset of the contract (no 12.0 for an int).
-  :func:`decode_typed_runs` takes a poll in runs of messages, each run one C-level ``map`` with no
-  per-message Python (a clean poll is one run; a refused message ends a run and the next goes on
-  after it), and :func:`columns_from_typed_events` turns the structs into columns with C passes
-  only (astuple, a zip transpose, np.fromiter per field);
+  type and every integer and string range in C; it is strict, so it accepts a subset of the
+  contract (no 12.0 for an int). :func:`decode_typed_runs` takes a poll in runs of messages, each
+  run one C-level ``map`` with no per-message Python (a clean poll is one run; a refused message
+  ends a run and the next goes on after it), and :func:`columns_from_typed_events` turns the
+  structs into columns with C passes only (astuple, a zip transpose, struct's packer per number
+  field, np.fromiter per string field). The numbers' ranges are checked on the poll's columns
+  (a few numpy operations per poll instead of ~40 ns per event in msgspec); a message with a
+  number out of range goes to the general path, which words it;
 - general (the reference): anything msgspec refuses is parsed by orjson and each field checked as
   one numpy column; per-event Python only runs to word the reasons of the bad rows.
 
 Both give the same result for any input (tests/unit/test_decode_requests.py checks it, on
-generated valid and invalid polls). Not done, by measurement (bench/decode_bench.py): joining a
-poll's messages into one JSON array decodes no faster than the map (the copy costs what the calls
-saved) and would let crafted messages merge or split across message boundaries.
+generated valid and invalid polls). Not done, by measurement (bench/decode_bench.py, and one-off
+timings on the same events, 2026-12-03): joining a poll's messages into one JSON array and decoding
+it in one msgspec call is slower than the map (~0.86 against ~0.61 µs per event: the copy costs
+more than the calls saved) and would let crafted messages merge or split across message
+boundaries; columnar JSON readers parse slower than msgspec's typed decode before making a single
+column (pyarrow.json.read_json ~1.7-2.1 µs per event, polars.read_ndjson ~1.2 µs, single-threaded,
+against ~0.6 µs), so neither is a dependency.
 
 Contract decisions (docs/contracts.md says the same):
 
@@ -682,14 +689,15 @@ def _columns_from_valid_rows(rows: list[dict[str, Any]]) -> RequestColumns:
 
 # --- the typed fast path: msgspec validates while it parses, numpy takes whole columns -------------
 # Why a second decoder: for a valid message, parsing to dicts and then scanning each column's types
-# in Python costs ~3x more than letting msgspec check every type and range in C while it parses
+# in Python costs ~3x more than letting msgspec check every type in C while it parses
 # (bench/decode_bench.py). msgspec is strict (no bool for int, no 12.0 for int, no NaN), so it
 # accepts a subset of what the contract accepts; anything it refuses takes the general path, which
 # is the reference and words the reasons. Built from EVENT_FIELDS so the two cannot drift apart.
 #
 # The fast path is three functions: decode_typed_runs (a poll in runs, one C-level map each, no
 # per-message Python), columns_from_typed_events (structs to columns: one C pass to tuples, one
-# transpose, one np.fromiter per field) and _finish_typed (the one rule msgspec cannot state).
+# transpose, one struct pack or np.fromiter per field) and _finish_typed (the numbers' ranges on
+# the columns, and the one rule msgspec cannot state).
 
 def _typed_field(spec: FieldSpec, max_tokens: int) -> Any:
     typed: Any
