@@ -158,16 +158,16 @@ EMPTY_SEALED = Sealed(EMPTY_ENTRIES, EMPTY_ENTRIES, EMPTY_ENTRIES)
 def split_entries(entries: Entries, n_slots: int) -> Sealed:
     """Combined-slot entries (TTFT at ``n_slots + slot``, TPOT at ``2 * n_slots + slot``) as a
     :class:`Sealed` triple. Entries sorted by (row, combined slot) stay sorted by (row, slot)."""
-    space = entries[1] // n_slots
-    if not space.any():
+    slots = entries[1]
+    is_latency = slots < n_slots  # comparisons, not slots // n_slots: this runs on every step
+    if is_latency.all():
         return Sealed(entries, EMPTY_ENTRIES, EMPTY_ENTRIES)
-    parts = []
-    for k in range(N_SKETCHES):
-        part = entries[:, space == k]
-        if k:
-            part[1] -= k * n_slots
-        parts.append(part)
-    return Sealed(*parts)
+    is_tpot = slots >= 2 * n_slots
+    ttft = entries[:, ~(is_latency | is_tpot)]
+    ttft[1] -= n_slots
+    tpot = entries[:, is_tpot]
+    tpot[1] -= 2 * n_slots
+    return Sealed(entries[:, is_latency], ttft, tpot)
 
 
 class RowTotals:
