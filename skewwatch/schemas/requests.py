@@ -768,39 +768,41 @@ def _packer(code: str, n: int) -> struct.Struct:
     return struct.Struct(f"{n}{code}")
 
 
-def _packed(values: tuple[Any, ...], n: int, code: str, dtype: type[np.generic]) -> Any:
-    """``values`` as a new (writable) numpy array through struct's C packer, ~3x faster per value
-    than np.fromiter; None when one value does not pack (a None: an explicit null)."""
+def _packed(values: tuple[Any, ...], n: int, code: str, dtype: type[np.generic], writable: bool) -> Any:
+    """``values`` as a numpy array through struct's C packer, ~3x faster per value than
+    np.fromiter; None when one value does not pack (a None: an explicit null). Read-only unless
+    ``writable`` (a copy): the chunks of a large poll are concatenated, which copies them anyway."""
     try:
         packed = _packer(code, n).pack(*values)
     except struct.error:
         return None
-    return np.frombuffer(packed, dtype=dtype).copy()  # a copy: frombuffer over bytes is read-only
+    array = np.frombuffer(packed, dtype=dtype)
+    return array.copy() if writable else array
 
 
 # Below this many values np.fromiter wins: packing has ~1 µs more fixed cost per column (bench/decode_bench.py)
 _PACK_MIN_VALUES: Final = 32
 
 
-def _float_column(values: tuple[Any, ...], n: int) -> FloatArray:
+def _float_column(values: tuple[Any, ...], n: int, writable: bool = True) -> FloatArray:
     if n < _PACK_MIN_VALUES:
         try:
             return np.fromiter(values, dtype=np.float64, count=n)
         except TypeError:  # an explicit null: np.array makes it NaN
             return np.array(values, dtype=np.float64)
     if type(values[0]) is int:  # an integer field (queue_length): packing ints as "d" is 3x slower
-        ints: IntArray | None = _packed(values, n, "q", np.int64)
+        ints: IntArray | None = _packed(values, n, "q", np.int64, False)
         if ints is not None:
             return ints.astype(np.float64)
-    column: FloatArray | None = _packed(values, n, "d", np.float64)
+    column: FloatArray | None = _packed(values, n, "d", np.float64, writable)
     # an explicit null (absent values are NaN already): np.array makes it NaN
     return np.array(values, dtype=np.float64) if column is None else column
 
 
-def _int_column(values: tuple[Any, ...], n: int) -> IntArray:
+def _int_column(values: tuple[Any, ...], n: int, writable: bool = True) -> IntArray:
     column: IntArray | None = None
     if n >= _PACK_MIN_VALUES:
-        column = _packed(values, n, "q", np.int64)
+        column = _packed(values, n, "q", np.int64, writable)
     else:
         with contextlib.suppress(TypeError):  # an explicit null
             column = np.fromiter(values, dtype=np.int64, count=n)
@@ -845,12 +847,13 @@ def columns_from_typed_events(events: list[Any]) -> tuple[RequestColumns, BoolAr
     field and np.fromiter per object field."""
     n = len(events)
     if n <= _TRANSPOSE_CHUNK:
-        return _columns_of_chunk(events)
-    parts = [_columns_of_chunk(events[i:i + _TRANSPOSE_CHUNK]) for i in range(0, n, _TRANSPOSE_CHUNK)]
+        return _columns_of_chunk(events, writable=True)
+    parts = [_columns_of_chunk(events[i:i + _TRANSPOSE_CHUNK], writable=False) for i in range(0, n, _TRANSPOSE_CHUNK)]
     return RequestColumns.concat([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
-def _columns_of_chunk(events: list[Any]) -> tuple[RequestColumns, BoolArray]:
+def _columns_of_chunk(events: list[Any], writable: bool) -> tuple[RequestColumns, BoolArray]:
+    """Columns of up to _TRANSPOSE_CHUNK events; numbers may be read-only views unless ``writable``."""
     n = len(events)
     if n == 0:
         return RequestColumns.empty(), np.zeros(0, dtype=np.bool_)
@@ -859,10 +862,10 @@ def _columns_of_chunk(events: list[Any]) -> tuple[RequestColumns, BoolArray]:
     at = _TYPED_AT
 
     def floats(name: str) -> FloatArray:
-        return _float_column(cols[at[name]], n)
+        return _float_column(cols[at[name]], n, writable)
 
     def ints(name: str) -> IntArray:
-        return _int_column(cols[at[name]], n)
+        return _int_column(cols[at[name]], n, writable)
 
     def objects(name: str) -> ObjArray:
         return np.fromiter(cols[at[name]], dtype=object, count=n)

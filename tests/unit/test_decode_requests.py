@@ -587,8 +587,10 @@ def test_every_column_shape_packs_as_the_reference_reads_it(shape: str) -> None:
         decoded = decode_request_messages(values, LIMITS)
         assert_same_decode(decoded, decode_request_messages(values, LIMITS, typed_fast_path=False))
         assert len(decoded.columns) == 600 and int(decoded.columns.is_error.sum()) == len(errors)
-    small = decode_request_messages([encode_request_event(e) for e in events[:20]], LIMITS).columns  # one chunk
-    assert all(getattr(small, name).flags.writeable for name in ("ts", "queue_length", "prompt_tokens", "batch_size"))
+    for size in (20, 100, 600):  # np.fromiter, packed in one chunk, packed chunks concatenated
+        columns = decode_request_messages([encode_request_event(e) for e in events[:size]], LIMITS).columns
+        assert all(getattr(columns, name).flags.writeable for name in ("ts", "queue_length", "prompt_tokens",
+                                                                       "batch_size", "kv_cache_hit_rate"))
 
 
 _ONE = encode_request_event(good_event(0))
