@@ -231,16 +231,18 @@ class ModelDecider:
         self._open_alerts = None
         now = window_end
         by_replica: dict[str, FeatureVector] = {}
-        for fv in replica_features:
-            if fv.model != model or fv.replica is None:
-                raise ValueError(f"step of model {model!r} got the vector of {fv.key!r}")
-            by_replica[fv.replica] = fv
         tracks = self._tracks
-        if not tracks.keys() >= by_replica.keys():
-            for replica in by_replica:
-                if replica not in tracks:
-                    tracks[replica] = _Track(first_seen=now)
-                    self._order = None
+        new: list[str] = []
+        for fv in replica_features:
+            replica = fv.replica
+            if fv.model != model or replica is None:
+                raise ValueError(f"step of model {model!r} got the vector of {fv.key!r}")
+            by_replica[replica] = fv
+            if replica not in tracks:
+                new.append(replica)
+        for replica in new:
+            tracks[replica] = _Track(first_seen=now)
+            self._order = None
 
         max_age = self.settings.weights.telemetry_max_age_s
         order = self._sorted_replicas()
