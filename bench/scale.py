@@ -214,9 +214,11 @@ def measure_step_cost(n_replicas: int, models: int, rate: float, steps: int, war
             fleet.decide(fleet.build(warm_columns))
     parts: dict[str, list[float]] = {"close_steps": [], "build": [], "merge": [], "decide": [], "total": [],
                                      "handoff": []}
+    cpu: list[float] = []  # the step's CPU time: what the other jobs on a shared machine move least
     for _ in range(steps):
         fleet.feed()
         gc.collect()
+        cpu0 = time.process_time()
         t0 = time.perf_counter()
         columns = fleet.close()
         t1 = time.perf_counter()
@@ -224,6 +226,7 @@ def measure_step_cost(n_replicas: int, models: int, rate: float, steps: int, war
         t2 = time.perf_counter()
         stage2 = fleet.decide(closed)
         total = time.perf_counter() - t0
+        cpu.append(time.process_time() - cpu0)
         if len(closed) != n_replicas:
             raise AssertionError(f"{len(closed)} replica steps closed, expected {n_replicas}")
         parts["close_steps"].append(t1 - t0)
@@ -239,6 +242,7 @@ def measure_step_cost(n_replicas: int, models: int, rate: float, steps: int, war
         "steps_measured": steps,
         "ms": {k: round(v * 1000, 1) for k, v in med.items()},
         "total_ms": spread([round(v * 1000, 1) for v in parts["total"]]),
+        "cpu_ms": spread([round(v * 1000, 1) for v in cpu]),
         "us_per_replica": round(med["total"] / n_replicas * 1e6, 2),
         "close_us_per_replica": round(med["close_steps"] / n_replicas * 1e6, 2),
         "build_us_per_replica": round(med["build"] / n_replicas * 1e6, 2),
@@ -502,11 +506,13 @@ def _poisson(rng: random.Random, mean: float) -> int:
 # ---------------------------------------------------------------------------------------------
 
 def step_table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'replicas':>9} {'total ms':>9} {'min..max':>15} {'close':>8} {'build':>7} {'merge':>7} "
-             f"{'decide':>8} {'us/replica':>10} {'close us/r':>10} {'build us/r':>10} {'handoff us/r':>12}"]
+    lines = [f"{'replicas':>9} {'total ms':>9} {'min..max':>15} {'CPU ms':>8} {'close':>8} {'build':>7} "
+             f"{'merge':>7} {'decide':>8} {'us/replica':>10} {'close us/r':>10} {'build us/r':>10} "
+             f"{'handoff us/r':>12}"]
     for r in rows:
         ms, tot = r["ms"], r["total_ms"]
-        lines.append(f"{r['replicas']:>9,} {ms['total']:>9.1f} {tot['min']:>7.1f}..{tot['max']:<7.1f} "
+        cpu = r.get("cpu_ms", {}).get("median", float("nan"))
+        lines.append(f"{r['replicas']:>9,} {ms['total']:>9.1f} {tot['min']:>7.1f}..{tot['max']:<7.1f} {cpu:>8.1f} "
                      f"{ms['close_steps']:>8.1f} {ms['build']:>7.1f} {ms['merge']:>7.1f} {ms['decide']:>8.1f} "
                      f"{r['us_per_replica']:>10.2f} {r['close_us_per_replica']:>10.2f} "
                      f"{r['build_us_per_replica']:>10.2f} {r['handoff_us_per_replica']:>12.2f}")

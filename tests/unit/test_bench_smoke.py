@@ -40,6 +40,7 @@ def test_scale_step_cost_and_memory_toy() -> None:
     scale = load_scale()
     row = scale.measure_step_cost(40, models=4, rate=3.0, steps=1, warm=2)
     assert row["replicas"] == 40 and row["ms"]["total"] > 0 and row["us_per_replica"] > 0
+    assert row["cpu_ms"]["n"] == 1 and row["cpu_ms"]["median"] > 0
     memory = scale.measure_memory(40, models=4, rate=3.0, warm=2)
     assert 0 < memory["window_bytes_per_replica"] < 64 * 1024
     # the 20 silent replicas' windows are gone after max(idle_release_s, length_s) = 90 s
