@@ -35,6 +35,7 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from skewwatch.agents.checkpoint import CheckpointStore
 from skewwatch.agents.metrics import WorkerMetrics
+from skewwatch.agents.publish import KeyedPublisher
 from skewwatch.agents.rebalance import StageRebalanceListener
 from skewwatch.config import Settings
 from skewwatch.pipeline.decide import DetectorSettings
@@ -96,6 +97,7 @@ class RequestStage:
         self.telemetry_flow = TelemetryFlow[TelemetrySample](settings.window.telemetry_ahead_s)
         self._telemetry_released_at: float | None = None  # watermark of the last release_idle
         self.checkpoints = CheckpointStore(producer, bootstrap, settings.topics.checkpoints, self.stage)
+        self.features_publisher = KeyedPublisher(producer)  # llm.features: one batch per partition and step
         self.consumer: AIOKafkaConsumer | None = None
         self._lock = asyncio.Lock()
         self._to_commit: dict[TopicPartition, int] = {}
@@ -355,17 +357,17 @@ class RequestStage:
                                for target in sorted(targets)])
 
     async def _publish_steps(self, steps: ClosedSteps, source: int) -> None:
-        """Each replica's feature vector on ``llm.features``, and per model and step ONE record on the
+        """Each replica's feature vector on ``llm.features`` and, per model and step, ONE record on the
         replica-steps topic with all of the model's replicas of input partition ``source``
         (:mod:`skewwatch.pipeline.handoff`, format 2)."""
         topics = self.settings.topics
-        pending = []
         by_model: dict[tuple[str, float], list[ReplicaStep]] = {}
         for step in steps:  # the columnar batches become per-replica objects here, to be published
-            fv = step.features
-            pending.append(await self.producer.send(topics.features, key=fv.key.encode(),
-                                                    value=encode_features(fv)))
-            by_model.setdefault((fv.model, fv.window_end), []).append(step)
+            by_model.setdefault((step.features.model, step.features.window_end), []).append(step)
+        # one record per replica (the public contract), on the partition send() would pick for its key,
+        # a partition's many records as one batch (agents/publish.py)
+        pending = await self.features_publisher.publish(
+            topics.features, [(s.features.key.encode(), encode_features(s.features)) for s in steps])
         self.metrics.features_out.labels("replica").inc(len(steps))
         for (model, window_end), replicas in by_model.items():
             for part, start in enumerate(range(0, len(replicas), MAX_REPLICAS_PER_RECORD)):
