@@ -45,6 +45,7 @@ Configuration: ``Settings.detectors`` (``[detectors.<name>]`` in TOML,
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, cast
@@ -212,6 +213,27 @@ class ModelDecider:
 
         ``telemetry`` maps replica -> (latest sample, its age in seconds at ``window_end``).
         """
+        # A step makes several objects per replica (weights, their components, empty vectors,
+        # columns) and none in a reference cycle: with the cyclic GC paused while they are made it
+        # does not scan its young generation over and over, nor, at tens of thousands of replicas,
+        # the whole heap of window and decider state (which made the cost per replica grow with
+        # the fleet); it runs again, as before, right after.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._step(model, window_end, replica_features, model_features, telemetry)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def _step(
+        self,
+        model: str,
+        window_end: float,
+        replica_features: Iterable[FeatureVector],
+        model_features: FeatureVector | None,
+        telemetry: Mapping[str, tuple[TelemetrySample, float]],
+    ) -> StepDecision:
         if self.model is None:
             self.model = model
         elif model != self.model:
