@@ -13,8 +13,10 @@ record, its per-replica fields as columns:
 "features": {name: [one value per replica]}, "telemetry": [sample dict or null, ...],
 "telemetry_stale": [[field, ...], ...]}``
 
-A summary field whose values are 1-D arrays is one ``rows`` matrix (``dtype``), 2-D (sparse
-sketch) arrays one ``sparse`` concatenation (``lengths`` per replica), anything else ``values``.
+A summary field whose values are 1-D arrays is a ``rows`` slice of its dtype's block (one
+``(replicas, width)`` matrix per dtype), a 2-D (sparse sketch) one an ``index`` into the ``sparse``
+concatenation (``lengths`` per field and replica), anything else ``values`` (a JSON list); the
+arrays are the record's binary tail, after a 4-byte length and the JSON head.
 The fields are read off the dataclasses, so a field added to :class:`WindowSummary` or
 :class:`FeatureVector` travels without a change here; the decoded objects equal what
 ``from_dict(to_dict())`` gives (the tests hold them equal, field by field and dtype).
@@ -100,9 +102,14 @@ def read_step_header(headers: Sequence[tuple[str, bytes]] | None) -> StepHeader 
     return None
 
 
-def _summary_columns(summaries: Sequence[WindowSummary], blobs: list[bytes]) -> dict[str, dict[str, Any]]:
-    """Each field as a column; arrays go to ``blobs`` (the record's binary tail), the column says where."""
-    columns: dict[str, dict[str, Any]] = {}
+def _summary_columns(summaries: Sequence[WindowSummary], blobs: list[bytes]) -> dict[str, Any]:
+    """The summaries as columns. Arrays go to ``blobs`` (the record's binary tail), few and large (the
+    cost is per array, not per byte): every 1-D field of one dtype side by side in one ``(rows, width)``
+    block, every sparse sketch field in one ``(2, entries)`` int32 array; the fields say where."""
+    fields: dict[str, dict[str, Any]] = {}
+    dense: dict[str, list[np.ndarray]] = {}  # dtype -> the (rows, w) matrices of its fields, in order
+    widths: dict[str, int] = {}
+    sparse: list[Sequence[np.ndarray]] = []
     at = sum(map(len, blobs))
 
     def blob(array: np.ndarray) -> dict[str, Any]:
@@ -115,18 +122,25 @@ def _summary_columns(summaries: Sequence[WindowSummary], blobs: list[bytes]) -> 
     for name, values in zip(_SUMMARY_NAMES, _transpose(summaries, _summary_row), strict=True):
         first = values[0]
         if not isinstance(first, np.ndarray):
-            columns[name] = {"kind": "values", "data": values}
-            continue
-        arrays: Sequence[np.ndarray] = values
-        if first.ndim == 1:
-            matrix = np.stack(arrays)
-            columns[name] = {"kind": "rows", "width": int(matrix.shape[1]), **blob(matrix)}
-        elif first.ndim == 2:  # a sparse sketch (2, k): slots and counts, concatenated
-            columns[name] = {"kind": "sparse", "lengths": [int(a.shape[1]) for a in arrays],
-                             **blob(np.concatenate(arrays, axis=1).astype(np.int32))}
+            fields[name] = {"kind": "values", "data": values}
+        elif first.ndim == 1:
+            matrix = np.stack(values)
+            key = matrix.dtype.str
+            fields[name] = {"kind": "rows", "block": key, "start": widths.get(key, 0), "width": matrix.shape[1]}
+            dense.setdefault(key, []).append(matrix)
+            widths[key] = widths.get(key, 0) + matrix.shape[1]
+        elif first.ndim == 2:  # a sparse sketch (2, k): slots and counts
+            fields[name] = {"kind": "sparse", "index": len(sparse)}
+            sparse.append(values)
         else:
             raise TypeError(f"window summary field {name}: {first.ndim}-D arrays cannot be sent as columns")
-    return columns
+    out: dict[str, Any] = {"v": SUMMARY_VERSION, "fields": fields,
+                           "blocks": {key: {"width": widths[key], **blob(np.hstack(matrices))}
+                                      for key, matrices in dense.items()}}
+    if sparse:
+        out["sparse"] = {"lengths": [[a.shape[1] for a in arrays] for arrays in sparse],
+                         **blob(np.concatenate([a for arrays in sparse for a in arrays], axis=1).astype(np.int32))}
+    return out
 
 
 def _transpose(objects: Sequence[Any], row: Callable[[Any], tuple[Any, ...]]) -> list[list[Any]]:
@@ -148,7 +162,7 @@ def encode_model_step(model: str, window_end: float, source: int, steps: Sequenc
     head = orjson.dumps({
         "v": HANDOFF_VERSION, "model": model, "window_end": window_end, "source": source,
         "replicas": [fv.replica for fv in features],
-        "summary": {"v": SUMMARY_VERSION, "fields": _summary_columns([s.summary for s in steps], blobs)},
+        "summary": _summary_columns([s.summary for s in steps], blobs),
         "features": dict(zip(_FEATURE_NAMES, _transpose(features, _feature_row), strict=True)),
         "telemetry": [None if t is None else _telemetry_dict(t) for t in telemetry],
         "telemetry_stale": list(stale),
@@ -166,37 +180,63 @@ def _array(column: dict[str, Any], value: bytes, tail: int) -> np.ndarray:
     return np.frombuffer(value, dtype=dtype, count=nbytes // dtype.itemsize, offset=start).copy()
 
 
-def _summary_values(name: str, column: dict[str, Any], rows: int, n_slots: int, value: bytes,
-                    tail: int) -> list[Any]:
-    kind = column["kind"]
-    if kind == "values":
-        values: list[Any] = column["data"]
-        cast = _SUMMARY_CAST.get(name)
-        return values if cast is None else list(map(cast, values))
-    if kind == "rows":
-        width = int(column["width"])
-        matrix = _array(column, value, tail)
+def _sparse_rows(meta: dict[str, Any], value: bytes, tail: int, rows: int, n_slots: int) -> list[list[Any]]:
+    """Each sparse field's per-row ``(2, k)`` sketches (views of one array), checked as from_dict does:
+    slots sorted within a row and in range, counts positive."""
+    both = _array(meta, value, tail).reshape(2, -1)
+    try:
+        lengths = np.asarray(meta["lengths"], dtype=np.int64)
+    except ValueError:  # ragged
+        lengths = np.zeros(0, dtype=np.int64)
+    if lengths.ndim != 2 or lengths.shape[1] != rows:
+        raise ValueError("replica-steps record: sparse lengths do not match the replicas")
+    bounds = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths.reshape(-1), out=bounds[1:])
+    total = both.shape[1]
+    if total != bounds[-1]:
+        raise ValueError(f"replica-steps record: {total} sketch entries, the lengths say {bounds[-1]}")
+    if total:
+        slots, counts = both
+        gaps = np.diff(slots)
+        starts = bounds[1:-1]
+        gaps[starts[(starts > 0) & (starts < total)] - 1] = 1  # a row's first slot follows nothing
+        # negative slots read as unsigned are out of range too
+        if (slots.view(np.uint32) >= n_slots).any() or (counts <= 0).any() or (gaps <= 0).any():
+            raise ValueError("sketch: slots must be sorted, in range, with positive counts")
+    edges = bounds.tolist()
+    return [[both[:, edges[k * rows + i]:edges[k * rows + i + 1]] for i in range(rows)]
+            for k in range(lengths.shape[0])]
+
+
+def _summary_fields(summary: dict[str, Any], value: bytes, tail: int, rows: int) -> dict[str, list[Any]]:
+    """Every summary field's per-row values, by name (the record's fields this code knows)."""
+    fields: dict[str, dict[str, Any]] = summary["fields"]
+    accuracy = fields.get("relative_accuracy", {}).get("data") or [0.01]
+    n_slots = min(log_bins(float(a)).n_slots for a in set(accuracy))
+    blocks = {}
+    for key, meta in summary.get("blocks", {}).items():
+        matrix = _array({**meta, "dtype": key}, value, tail)
+        width = int(meta["width"])
         if matrix.size != rows * width:
-            raise ValueError(f"{name}: {matrix.size} values for {rows} rows of {width}")
-        return list(matrix.reshape(rows, width))
-    if kind == "sparse":
-        both = _array(column, value, tail).reshape(2, -1)
-        lengths = np.asarray(column["lengths"], dtype=np.int64)
-        bounds = np.zeros(rows + 1, dtype=np.int64)
-        np.cumsum(lengths, out=bounds[1:])
-        total = both.shape[1]
-        if total != bounds[-1]:
-            raise ValueError(f"{name}: {total} entries, the lengths say {bounds[-1]}")
-        if total:
-            slots, counts = both
-            gaps = np.diff(slots)
-            starts = bounds[1:-1]
-            gaps[starts[(starts > 0) & (starts < total)] - 1] = 1  # a row's first slot follows nothing
-            if slots.min() < 0 or slots.max() >= n_slots or counts.min() <= 0 or np.any(gaps <= 0):
-                raise ValueError(f"{name}: slots must be sorted, in range, with positive counts")
-        edges = bounds.tolist()
-        return [both[:, lo:hi] for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
-    raise ValueError(f"window summary field {name}: unknown column kind {kind!r}")
+            raise ValueError(f"replica-steps record: {matrix.size} values for {rows} rows of {width}")
+        blocks[key] = matrix.reshape(rows, width)
+    sparse = _sparse_rows(summary["sparse"], value, tail, rows, n_slots) if "sparse" in summary else []
+    columns: dict[str, list[Any]] = {}
+    for name, column in fields.items():
+        if name not in _SUMMARY_NAMES:
+            continue
+        kind = column["kind"]
+        if kind == "values":
+            cast = _SUMMARY_CAST.get(name)
+            columns[name] = column["data"] if cast is None else list(map(cast, column["data"]))
+        elif kind == "rows":
+            start = int(column["start"])
+            columns[name] = list(blocks[column["block"]][:, start:start + int(column["width"])])
+        elif kind == "sparse":
+            columns[name] = sparse[int(column["index"])]
+        else:
+            raise ValueError(f"window summary field {name}: unknown column kind {kind!r}")
+    return columns
 
 
 def decode_model_step(value: bytes) -> list[tuple[str, ReplicaStepInput]]:
@@ -214,11 +254,7 @@ def decode_model_step(value: bytes) -> list[tuple[str, ReplicaStepInput]]:
     summary = body["summary"]
     if summary.get("v") != SUMMARY_VERSION:
         raise ValueError(f"window summary: unsupported version {summary.get('v')!r}")
-    fields: dict[str, dict[str, Any]] = summary["fields"]
-    accuracy = fields.get("relative_accuracy", {}).get("data") or [0.01]
-    n_slots = min(log_bins(float(a)).n_slots for a in set(accuracy))
-    columns = {name: _summary_values(name, column, rows, n_slots, value, tail)
-               for name, column in fields.items() if name in _SUMMARY_NAMES}
+    columns = _summary_fields(summary, value, tail, rows)
     if tuple(columns) == _SUMMARY_NAMES:  # positionally: the same fields in the dataclass's order
         summaries = [WindowSummary(*values) for values in zip(*columns.values(), strict=True)]
     else:

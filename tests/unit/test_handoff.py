@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -119,14 +120,37 @@ def test_a_corrupt_record_is_refused() -> None:
         decode_model_step(rebuilt({"summary": {**head["summary"], "v": 99}}))
     with pytest.raises(ValueError, match="out of bounds"):
         decode_model_step(rebuilt({}, tail=b""))
-    latency = head["summary"]["fields"]["latency"]
-    unsorted = np.frombuffer(record, dtype=np.int32, count=latency["nbytes"] // 4,
-                             offset=4 + length + latency["at"]).reshape(2, -1).copy()
-    unsorted[0, :2] = unsorted[0, 1::-1]  # the first row's first two slots swapped
-    tail = bytearray(record[4 + length:])
-    tail[latency["at"]:latency["at"] + latency["nbytes"]] = unsorted.tobytes()
-    with pytest.raises(ValueError, match="latency"):
-        decode_model_step(rebuilt({}, tail=bytes(tail)))
+    sketches = head["summary"]["sparse"]  # every sketch field's (2, entries), latency first
+    assert head["summary"]["fields"]["latency"] == {"kind": "sparse", "index": 0}
+    original = np.frombuffer(record, dtype=np.int32, count=sketches["nbytes"] // 4,
+                             offset=4 + length + sketches["at"]).reshape(2, -1)
+
+    def with_sketches(change: Callable[[np.ndarray], None]) -> bytes:
+        changed = original.copy()
+        change(changed)
+        tail = bytearray(record[4 + length:])
+        tail[sketches["at"]:sketches["at"] + sketches["nbytes"]] = changed.tobytes()
+        return rebuilt({}, tail=bytes(tail))
+
+    row = next(i for i, n in enumerate(sketches["lengths"][0]) if n >= 2)  # a latency sketch of 2+ slots
+    at = sum(sketches["lengths"][0][:row])
+
+    def unsorted(a: np.ndarray) -> None:
+        a[0, at:at + 2] = a[0, at:at + 2][::-1].copy()  # its first two slots swapped
+
+    def negative(a: np.ndarray) -> None:
+        a[0, 0] = -1
+
+    def zero_count(a: np.ndarray) -> None:
+        a[1, 5] = 0
+
+    for change in (unsorted, negative, zero_count):
+        with pytest.raises(ValueError, match="sorted, in range, with positive counts"):
+            decode_model_step(with_sketches(change))
+    decode_model_step(with_sketches(lambda a: None))  # the same bytes again: fine
+    with pytest.raises(ValueError, match="lengths"):
+        decode_model_step(rebuilt({"summary": {**head["summary"],
+                                               "sparse": {**sketches, "lengths": sketches["lengths"][:-1] + [[1]]}}}))
 
 
 def test_model_step_inputs_takes_chunks_and_single_records_once_per_replica() -> None:
