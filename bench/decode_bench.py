@@ -11,6 +11,8 @@ aiokafka loop with ``json.loads`` reaches ~180k events/s on this class of machin
 - ``single_poll_1_bad``: the poll of 500 with one invalid message in the middle (its dead letter);
 - ``batch100``: 100-event messages (the producer helper's batch form), one message at a time;
 - ``batch100_poll``: the same messages a poll of 50 at a time (5,000 events), as the worker does;
+- ``batch100_poll_sparse``: as batch100_poll with only the required fields (no batch size, no
+  optional field: events converted from OTLP spans, contract v1.1);
 - ``batch100_10pct_bad``: as batch100 with 10 % of the events invalid (reasons worded per bad row);
 - ``reference_batch100``: batch100 through the general (reference) path, ``typed_fast_path=False``;
 - ``orjson_only``: orjson.loads of the batch100 messages alone, the floor for any JSON decoder.
@@ -45,7 +47,7 @@ import orjson
 
 from skewwatch.config import LimitSettings
 from skewwatch.schemas import requests as current_requests
-from skewwatch.schemas.requests import encode_request_event, encode_request_events
+from skewwatch.schemas.requests import REQUIRED_FIELDS, encode_request_event, encode_request_events
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode.json"
 REPO = Path(__file__).resolve().parent.parent
@@ -120,7 +122,7 @@ def measure_side_by_side(runs: dict[str, Callable[[], int]], seconds: float) -> 
 
 
 def cases_for(decoder: types.ModuleType, limits: LimitSettings, singles: list[bytes], singles_5000: list[bytes],
-              batches: list[bytes], spoilt: list[bytes]) -> dict[str, Callable[[], int]]:
+              batches: list[bytes], spoilt: list[bytes], sparse: list[bytes]) -> dict[str, Callable[[], int]]:
     """Each case as a callable returning the events it decoded, for one decoder module."""
     decode_one, decode_poll = decoder.decode_request_message, decoder.decode_request_messages
     one_bad = list(singles)
@@ -132,6 +134,7 @@ def cases_for(decoder: types.ModuleType, limits: LimitSettings, singles: list[by
     assert len(decode_poll(one_bad, limits).columns) == len(one_bad) - 1
     assert all(len(decode_one(b, limits).columns) == 100 for b in batches)
     assert len(decode_poll(batches, limits).columns) == 100 * len(batches)
+    assert len(decode_poll(sparse, limits).columns) == 100 * len(sparse)
     assert all(len(decode_one(b, limits).rejects) == 10 for b in spoilt)
 
     def one_at_a_time(values: list[bytes], per_message: int) -> Callable[[], int]:
@@ -154,6 +157,7 @@ def cases_for(decoder: types.ModuleType, limits: LimitSettings, singles: list[by
         "single_poll_1_bad": as_one_poll(one_bad, 1),
         "batch100": one_at_a_time(batches, 100),
         "batch100_poll": as_one_poll(batches, 100),
+        "batch100_poll_sparse": as_one_poll(sparse, 100),
         "batch100_10pct_bad": one_at_a_time(spoilt, 100),
         "reference_batch100": lambda: sum(len(decode_poll([b], limits, typed_fast_path=False).columns)
                                           for b in batches),
@@ -181,11 +185,13 @@ def main() -> None:
     batches = [encode_request_events(events[i:i + 100]) for i in range(0, 5000, 100)]
     spoilt = [encode_request_events([spoil(e, i) if i % 10 == 0 else e for i, e in
                                      enumerate(events[j:j + 100], start=j)]) for j in range(0, 5000, 100)]
+    sparse = [encode_request_events([{name: e[name] for name in REQUIRED_FIELDS} for e in events[i:i + 100]])
+              for i in range(0, 5000, 100)]
 
     decoders = {"now": current_requests}
     if args.baseline:
         decoders = {"baseline": load_decoder_at(args.baseline), **decoders}
-    cases = {label: cases_for(module, limits, singles, singles_5000, batches, spoilt)
+    cases = {label: cases_for(module, limits, singles, singles_5000, batches, spoilt, sparse)
              for label, module in decoders.items()}
     names = [*cases["now"], "orjson_only"]
     results: dict[str, dict[str, int]] = {}

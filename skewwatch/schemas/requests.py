@@ -905,6 +905,8 @@ def _numbers_out_of_range(columns: RequestColumns) -> BoolArray | None:
     """The rows with a number outside its field's range (None when there is none): the typed
     decoder leaves these ranges to this whole-poll check. Absent optional numbers are NaN, which
     fails every comparison, so they are never flagged; msgspec has refused non-finite numbers."""
+    if len(columns) <= SCALAR_MAX_EVENTS:  # a few rows: numpy's fixed cost per operation dominates
+        return _numbers_out_of_range_scalar(columns)
     bad: BoolArray | None = None
     for spec in _NUMBER_FIELDS:
         values = getattr(columns, spec.name)
@@ -919,6 +921,21 @@ def _numbers_out_of_range(columns: RequestColumns) -> BoolArray | None:
             else:
                 bad |= check
     return bad if bad is not None and np.count_nonzero(bad) else None
+
+
+def _numbers_out_of_range_scalar(columns: RequestColumns) -> BoolArray | None:
+    """:func:`_numbers_out_of_range` row by row, in Python (NaN fails every comparison here too)."""
+    bad_rows: set[int] = set()
+    for spec in _NUMBER_FIELDS:
+        low, high, below = spec.minimum, spec.maximum, spec.exclusive_maximum
+        for row, value in enumerate(getattr(columns, spec.name).tolist()):
+            if value < low or (high is not None and value > high) or (below is not None and value >= below):
+                bad_rows.add(row)
+    if not bad_rows:
+        return None
+    bad = np.zeros(len(columns), dtype=np.bool_)
+    bad[sorted(bad_rows)] = True
+    return bad
 
 
 def _finish_typed(events: list[Any], message_index: IntArray, batch_form: BoolArray, limits: LimitSettings

@@ -653,6 +653,25 @@ def test_a_number_out_of_range_sends_its_message_to_the_general_path_without_end
         "events[1].latency_ms: must be ≥ 0, got -3", "events[3].kv_cache_hit_rate: must be ≤ 1, got 1.5"]
 
 
+def test_the_number_range_check_is_the_same_row_by_row_and_on_columns() -> None:
+    # a few rows are checked in Python, more with numpy: both flag exactly the same rows (None: absent,
+    # NaN in the columns)
+    boundary: dict[str, list[float | None]] = {
+        "ts": [0.0, -0.0, 99_999_999_999.99, 1e11, -1e-300], "latency_ms": [0.0, -0.0, 1e308, -1.0],
+        "ttft_ms": [None, 0.0, -0.5], "kv_cache_hit_rate": [None, 0.0, 1.0, 1.0000001, -0.0]}
+    events = [good_event(i, **{name: values[i % len(values)] for name, values in boundary.items()})
+              for i in range(60)]
+    columns = RequestColumns.from_rows(events)
+    expected = [bool(event_problems(e, LIMITS.max_tokens)) for e in events]
+    assert any(expected) and not all(expected)
+    for size in (1, 5, SCALAR_MAX_EVENTS, SCALAR_MAX_EVENTS + 1, 60):
+        part = columns.take(np.arange(size))
+        scalar = current_decoder._numbers_out_of_range_scalar(part)
+        vector = current_decoder._numbers_out_of_range(part)
+        for found in (scalar, vector):
+            assert (found.tolist() if found is not None else [False] * size) == expected[:size], size
+
+
 def test_a_single_event_message_with_an_events_key_is_the_batch_form_in_a_poll() -> None:
     # every required field at the top level, and "events": the batch form wins, as the reference says
     values = [encode_request_event(good_event(0)),
@@ -695,10 +714,12 @@ def test_the_decode_bench_runs_every_case_for_the_current_and_a_git_revisions_de
     batches = [encode_request_events(events[i:i + 100]) for i in range(0, 400, 100)]
     spoilt = [encode_request_events([bench.spoil(e, i) if i % 10 == 0 else e for i, e in
                                      enumerate(events[j:j + 100], start=j)]) for j in range(0, 400, 100)]
+    sparse = [encode_request_events([{name: e[name] for name in REQUIRED_FIELDS} for e in events[i:i + 100]])
+              for i in range(0, 400, 100)]
     for module in (current_decoder, baseline):
-        cases = bench.cases_for(module, LIMITS, singles[:50], singles, batches, spoilt)
+        cases = bench.cases_for(module, LIMITS, singles[:50], singles, batches, spoilt, sparse)
         assert {name: run() for name, run in cases.items()} == {
             "single": 50, "single_poll": 50, "single_poll_5000": 400, "single_poll_1_bad": 50, "batch100": 400,
-            "batch100_poll": 400, "batch100_10pct_bad": 400, "reference_batch100": 400}
+            "batch100_poll": 400, "batch100_poll_sparse": 400, "batch100_10pct_bad": 400, "reference_batch100": 400}
     rates = bench.measure_side_by_side({"a": lambda: 10}, 0.01)
     assert rates["a"] > 0
