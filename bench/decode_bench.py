@@ -17,13 +17,13 @@ aiokafka loop with ``json.loads`` reaches ~180k events/s on this class of machin
 - ``reference_batch100``: batch100 through the general (reference) path, ``typed_fast_path=False``;
 - ``orjson_only``: orjson.loads of the batch100 messages alone, the floor for any JSON decoder.
 
-Rates are events per CPU-second of the decoding process (one core), best of 5 rounds; with
+Rates are events per CPU-second of the decoding process (one core), best of 5 rounds (``--rounds``); with
 ``--baseline REV`` the decoder (``skewwatch/schemas/requests.py``) of that git revision runs every
 case too, its rounds interleaved with the current decoder's so that load on a shared machine hits
 both alike. The baseline module is loaded from ``git show REV:...`` and runs against the current
 tree's other modules. Run::
 
-    .venv/bin/python bench/decode_bench.py [--seconds 2] [--baseline ff883c9]
+    .venv/bin/python bench/decode_bench.py [--seconds 2] [--rounds 5] [--baseline ff883c9]
 
 It prints a table and writes ``bench/results/decode.json``.
 """
@@ -102,19 +102,19 @@ def load_decoder_at(rev: str) -> types.ModuleType:
     return module
 
 
-def measure_side_by_side(runs: dict[str, Callable[[], int]], seconds: float) -> dict[str, float]:
+def measure_side_by_side(runs: dict[str, Callable[[], int]], seconds: float, rounds: int = ROUNDS) -> dict[str, float]:
     """Events per CPU-second of each ``run`` (which returns the events it handled), best of
-    ROUNDS rounds, the runs' rounds interleaved.
+    ``rounds`` rounds, the runs' rounds interleaved.
 
     CPU time of this process, not wall time: "events/s on one core" is what the worker budget
     needs, and it stays meaningful on a shared machine where other processes steal the core.
     """
     best = dict.fromkeys(runs, 0.0)
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         for name, run in runs.items():
             events = 0
             start = time.process_time()
-            deadline = start + seconds / ROUNDS
+            deadline = start + seconds / rounds
             while time.process_time() < deadline:
                 events += run()
             best[name] = max(best[name], events / (time.process_time() - start))
@@ -176,6 +176,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="CPU time per case and decoder")
     parser.add_argument("--baseline", metavar="REV", help="also run the decoder of this git revision")
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help="rounds per case (best kept): more rounds ride out a busy machine's bursts")
     args = parser.parse_args()
     rng = random.Random(7)
     limits = LimitSettings()
@@ -198,7 +200,8 @@ def main() -> None:
     for name in names:
         runs = ({label: run_orjson(batches) for label in ("now",)} if name == "orjson_only"
                 else {label: case[name] for label, case in cases.items()})
-        results[name] = {label: round(rate) for label, rate in measure_side_by_side(runs, args.seconds).items()}
+        measured = measure_side_by_side(runs, args.seconds, args.rounds)
+        results[name] = {label: round(rate) for label, rate in measured.items()}
 
     width = max(map(len, names))
     header = f"{'case':<{width}}  " + "  ".join(f"{label:>12}" for label in decoders)
@@ -218,7 +221,7 @@ def main() -> None:
             "revision": args.baseline,
             "events_per_cpu_s": {name: rates["baseline"] for name, rates in results.items() if "baseline" in rates},
         },
-        "rounds": ROUNDS,
+        "rounds": args.rounds,
         "seconds_per_case": args.seconds,
         "load_average_1m": round(os.getloadavg()[0], 2),  # > cores: other processes shared the machine
         "event_bytes_mean": round(sum(map(len, singles)) / len(singles)),
