@@ -5,7 +5,7 @@ records keyed ``model/replica``. For each call size (records stage 1 publishes a
 partition's replicas of a step), ``--records`` records go out in calls back to back, each way,
 rounds interleaved; CPU (``process_time``) and wall time per record until every record is acknowledged.
 
-    .venv/bin/python bench/publish_bench.py [--per-call 16,160,1250] [--max-batch-bytes 262144]
+    .venv/bin/python bench/publish_bench.py [--per-call 16,160,1250] [--max-batch-bytes 16384]
 
 Prints one line per case and round (the first round warms up).
 """
@@ -43,7 +43,7 @@ async def run(bootstrap: str, per_call: list[int], records: int, max_batch_bytes
         await admin.create_topics([NewTopic(topic, 8, 1)])
     finally:
         await admin.close()
-    # as the worker's producer (agents/app.py)
+    # as the worker's producer (agents/app.py), but for the batch size
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, enable_idempotence=True,
                                 max_batch_size=max_batch_bytes)
     await producer.start()
@@ -83,7 +83,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--per-call", default="16,160,1250", help="records per call, comma list")
     parser.add_argument("--records", type=int, default=8000, help="records per case and round")
-    parser.add_argument("--max-batch-bytes", type=int, default=256 * 1024)
+    parser.add_argument("--max-batch-bytes", type=int, default=16384,
+                        help="the producer's max_batch_size (the worker's: aiokafka's default, 16 KiB)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     per_call = [int(x) for x in args.per_call.split(",")]

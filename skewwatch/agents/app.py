@@ -34,9 +34,6 @@ from skewwatch.topics import ensure_topics
 log = logging.getLogger("skewwatch.worker")
 
 PRODUCER_MAX_REQUEST_BYTES = 16 * 1024 * 1024  # checkpoint chunks are up to 4 MiB
-# a partition's batch (aiokafka's default is 16 KiB: ~15 feature records); stage 1 publishes a step's
-# records per partition as one batch (agents/publish.py). Under the topics' 1 MiB max.message.bytes.
-PRODUCER_MAX_BATCH_BYTES = 256 * 1024
 
 
 class PipelineService(mode.Service):
@@ -65,7 +62,6 @@ class PipelineService(mode.Service):
             linger_ms=5,
             enable_idempotence=True,  # keeps per-partition order: progress markers follow summaries
             max_request_size=PRODUCER_MAX_REQUEST_BYTES,
-            max_batch_size=PRODUCER_MAX_BATCH_BYTES,
         )
         await self.producer.start()
         self._stage_tasks = [

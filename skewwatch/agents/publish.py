@@ -5,9 +5,9 @@ fleet scale. ``await producer.send()`` per record pays, each time, a coroutine, 
 the pure-Python murmur2 of the key (aiokafka's default partitioner) and a future per record.
 :class:`KeyedPublisher` computes each key's partition once (the same murmur2 partitioner, cached
 per key while the topic's partition count holds) and, where one call has many records for a
-partition (``MIN_BATCH_RECORDS``), appends them to a
-:meth:`~aiokafka.AIOKafkaProducer.create_batch` of their own, submitted with ``send_batch``: one
-future per batch; fewer go through ``send(partition=...)``. Same partition per key as ``send()``
+partition (``MIN_BATCH_RECORDS``), appends them to a batch of their own (a ``BatchBuilder``, what
+:meth:`~aiokafka.AIOKafkaProducer.create_batch` returns, of ``BATCH_BYTES``), submitted with
+``send_batch``: one future per batch; fewer go through ``send(partition=...)``. Same partition per key as ``send()``
 (the integration test checks it on a broker), one record per key, in order per partition.
 
 >>> partitions = KeyPartitions()
@@ -23,17 +23,21 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.producer.message_accumulator import BatchBuilder
 
 # keys remembered before the cache starts over (model/replica keys: one per active replica)
 _MAX_CACHED_KEYS = 1 << 18
-# A partition's records of one call go out as a batch of their own from this many on; fewer are sent
+# A partition's records of one call go out as batches of their own from this many on; fewer are sent
 # one by one (on the cached partition) and join the producer's open batch for that partition. Why:
 # ``send_batch`` first waits until the partition's previous batch has left (up to linger_ms), and a
 # batch of a few records pays a produce request on its own. Measured (bench/publish_bench.py, ~1 KB
-# records, calls back to back, max_batch_size 256 KiB), µs of CPU per record, send() vs own batches:
-# 2 per partition and call 22-27 vs 63 (and 8x the wall time); 12: 20-22 vs 14-15 (wall 1.5x);
-# 20: 22-25 vs 9-12 (same wall); 156: 19-23 vs 3-4 (wall 4x less).
+# records, calls back to back, 256 KiB batches), µs of CPU per record, send() vs own batches:
+# 2 per partition and call 22-27 vs 63 (and 8x the wall time), 12: 20-22 vs 14-15 (wall 1.5x),
+# 20: 22-25 vs 9-12 (same wall), 156: 19-23 vs 3-4 (wall 4x less).
 MIN_BATCH_RECORDS = 16
+# KeyedPublisher's own batches: a partition's records of a step at 10k replicas (~160 KB) in one,
+# well under the topics' 1 MiB max.message.bytes
+BATCH_BYTES = 256 * 1024
 
 
 class KeyPartitions:
@@ -56,11 +60,24 @@ class KeyPartitions:
 
 
 class KeyedPublisher:
-    """Publishes many ``(key, value)`` records to one topic as one batch per partition."""
+    """Publishes many ``(key, value)`` records to one topic as one batch per partition.
 
-    def __init__(self, producer: AIOKafkaProducer) -> None:
+    ``batch_bytes``: the size of the batches it builds itself (None: ``producer.create_batch()``, the
+    producer's ``max_batch_size``). Its own batches are what ``create_batch()`` makes for an
+    uncompressed, non-transactional producer (the worker's), only larger: the worker's producer keeps
+    aiokafka's 16 KiB because a checkpoint record under the batch size waits ``linger_ms`` before it
+    leaves, and stage 1 waits for its checkpoints.
+    """
+
+    def __init__(self, producer: AIOKafkaProducer, batch_bytes: int | None = BATCH_BYTES) -> None:
         self.producer = producer
         self.partitions = KeyPartitions()
+        self.batch_bytes = batch_bytes
+
+    def _new_batch(self) -> BatchBuilder:
+        if self.batch_bytes is None:
+            return self.producer.create_batch()
+        return BatchBuilder(self.batch_bytes, 0, is_transactional=False)  # 0: no compression
 
     async def publish(self, topic: str, records: Iterable[tuple[bytes, bytes]]) -> list[asyncio.Future[Any]]:
         """Queue every record (on its key's partition); returns the futures of their delivery."""
@@ -74,11 +91,11 @@ class KeyedPublisher:
                 futures.extend([await self.producer.send(topic, key=key, value=value, partition=partition)
                                 for key, value in rows])
                 continue
-            batch = self.producer.create_batch()
+            batch = self._new_batch()
             for key, value in rows:
                 if batch.append(key=key, value=value, timestamp=None) is None:  # full: send it, start another
                     futures.append(await self.producer.send_batch(batch, topic, partition=partition))
-                    batch = self.producer.create_batch()
+                    batch = self._new_batch()
                     batch.append(key=key, value=value, timestamp=None)
             futures.append(await self.producer.send_batch(batch, topic, partition=partition))
         return futures

@@ -15,13 +15,11 @@ pytestmark = pytest.mark.kafka
 
 
 async def _publish_and_read(bootstrap: str, topic: str) -> list[tuple[bytes, bytes, int]]:
-    # a small batch size, so one call fills several batches per partition
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, enable_idempotence=True,
-                                max_batch_size=2048)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, enable_idempotence=True)
     await producer.start()
     try:
         records = [(f"model-{i % 40 % 3}/r{i % 40:03d}".encode(), b"batch-%04d" % i + b"." * 100) for i in range(400)]
-        publisher = KeyedPublisher(producer)
+        publisher = KeyedPublisher(producer, batch_bytes=2048)  # small: a call fills several per partition
         # many records per partition (own batches, several per partition at this batch size), then a
         # few (under MIN_BATCH_RECORDS per partition: sent one by one on the cached partition)
         assert MIN_BATCH_RECORDS > 10

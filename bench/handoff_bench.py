@@ -1,0 +1,168 @@
+"""Per replica step: publishing + the stage 1 -> stage 2 hand-off + stage 2's decode, format 1 vs 2.
+
+One process, one real broker (``KAFKA_BOOTSTRAP`` or the embedded one). A fleet of ``R`` replicas over
+``M`` models on 8 partitions of windows (``bench/scale.py``'s synthetic traffic, full 60 s windows),
+every replica with a telemetry sample; one closed step of every partition is published and handed over
+both ways, rounds interleaved, CPU time (``process_time``) per replica step until the broker acknowledged
+every record:
+
+format 1 (before): per replica ``send()`` of the FeatureVector to the features topic and ``send()`` of
+    ``{"summary": to_dict, "features", "telemetry", "telemetry_stale"}`` JSON to the replica-steps
+    topic; stage 2 ``orjson.loads`` each record to route it, then ``orjson.loads`` + ``from_body``.
+format 2 (now): the features through ``KeyedPublisher`` (one batch per partition), one
+    ``encode_model_step`` record per (partition, model, step) with its header; stage 2 reads the header
+    and ``decode_model_step``.
+
+The stage 2 side decodes the bytes it was given (no consumer: fetching is the same per record either
+way and format 2 has far fewer records). One producer, configured as the worker's (``agents/app.py``).
+
+    .venv/bin/python bench/handoff_bench.py [--fleets 128x2,1000x50,10000x50] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import orjson  # noqa: E402
+from aiokafka import AIOKafkaProducer  # noqa: E402
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
+
+from bench.scale import Fleet, fleet_replicas  # noqa: E402
+from skewwatch.agents.publish import KeyedPublisher  # noqa: E402
+from skewwatch.broker import EmbeddedBroker  # noqa: E402
+from skewwatch.pipeline.assembler import ReplicaStepInput  # noqa: E402
+from skewwatch.pipeline.handoff import (  # noqa: E402
+    decode_model_step,
+    encode_model_step,
+    read_step_header,
+    step_header,
+)
+from skewwatch.pipeline.telemetry import TelemetrySample  # noqa: E402
+from skewwatch.pipeline.window import ReplicaStep  # noqa: E402
+from skewwatch.schemas.features import encode_features  # noqa: E402
+
+PARTITIONS = 8
+
+
+def closed_partitions(replicas: int, models: int) -> list[list[ReplicaStep]]:
+    fleet = Fleet(fleet_replicas(replicas, models), 3.0)
+    closed: list[Any] = []
+    for _ in range(14):  # full windows
+        fleet.feed()
+        closed = fleet.close()
+    return [list(steps) for steps in closed]
+
+
+def sample_of(step: ReplicaStep) -> TelemetrySample:
+    return TelemetrySample(ts=step.features.window_end - 1.0, replica=step.features.replica or "", source="nvml",
+                           node="node-1", memory_used_bytes=6.1e10, memory_total_bytes=8.0e10, utilization_gpu=0.7,
+                           power_w=420.0, temperature_c=61.0, xid_count_5m=0)
+
+
+async def format1(producer: AIOKafkaProducer, partitions: list[list[ReplicaStep]], topics: tuple[str, str]) -> int:
+    features_topic, steps_topic = topics
+    records: list[bytes] = []
+    futures = []
+    for steps in partitions:  # stage 1, one input partition at a time
+        for step in steps:
+            fv = step.features
+            futures.append(await producer.send(features_topic, key=fv.key.encode(), value=encode_features(fv)))
+            sample = sample_of(step)
+            body = orjson.dumps({"summary": step.summary.to_dict(), "features": fv, "telemetry": sample.to_dict(),
+                                 "telemetry_stale": []})
+            futures.append(await producer.send(steps_topic, key=fv.model.encode(), value=body))
+            records.append(body)
+    await asyncio.gather(*futures)
+    held = []
+    for raw in records:  # stage 2: route, hold, then decode at completion
+        fv = orjson.loads(raw)["features"]
+        held.append((fv["model"], float(fv["window_end"]), str(fv["replica"]), raw))
+    return len([ReplicaStepInput.from_body(orjson.loads(raw)) for *_, raw in held])
+
+
+async def format2(producer: AIOKafkaProducer, publisher: KeyedPublisher, partitions: list[list[ReplicaStep]],
+                  topics: tuple[str, str]) -> int:
+    features_topic, steps_topic = topics
+    records: list[tuple[bytes, list[tuple[str, bytes]]]] = []
+    futures = []
+    for source, steps in enumerate(partitions):
+        futures += await publisher.publish(features_topic, [(s.features.key.encode(), encode_features(s.features))
+                                                            for s in steps])
+        by_model: dict[tuple[str, float], list[ReplicaStep]] = {}
+        for step in steps:
+            by_model.setdefault((step.features.model, step.features.window_end), []).append(step)
+        for (model, end), group in by_model.items():
+            value = encode_model_step(model, end, source, group, [sample_of(s) for s in group], [[] for _ in group])
+            headers = step_header(end, source, len(group))
+            futures.append(await producer.send(steps_topic, key=model.encode(), value=value, headers=headers))
+            records.append((value, headers))
+    await asyncio.gather(*futures)
+    held = [(read_step_header(headers), value) for value, headers in records]
+    return sum(len(decode_model_step(value)) for _, value in held)
+
+
+async def run(bootstrap: str, fleets: list[tuple[int, int]], rounds: int) -> None:
+    names = [f"handoff-bench-{os.getpid()}-{t}" for t in ("features", "steps")]
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, PARTITIONS, 1) for name in names])
+    finally:
+        await admin.close()
+    common: dict[str, Any] = {"bootstrap_servers": bootstrap, "acks": "all", "linger_ms": 5,
+                              "enable_idempotence": True, "max_request_size": 16 * 1024 * 1024}
+    producer = AIOKafkaProducer(**common)
+    await producer.start()
+    try:
+        topics = (names[0], names[1])
+        await (await producer.send(names[0], b"warm-up", key=b"warm-up"))
+        publisher = KeyedPublisher(producer)
+        for replicas, models in fleets:
+            partitions = closed_partitions(replicas, models)
+            n = sum(map(len, partitions))
+            per_chunk = n / len({(source, s.features.model) for source, steps in enumerate(partitions) for s in steps})
+            for round_ in range(rounds):
+                for label in ("format 1", "format 2"):
+                    gc.collect()
+                    cpu = time.process_time()
+                    decoded = await (format1(producer, partitions, topics) if label == "format 1"
+                                     else format2(producer, publisher, partitions, topics))
+                    spent = time.process_time() - cpu
+                    assert decoded == n, (decoded, n)
+                    print(f"{replicas:>6} replicas {models:>3} models ({per_chunk:5.1f} per record)  round {round_}  "
+                          f"{label}  {spent / n * 1e6:7.2f} µs CPU per replica step", flush=True)
+    finally:
+        await producer.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fleets", default="128x2,1000x50,10000x50", help="REPLICASxMODELS, comma list")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    fleets = [(int(r), int(m)) for r, m in (f.split("x") for f in args.fleets.split(","))]
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
+    broker = None
+    if not bootstrap:
+        broker = EmbeddedBroker(Path(tempfile.mkdtemp(prefix="skewwatch-handoff-")), port=0)
+        broker.start(timeout=120)
+        bootstrap = broker.bootstrap
+    try:
+        asyncio.run(run(bootstrap, fleets, args.rounds))
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+if __name__ == "__main__":
+    main()
