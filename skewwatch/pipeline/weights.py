@@ -55,8 +55,10 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, ClassVar
 
 import numpy as np
@@ -314,7 +316,8 @@ def pool_weights(
     # invalid/divide/over: NaN and inf rows are never computed as columns (the screen below)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         events_queue = step.column("queue_length_mean")
-        if fresh.count(None) == n:  # no fresh sample: mem missing everywhere, queue from the events
+        if not any(map(operator.is_not, fresh, repeat(None))):  # no fresh sample (identity, no __eq__):
+            # mem missing everywhere, queue from the events
             mem, no_mem, queue = None, np.ones(n, dtype=np.bool_), events_queue
         else:
             # TelemetrySample.memory_ratio as columns: used / total clamped to [0, 1], unknown without both

@@ -93,15 +93,20 @@ class GpuHealthDetector(Detector):
 
     def update_step(self, step: StepColumns, now: float, alerts: list[Alert], actions: list[Action]) -> None:
         """``update`` of the replicas that can change anything: a CUDA error in the step, a fresh
-        telemetry sample (faults, baselines), or an error class or open alert to expire or
-        resolve. For any other replica ``update`` is a no-op apart from creating its empty state,
-        which is as good as none (``assessment`` and ``update`` treat both alike), so none is kept."""
+        telemetry sample with news (a fault, or baselines to move or keep for the first time), or
+        an error class or open alert to expire or resolve. For any other replica ``update`` is a
+        no-op apart from creating an empty state, which is as good as none (``assessment`` and
+        ``update`` treat both alike), so none is kept."""
         state = self._state
         update_into = self.update_into
         for fv, key, telemetry in zip(step.vectors, step.keys, step.telemetry, strict=True):
-            if telemetry is None and not fv.step_cuda_errors:
+            if not fv.step_cuda_errors:
                 key_state = state.get(key)
-                if key_state is None or (not key_state.health.last_error_ts and key_state.alert_class is None):
+                if key_state is None:
+                    if telemetry is None:
+                        continue  # (with a sample: its first baselines are kept)
+                elif (not key_state.health.last_error_ts and key_state.alert_class is None
+                      and (telemetry is None or not telemetry_news(key_state.health, telemetry))):
                     continue
             update_into(fv, telemetry, now, alerts, actions)
 

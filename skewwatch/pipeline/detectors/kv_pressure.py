@@ -36,7 +36,9 @@ the alerts carry none; severities are ours (the seed gives none).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, ClassVar
 
 import numpy as np
@@ -84,7 +86,9 @@ class KvPressureDetector(ThresholdDetector):
         cfg = self.config
         hit = step.column("kv_cache_hit_rate_mean")
         fragmentation: npt.NDArray[np.bool_] | None = None
-        if step.telemetry.count(None) < len(step):  # else no fragmentation, no hit rate from telemetry
+        # some replica has a fresh sample (by identity: list.count(None) would call each sample's __eq__);
+        # else no fragmentation and no hit rate from telemetry
+        if any(map(operator.is_not, step.telemetry, repeat(None))):
             hit = np.where(np.isnan(hit), step.telemetry_column("kv_cache_hit_rate"), hit)
             # TelemetrySample.fragmentation as columns: 1 - allocated / reserved in [0, 1], unknown without both
             allocated = step.telemetry_column("memory_allocated_bytes")
