@@ -16,7 +16,7 @@ format 2 (now): the features through ``KeyedPublisher`` (one batch per partition
 The stage 2 side decodes the bytes it was given (no consumer: fetching is the same per record either
 way and format 2 has far fewer records). One producer, configured as the worker's (``agents/app.py``).
 
-    .venv/bin/python bench/handoff_bench.py [--fleets 128x2,1000x50,10000x50] [--rounds 3]
+    .venv/bin/python bench/handoff_bench.py [--fleets 128x2,1000x50,10000x50] [--rounds 3] [--no-publish]
 """
 
 from __future__ import annotations
@@ -69,18 +69,20 @@ def sample_of(step: ReplicaStep) -> TelemetrySample:
                            power_w=420.0, temperature_c=61.0, xid_count_5m=0)
 
 
-async def format1(producer: AIOKafkaProducer, partitions: list[list[ReplicaStep]], topics: tuple[str, str]) -> int:
+async def format1(producer: AIOKafkaProducer | None, partitions: list[list[ReplicaStep]],
+                  topics: tuple[str, str]) -> int:
     features_topic, steps_topic = topics
     records: list[bytes] = []
     futures = []
     for steps in partitions:  # stage 1, one input partition at a time
         for step in steps:
             fv = step.features
-            futures.append(await producer.send(features_topic, key=fv.key.encode(), value=encode_features(fv)))
             sample = sample_of(step)
             body = orjson.dumps({"summary": step.summary.to_dict(), "features": fv, "telemetry": sample.to_dict(),
                                  "telemetry_stale": []})
-            futures.append(await producer.send(steps_topic, key=fv.model.encode(), value=body))
+            if producer is not None:
+                futures.append(await producer.send(features_topic, key=fv.key.encode(), value=encode_features(fv)))
+                futures.append(await producer.send(steps_topic, key=fv.model.encode(), value=body))
             records.append(body)
     await asyncio.gather(*futures)
     held = []
@@ -90,43 +92,48 @@ async def format1(producer: AIOKafkaProducer, partitions: list[list[ReplicaStep]
     return len([ReplicaStepInput.from_body(orjson.loads(raw)) for *_, raw in held])
 
 
-async def format2(producer: AIOKafkaProducer, publisher: KeyedPublisher, partitions: list[list[ReplicaStep]],
-                  topics: tuple[str, str]) -> int:
+async def format2(producer: AIOKafkaProducer | None, publisher: KeyedPublisher | None,
+                  partitions: list[list[ReplicaStep]], topics: tuple[str, str]) -> int:
     features_topic, steps_topic = topics
     records: list[tuple[bytes, list[tuple[str, bytes]]]] = []
     futures = []
     for source, steps in enumerate(partitions):
-        futures += await publisher.publish(features_topic, [(s.features.key.encode(), encode_features(s.features))
-                                                            for s in steps])
+        if publisher is not None:
+            futures += await publisher.publish(features_topic, [(s.features.key.encode(),
+                                                                 encode_features(s.features)) for s in steps])
         by_model: dict[tuple[str, float], list[ReplicaStep]] = {}
         for step in steps:
             by_model.setdefault((step.features.model, step.features.window_end), []).append(step)
         for (model, end), group in by_model.items():
             value = encode_model_step(model, end, source, group, [sample_of(s) for s in group], [[] for _ in group])
             headers = step_header(end, source, len(group))
-            futures.append(await producer.send(steps_topic, key=model.encode(), value=value, headers=headers))
+            if producer is not None:
+                futures.append(await producer.send(steps_topic, key=model.encode(), value=value, headers=headers))
             records.append((value, headers))
     await asyncio.gather(*futures)
     held = [(read_step_header(headers), value) for value, headers in records]
     return sum(len(decode_model_step(value)) for _, value in held)
 
 
-async def run(bootstrap: str, fleets: list[tuple[int, int]], rounds: int) -> None:
+async def run(bootstrap: str | None, fleets: list[tuple[int, int]], rounds: int) -> None:
+    """``bootstrap`` None: the hand-off alone (encode, route, decode), nothing sent."""
     names = [f"handoff-bench-{os.getpid()}-{t}" for t in ("features", "steps")]
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, PARTITIONS, 1) for name in names])
-    finally:
-        await admin.close()
-    common: dict[str, Any] = {"bootstrap_servers": bootstrap, "acks": "all", "linger_ms": 5,
-                              "enable_idempotence": True, "max_request_size": 16 * 1024 * 1024}
-    producer = AIOKafkaProducer(**common)
-    await producer.start()
-    try:
-        topics = (names[0], names[1])
+    topics = (names[0], names[1])
+    producer: AIOKafkaProducer | None = None
+    publisher: KeyedPublisher | None = None
+    if bootstrap is not None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(name, PARTITIONS, 1) for name in names])
+        finally:
+            await admin.close()
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, enable_idempotence=True,
+                                    max_request_size=16 * 1024 * 1024)
+        await producer.start()
         await (await producer.send(names[0], b"warm-up", key=b"warm-up"))
         publisher = KeyedPublisher(producer)
+    try:
         for replicas, models in fleets:
             partitions = closed_partitions(replicas, models)
             n = sum(map(len, partitions))
@@ -142,17 +149,22 @@ async def run(bootstrap: str, fleets: list[tuple[int, int]], rounds: int) -> Non
                     print(f"{replicas:>6} replicas {models:>3} models ({per_chunk:5.1f} per record)  round {round_}  "
                           f"{label}  {spent / n * 1e6:7.2f} µs CPU per replica step", flush=True)
     finally:
-        await producer.stop()
+        if producer is not None:
+            await producer.stop()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fleets", default="128x2,1000x50,10000x50", help="REPLICASxMODELS, comma list")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-publish", action="store_true", help="the hand-off alone: no broker, nothing sent")
     args = parser.parse_args()
     fleets = [(int(r), int(m)) for r, m in (f.split("x") for f in args.fleets.split(","))]
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
     broker = None
+    if args.no_publish:
+        asyncio.run(run(None, fleets, args.rounds))
+        return
     if not bootstrap:
         broker = EmbeddedBroker(Path(tempfile.mkdtemp(prefix="skewwatch-handoff-")), port=0)
         broker.start(timeout=120)
