@@ -19,8 +19,8 @@ others in stage 1, so they do not stall the rule; a replica missing from a compl
 simply silent, which the weights treat as a signal. Summaries for an already completed step
 (a replay after a rebalance) are counted as late and dropped.
 
-Memory: the worker holds each pending chunk as its record's bytes (about 1.5 KB per replica step;
-a format-1 record ~2.5 KB, where the decoded JSON took ~10 KB), decoded into
+Memory: the worker holds each pending chunk as its record's bytes (~2 KB per replica step with a
+telemetry sample; a format-1 record ~2.9 KB, where the decoded JSON took ~10 KB), decoded into
 :class:`ReplicaStepInput` objects when the step completes and embedded in a checkpoint as they are
 (a chunk as base64), and the number of replica steps held is bounded (``max_pending``): past
 it, the oldest pending steps are released incomplete (``forced``), so one input partition far
@@ -56,7 +56,7 @@ from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.window import WindowSummary
 
 # Replica steps held per assembler before the oldest pending steps are released incomplete:
-# the worker holds each as its record's bytes (~2.5 KB), so about 50 MB; live operation holds one
+# the worker holds them as the records' bytes (~2 KB each), so about 40 MB; live operation holds one
 # or two steps of a partition's replicas, only a far-behind input partition gets near it.
 DEFAULT_MAX_PENDING = 20_000
 

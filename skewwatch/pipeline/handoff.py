@@ -59,7 +59,7 @@ from skewwatch.pipeline.window.summary import SUMMARY_VERSION
 HANDOFF_VERSION = 2  # 1: one record per replica step (still read: ReplicaStepInput.from_body)
 STEP_HEADER = "skewwatch-step"  # Kafka header of a format-2 record: [window_end, source, replicas, part]
 # A partition's replicas of one model go in parts of at most this many (a record stays well under the
-# topic's 1 MiB max.message.bytes: ~1.5 KB per replica step)
+# topic's 1 MiB max.message.bytes: ~2 KB per replica step with its telemetry)
 MAX_REPLICAS_PER_RECORD = 256
 
 _HEAD_LENGTH = struct.Struct(">I")  # a record: length of the JSON head, the head, the arrays' bytes
