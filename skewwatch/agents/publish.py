@@ -18,12 +18,16 @@ True
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import aiokafka
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
+
+log = logging.getLogger(__name__)
 
 # keys remembered before the cache starts over (model/replica keys: one per active replica)
 _MAX_CACHED_KEYS = 1 << 18
@@ -75,9 +79,14 @@ class KeyedPublisher:
         self.batch_bytes = batch_bytes
 
     def _new_batch(self) -> BatchBuilder:
-        if self.batch_bytes is None:
-            return self.producer.create_batch()
-        return BatchBuilder(self.batch_bytes, 0, is_transactional=False)  # 0: no compression
+        if self.batch_bytes is not None:
+            try:  # BatchBuilder's constructor is not aiokafka's documented API (create_batch() is)
+                return BatchBuilder(self.batch_bytes, 0, is_transactional=False)  # 0: no compression
+            except TypeError:  # another aiokafka's signature: the producer's own size, documented
+                log.warning("aiokafka %s: BatchBuilder(size, compression, is_transactional=) refused; "
+                            "publishing in create_batch() batches", aiokafka.__version__)
+                self.batch_bytes = None
+        return self.producer.create_batch()
 
     async def publish(self, topic: str, records: Iterable[tuple[bytes, bytes]]) -> list[asyncio.Future[Any]]:
         """Queue every record (on its key's partition); returns the futures of their delivery."""
