@@ -327,3 +327,17 @@ def test_history_for_keeps_every_step_s_sample_through_a_catch_up(phase: float) 
     assert history_for(WindowSettings(telemetry_ahead_s=120.0)) == 41  # 1.5 * 120 + 5 + 5 = 190 s
     assert _catch_up_misses(history_for(window, spare=0), phase, window) == 0
     assert _catch_up_misses(history_for(window, spare=0) - 3, phase, window) > 0  # and it is not loose by much
+
+
+def test_identity_strings_are_shared_between_samples() -> None:
+    """Each decoded message has its own copies of the replica/source/node names; the join keeps one."""
+    join = TelemetryJoin()
+    made = [TelemetrySample(ts=100.0 + 5 * k, replica="".join(["r", "1"]), source="".join(["nv", "ml"]),
+                            node="".join(["n", "1"]), gpu_index=0, power_w=float(k)) for k in range(3)]
+    assert made[0].replica is not made[1].replica  # distinct objects, as from a decoder
+    for sample in made:
+        join.add(sample)
+    assert made[0].replica is made[1].replica is made[2].replica == "r1"
+    assert made[0].source is made[2].source and made[0].node is made[2].node
+    merged = join.view("r1", 111.0, STALE)[0]
+    assert merged is not None and merged.power_w == 2.0 and merged.node == "n1"
