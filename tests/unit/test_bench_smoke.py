@@ -49,6 +49,21 @@ def test_scale_step_cost_and_memory_toy() -> None:
     assert judged["idle replicas' window state released"]
 
 
+def test_scale_linearity_is_judged_on_the_marginal_cost() -> None:
+    """A fixed per-model cost (an affine a + b n) is linear; a cost per replica that grows is not."""
+    scale = load_scale()
+
+    def rows(total: dict[int, float]) -> dict[str, list[dict[str, object]]]:
+        return {"step_cost": [{"replicas": n, "ms": {"total": ms}, "us_per_replica": ms * 1e3 / n}
+                              for n, ms in total.items()]}
+
+    name = "step cost linear (marginal us per replica between sizes, max/min <= 1.5)"
+    affine = {t["name"]: t["met"] for t in scale.judge(rows({1000: 15 + 25, 10_000: 15 + 250, 50_000: 15 + 1250}))}
+    assert affine[name] is True
+    quadratic = {t["name"]: t["met"] for t in scale.judge(rows({1000: 25, 10_000: 2500, 50_000: 62_500}))}
+    assert quadratic[name] is False
+
+
 def test_throughput_ceiling_on_a_tiny_dataset(kafka_bootstrap: str, tmp_path: Path) -> None:
     data = run_blocking(dataset.produce_dataset(kafka_bootstrap, events=300, replicas_per_model=4, batch=10))
     assert data.events == 300 + data.sentinels and data.batched_messages < data.single_messages
