@@ -72,6 +72,9 @@ class LimitSettings:
     max_message_bytes: int = 1 << 20  # a request message larger than 1 MiB is rejected
     max_tokens: int = 10_000_000  # prompt/completion tokens above this are rejected as absurd
     max_events_per_message: int = 10_000
+    # every this many seconds the worker hands its heap's free memory back to the OS (glibc
+    # malloc_trim, skewwatch.agents.memory): after a catch-up burst RSS falls back to what it holds; 0: never
+    memory_trim_s: float = 10.0
 
 
 @dataclass(slots=True)

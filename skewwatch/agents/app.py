@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ import faust
 import mode
 from aiokafka import AIOKafkaProducer
 
+from skewwatch.agents.memory import trim_heap
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.otlp_stage import OtlpStage, otlp_attribute_map
 from skewwatch.agents.stage1 import RequestStage
@@ -85,6 +87,18 @@ class PipelineService(mode.Service):
         assert self.producer is not None
         self.stage2 = ModelStage(self.settings, self.bootstrap, self.producer, self.metrics)
         return self.stage2
+
+    @mode.Service.task
+    async def _trim_memory(self) -> None:
+        """Every ``limits.memory_trim_s``: the heap's free memory back to the OS (see agents/memory.py)."""
+        interval = self.settings.limits.memory_trim_s
+        if interval <= 0:
+            return
+        while not self.should_stop:
+            await self.sleep(interval)
+            started = time.perf_counter()
+            if trim_heap():
+                log.debug("malloc_trim released free heap memory in %.1f ms", 1e3 * (time.perf_counter() - started))
 
     async def _supervise(self, name: str, factory: Callable[[], RequestStage | ModelStage | OtlpStage]) -> None:
         """A bug must not take the worker down silently: log it, rebuild the stage from its
