@@ -14,7 +14,13 @@ so a batch message of 100 events costs one decode and one vectorised window upda
    partition's replicas of that model as columns (:mod:`skewwatch.pipeline.handoff`; stage 2
    merges them per model),
 3. writes a snapshot of the partition's windows with the input offset it covers
-   (:mod:`skewwatch.agents.checkpoint`), then commits that offset.
+   (:mod:`skewwatch.agents.checkpoint`), then commits that offset: at most every
+   ``limits.checkpoint_interval_s`` of wall time (a catch-up closes many steps a second), and on
+   revocation and shutdown.
+
+Steps 1-2 are sent at once; step 3 waits for the broker to acknowledge them, in the background
+and in order per partition (:class:`~skewwatch.agents.commit.CommitPipeline`), so the stage reads
+on while the broker stores what it sent.
 
 Rejected input goes to the dead-letter topic with its original bytes and the reason.
 """
@@ -22,6 +28,7 @@ Rejected input goes to the dead-letter topic with its original bytes and the rea
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import struct
@@ -34,6 +41,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from skewwatch.agents.checkpoint import CheckpointStore
+from skewwatch.agents.commit import CommitPipeline
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.publish import KeyedPublisher
 from skewwatch.agents.rebalance import StageRebalanceListener
@@ -97,10 +105,12 @@ class RequestStage:
         self.telemetry_flow = TelemetryFlow[TelemetrySample](settings.window.telemetry_ahead_s)
         self._telemetry_released_at: float | None = None  # watermark of the last release_idle
         self.checkpoints = CheckpointStore(producer, bootstrap, settings.topics.checkpoints, self.stage)
+        # per input partition: outputs acknowledged, then the checkpoint, then the offset; off the hot path
+        self.commits = CommitPipeline(self.checkpoints, settings.topics.requests, settings.limits,
+                                      on_saved=metrics.checkpoints.labels(self.stage).inc)
         self.features_publisher = KeyedPublisher(producer)  # llm.features: one batch per partition and step
         self.consumer: AIOKafkaConsumer | None = None
         self._lock = asyncio.Lock()
-        self._to_commit: dict[TopicPartition, int] = {}
         self._stopping = asyncio.Event()
         self.ready = asyncio.Event()
 
@@ -121,25 +131,36 @@ class RequestStage:
         self.consumer.subscribe([topics.requests, topics.gpu_telemetry], listener=StageRebalanceListener(self))
         try:
             while not self._stopping.is_set():
+                self.commits.raise_failure()  # a refused send or checkpoint: restart from the last checkpoint
                 batches = await self.consumer.getmany(timeout_ms=200, max_records=20_000)
                 async with self._lock:
                     await self._process(batches)
                     await self._advance_idle_partitions()
+                    await self._checkpoint_due()
                     self._update_lag()
-                    commits, self._to_commit = self._to_commit, {}
-                if commits:
-                    # outside the lock: a commit may wait for a rebalance whose callbacks take the lock
-                    try:
-                        await self.consumer.commit(commits)
-                    except Exception as exc:  # the checkpoint, not the group offset, is the source of truth
-                        log.warning("offset commit failed (rebalance in progress?): %s", exc)
+                    commits = self.commits.take_commits()
+                # outside the lock: a commit may wait for a rebalance whose callbacks take the lock
+                await self._commit_quietly(commits)
                 if batches or self.consumer.assignment():
                     self.ready.set()
+            async with self._lock:  # a clean stop: the newest state is checkpointed, and every checkpoint
+                await self._checkpoint_due(force=True)  # in flight is written
+            await self.commits.drain()
+            await self._commit_quietly(self.commits.take_commits())
         finally:
+            self.commits.cancel()
             await self.consumer.stop()
 
     def stop(self) -> None:
         self._stopping.set()
+
+    async def _commit_quietly(self, offsets: dict[TopicPartition, int]) -> None:
+        if not offsets or self.consumer is None:
+            return
+        try:
+            await self.consumer.commit(offsets)
+        except Exception as exc:  # the checkpoint, not the group offset, is the source of truth
+            log.warning("offset commit failed (rebalance in progress?): %s", exc)
 
     # -- partitions ------------------------------------------------------------------------
     async def on_assigned(self, assigned: set[TopicPartition]) -> None:
@@ -160,6 +181,12 @@ class RequestStage:
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         async with self._lock:
+            requests = [tp.partition for tp in revoked if tp.topic == self.settings.topics.requests]
+            # the newest state and the checkpoints in flight are written before another worker (or this
+            # one) reads them
+            await self._checkpoint_due(force=True, partitions=requests)
+            await self.commits.drain(requests)
+            self.commits.forget(requests)
             for tp in revoked:
                 if tp.topic == self.settings.topics.requests:
                     # the last checkpoint plus a replay rebuilds it wherever it is assigned next
@@ -298,7 +325,9 @@ class RequestStage:
             self.metrics.rejected.labels(reject.reason_code).inc()
         record = dead_letter_record(source_topic=tp.topic, partition=tp.partition, offset=message.offset,
                                     key=message.key, value=message.value, rejects=rejects, ts=time.time())
-        await self.producer.send(self.settings.topics.dead_letter, key=message.key, value=record)
+        sent = await self.producer.send(self.settings.topics.dead_letter, key=message.key, value=record)
+        if tp.topic == self.settings.topics.requests:  # the checkpoint that covers it waits for it
+            self.commits.hold(tp.partition, sent)
 
     async def _advance_idle_partitions(self) -> None:
         """An input partition without traffic follows the others' watermark (Flink-style idleness)."""
@@ -324,16 +353,27 @@ class RequestStage:
         progress = self._progress(state)
         if not steps and progress == state.announced_end and not checkpoint_anyway:
             return False
-        await self._publish_steps(steps, tp.partition)
+        sent = await self._publish_steps(steps, tp.partition)
         if progress is not None and progress != state.announced_end:
-            await self._announce_progress(tp.partition, progress)
+            # not waited for: the idempotent producer keeps each partition's order, so on every stage 2
+            # partition the marker still follows the summaries it covers
+            sent += await self._announce_progress(tp.partition, progress)
             state.announced_end = progress
-        if checkpoint and (steps or checkpoint_anyway) and state.next_offset is not None:
-            await self.checkpoints.write(tp.topic, tp.partition, state.next_offset, encode_snapshot(state))
-            self.metrics.checkpoints.labels(self.stage).inc()
-            self._to_commit[tp] = state.next_offset
+        await self.commits.sent(tp.partition, sent, changed=checkpoint and (bool(steps) or checkpoint_anyway))
+        if checkpoint and self.commits.due(tp.partition):
+            await self.commits.save(tp.partition, state.next_offset, functools.partial(encode_snapshot, state))
         self.metrics.step_duration.labels(self.stage).observe(time.perf_counter() - started)
         return bool(steps)
+
+    async def _checkpoint_due(self, *, force: bool = False, partitions: list[int] | None = None) -> None:
+        """Checkpoint the partitions with unsaved steps whose interval has passed (``force``: all of
+        them, now), so that a partition gone quiet is saved too. Only between polls: mid-poll the
+        windows hold more than the offset says."""
+        unsaved = self.commits.unsaved()
+        for partition in unsaved if partitions is None else partitions:
+            state = self.partitions.get(partition)
+            if state is not None and partition in unsaved and (force or self.commits.due(partition)):
+                await self.commits.save(partition, state.next_offset, functools.partial(encode_snapshot, state))
 
     def _progress(self, state: PartitionState) -> float | None:
         """End of the newest step this partition has closed (for stage 2's completion rule)."""
@@ -345,21 +385,22 @@ class RequestStage:
             return float((windows.watermark // step) * step)
         return None
 
-    async def _announce_progress(self, partition: int, closed_end: float) -> None:
+    async def _announce_progress(self, partition: int, closed_end: float) -> list[asyncio.Future[Any]]:
         """Tell every stage 2 partition that this input partition has closed every step up to
-        ``closed_end``; on each stage 2 partition this follows the summaries it covers."""
+        ``closed_end``; on each stage 2 partition this follows the summaries it covers. Returns the
+        sends' futures."""
         assert self.consumer is not None
         topics = self.settings.topics
         sources = len(self.consumer.partitions_for_topic(topics.requests) or ()) or 1
         targets = await self.producer.partitions_for(topics.replica_steps)
         body = orjson.dumps({"progress": {"source": partition, "closed_end": closed_end, "sources": sources}})
-        await asyncio.gather(*[await self.producer.send(topics.replica_steps, value=body, partition=target)
-                               for target in sorted(targets)])
+        return [await self.producer.send(topics.replica_steps, value=body, partition=target)
+                for target in sorted(targets)]
 
-    async def _publish_steps(self, steps: ClosedSteps, source: int) -> None:
+    async def _publish_steps(self, steps: ClosedSteps, source: int) -> list[asyncio.Future[Any]]:
         """Each replica's feature vector on ``llm.features`` and, per model and step, ONE record on the
         replica-steps topic with all of the model's replicas of input partition ``source``
-        (:mod:`skewwatch.pipeline.handoff`, format 2)."""
+        (:mod:`skewwatch.pipeline.handoff`, format 2). Returns the sends' futures (not waited for)."""
         topics = self.settings.topics
         by_model: dict[tuple[str, float], list[ReplicaStep]] = {}
         for step in steps:  # the columnar batches become per-replica objects here, to be published
@@ -380,7 +421,7 @@ class RequestStage:
                 pending.append(await self.producer.send(
                     topics.replica_steps, key=model.encode(), value=value,
                     headers=step_header(window_end, source, len(group), part)))
-        await asyncio.gather(*pending)
+        return list(pending)
 
     def _update_lag(self) -> None:
         if self.consumer is None:

@@ -5,7 +5,8 @@ merges the replicas' mergeable summaries into the per-model feature vector, runs
 :class:`~skewwatch.pipeline.decide.ModelDecider` (detectors, health, weights), and publishes
 the model's features, alerts and routing correction. Its state (pending steps, detector
 state, last correction per model) is checkpointed with the offset it covers, exactly like
-stage 1, so seq numbers and open alerts survive restarts.
+stage 1 (:class:`~skewwatch.agents.commit.CommitPipeline`: once its outputs are acknowledged, at
+most every ``limits.checkpoint_interval_s``), so seq numbers and open alerts survive restarts.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from skewwatch.agents.checkpoint import CheckpointStore
+from skewwatch.agents.commit import CommitPipeline
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.rebalance import StageRebalanceListener
 from skewwatch.config import Settings
@@ -78,11 +80,12 @@ class ModelStage:
         self.detector_settings = DetectorSettings.from_overrides(settings.detectors)
         self.partitions: dict[int, PartitionModels] = {}
         self.checkpoints = CheckpointStore(producer, bootstrap, settings.topics.checkpoints, self.stage)
+        self.commits = CommitPipeline(self.checkpoints, settings.topics.replica_steps, settings.limits,
+                                      on_saved=metrics.checkpoints.labels(self.stage).inc)
         self.consumer: AIOKafkaConsumer | None = None
         self.corrections: dict[str, RoutingCorrection] = {}  # latest published, per model
         self._weight_gauges: dict[tuple[str, str], Any] = {}  # (model, replica) -> its labelled gauge
         self._lock = asyncio.Lock()
-        self._to_commit: dict[TopicPartition, int] = {}
         self._stopping = asyncio.Event()
 
     async def run(self) -> None:
@@ -97,20 +100,40 @@ class ModelStage:
         self.consumer.subscribe([self.settings.topics.replica_steps], listener=StageRebalanceListener(self))
         try:
             while not self._stopping.is_set():
+                self.commits.raise_failure()  # a refused send or checkpoint: restart from the last checkpoint
                 batches = await self.consumer.getmany(timeout_ms=200, max_records=20_000)
                 async with self._lock:
                     for tp, messages in batches.items():
                         if messages:
                             await self._process(tp, messages)
                     await self._complete_quiet_partitions()
-                    commits, self._to_commit = self._to_commit, {}
-                if commits:
-                    try:
-                        await self.consumer.commit(commits)
-                    except Exception as exc:
-                        log.warning("offset commit failed (rebalance in progress?): %s", exc)
+                    await self._checkpoint_due()
+                    commits = self.commits.take_commits()
+                await self._commit_quietly(commits)  # outside the lock (a commit may wait for a rebalance)
+            async with self._lock:  # a clean stop: the newest state is checkpointed and written
+                await self._checkpoint_due(force=True)
+            await self.commits.drain()
+            await self._commit_quietly(self.commits.take_commits())
         finally:
+            self.commits.cancel()
             await self.consumer.stop()
+
+    async def _commit_quietly(self, offsets: dict[TopicPartition, int]) -> None:
+        if not offsets or self.consumer is None:
+            return
+        try:
+            await self.consumer.commit(offsets)
+        except Exception as exc:  # the checkpoint, not the group offset, is the source of truth
+            log.warning("offset commit failed (rebalance in progress?): %s", exc)
+
+    async def _checkpoint_due(self, *, force: bool = False, partitions: list[int] | None = None) -> None:
+        """Checkpoint the partitions with unsaved steps whose interval has passed (``force``: all of
+        them, now)."""
+        unsaved = self.commits.unsaved()
+        for partition in unsaved if partitions is None else partitions:
+            state = self.partitions.get(partition)
+            if state is not None and partition in unsaved and (force or self.commits.due(partition)):
+                await self.commits.save(partition, state.next_offset, state.snapshot)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -132,6 +155,11 @@ class ModelStage:
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         async with self._lock:
+            partitions = [tp.partition for tp in revoked]
+            # the newest state and the checkpoints in flight are written before anyone reads them
+            await self._checkpoint_due(force=True, partitions=partitions)
+            await self.commits.drain(partitions)
+            self.commits.forget(partitions)
             for tp in revoked:
                 self.partitions.pop(tp.partition, None)
 
@@ -178,11 +206,9 @@ class ModelStage:
         for step in steps:
             pending.extend(await self._decide(state, step))
         self._refresh_open_alerts()  # once per batch of steps: it visits every model's decider
-        await asyncio.gather(*pending)
-        if state.next_offset is not None:
-            await self.checkpoints.write(tp.topic, tp.partition, state.next_offset, state.snapshot())
-            self.metrics.checkpoints.labels(self.stage).inc()
-            self._to_commit[tp] = state.next_offset
+        await self.commits.sent(tp.partition, pending)  # acknowledged in the background, before a checkpoint
+        if self.commits.due(tp.partition):
+            await self.commits.save(tp.partition, state.next_offset, state.snapshot)
         self.metrics.step_duration.labels(self.stage).observe(time.perf_counter() - started)
 
     async def _decide(self, state: PartitionModels, step: ModelStep) -> list[Any]:

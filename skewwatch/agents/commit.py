@@ -1,0 +1,115 @@
+"""When a stage's partition is saved: outputs acknowledged, then its checkpoint, then its offset.
+
+Both stages follow one rule per input partition (Kafka Streams' commit, Flink's checkpoint):
+
+1. a step close *sends* its outputs; :meth:`CommitPipeline.sent` hands their futures over and
+   marks the partition unsaved;
+2. at most every ``limits.checkpoint_interval_s`` of wall time (a catch-up closes many steps a
+   second; 0: at every close), and whenever the partition is revoked or the stage stops,
+   :meth:`CommitPipeline.save` snapshots the partition's state with the input offset it covers;
+3. in the background, in order per partition (:class:`~skewwatch.agents.acks.OrderedAcks`), once
+   the broker has acknowledged every output sent before the snapshot (dead letters included), the
+   checkpoint is written (:class:`~skewwatch.agents.checkpoint.CheckpointStore`), and once that is
+   acknowledged the offset is handed to :meth:`CommitPipeline.take_commits` for the group commit.
+
+A checkpoint therefore never covers an output the broker did not store, and a restart replays at
+most one interval of input (its outputs are published again: at-least-once, as before).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from skewwatch.agents.acks import OrderedAcks
+from skewwatch.agents.checkpoint import CheckpointStore
+from skewwatch.config import LimitSettings
+
+Sent = list["asyncio.Future[Any]"]
+
+
+class CommitPipeline:
+    """One stage's per-partition saving: see the module docstring. ``on_saved``: called per checkpoint
+    written (a metric)."""
+
+    def __init__(self, store: CheckpointStore, topic: str, limits: LimitSettings,
+                 on_saved: Callable[[], None] = lambda: None) -> None:
+        self.store = store
+        self.topic = topic
+        self.interval_s = limits.checkpoint_interval_s
+        self.acks = OrderedAcks[int](max_pending=limits.max_pending_checkpoints)
+        self.on_saved = on_saved
+        self._unsent: dict[int, Sent] = {}  # futures not yet part of a job (dead letters between closes)
+        self._unsaved: set[int] = set()
+        self._saved_at: dict[int, float] = {}  # monotonic time of the last save per partition
+        self._to_commit: dict[TopicPartition, int] = {}
+
+    def unsaved(self) -> set[int]:
+        """Partitions whose newest state is not checkpointed."""
+        return set(self._unsaved)
+
+    def hold(self, partition: int, future: asyncio.Future[Any]) -> None:
+        """An output of ``partition`` sent outside a close (a dead letter): the next checkpoint waits for it."""
+        self._unsent.setdefault(partition, []).append(future)
+
+    async def sent(self, partition: int, futures: Sent, *, changed: bool = True) -> None:
+        """A close of ``partition`` sent ``futures``; ``changed``: its state is now unsaved."""
+        if changed:
+            self._unsaved.add(partition)
+        if futures:
+            await self.acks.submit(partition, lambda: self._acknowledged(partition, futures, None))
+
+    def due(self, partition: int) -> bool:
+        """Unsaved, and the interval since its last save has passed."""
+        return partition in self._unsaved and (
+            time.monotonic() - self._saved_at.get(partition, -math.inf) >= self.interval_s)
+
+    async def save(self, partition: int, offset: int | None, snapshot: Callable[[], bytes]) -> bool:
+        """Snapshot ``partition`` (its state covers input before ``offset``) and queue its checkpoint
+        after everything it sent; False (nothing queued) when there is no offset yet."""
+        if offset is None:
+            return False
+        futures = self._unsent.pop(partition, [])
+        state = snapshot()
+        self._unsaved.discard(partition)
+        self._saved_at[partition] = time.monotonic()
+        await self.acks.submit(partition, lambda: self._acknowledged(partition, futures, (offset, state)))
+        return True
+
+    def take_commits(self) -> dict[TopicPartition, int]:
+        """The offsets whose checkpoints are written since the last call."""
+        commits, self._to_commit = self._to_commit, {}
+        return commits
+
+    def raise_failure(self) -> None:
+        """Raise a refused send or checkpoint write (the stage then restarts from its last checkpoint)."""
+        self.acks.raise_failure()
+
+    async def drain(self, partitions: Iterable[int] | None = None) -> None:
+        """Wait for the jobs of ``partitions`` (None: all)."""
+        await self.acks.drain(partitions)
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        """``partitions`` were revoked (after :meth:`drain`): drop their bookkeeping."""
+        for partition in partitions:
+            self._unsaved.discard(partition)
+            self._unsent.pop(partition, None)
+            self._saved_at.pop(partition, None)
+            self._to_commit.pop(TopicPartition(self.topic, partition), None)
+
+    def cancel(self) -> None:
+        self.acks.cancel()
+
+    async def _acknowledged(self, partition: int, futures: Sent, checkpoint: tuple[int, bytes] | None) -> None:
+        await asyncio.gather(*futures)
+        if checkpoint is None:
+            return
+        offset, state = checkpoint
+        await self.store.write(self.topic, partition, offset, state)
+        self.on_saved()
+        self._to_commit[TopicPartition(self.topic, partition)] = offset
