@@ -68,9 +68,9 @@ class KeyedPublisher:
 
     ``batch_bytes``: the size of the batches it builds itself (None: ``producer.create_batch()``, the
     producer's ``max_batch_size``). Its own batches are what ``create_batch()`` makes for an
-    uncompressed, non-transactional producer (the worker's), only larger: the worker's producer keeps
-    aiokafka's 16 KiB because a checkpoint record under the batch size waits ``linger_ms`` before it
-    leaves, and stage 1 waits for its checkpoints.
+    uncompressed, non-transactional producer (the worker's). The worker's producer has 1 MiB batches
+    (agents/app.py), so ``None`` would do there too; 256 KiB is kept so that a publisher on another
+    producer (aiokafka's default 16 KiB) still sends a partition's records of a step in one batch.
     """
 
     def __init__(self, producer: AIOKafkaProducer, batch_bytes: int | None = BATCH_BYTES) -> None:
