@@ -77,7 +77,7 @@ class LimitSettings:
     memory_trim_s: float = 10.0
     # closes per input partition whose outputs may await the broker's acknowledgement (then their
     # checkpoint) while the stage reads on (skewwatch.agents.acks); the next one waits for the oldest
-    max_pending_checkpoints: int = 4
+    max_unacked_closes: int = 4
     # a partition's checkpoint is written at most this often (wall clock; 0: at every step close) and
     # whenever the partition is revoked or the worker stops: a catch-up burst closes many steps a
     # second, and a restart replays at most this much more input (Kafka Streams' commit.interval.ms)
@@ -204,8 +204,8 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
         _apply(getattr(settings, section_name), {field_name: value}, section_name)
     if env.get("KAFKA_BOOTSTRAP"):
         settings.kafka.bootstrap = env["KAFKA_BOOTSTRAP"]
-    if settings.limits.max_pending_checkpoints < 1:
-        raise ConfigError(f"limits.max_pending_checkpoints: must be ≥ 1, got {settings.limits.max_pending_checkpoints}")
+    if settings.limits.max_unacked_closes < 1:
+        raise ConfigError(f"limits.max_unacked_closes: must be ≥ 1, got {settings.limits.max_unacked_closes}")
     if not settings.limits.checkpoint_interval_s >= 0:
         raise ConfigError(f"limits.checkpoint_interval_s: must be ≥ 0, got {settings.limits.checkpoint_interval_s}")
     return settings

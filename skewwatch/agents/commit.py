@@ -42,11 +42,14 @@ class CommitPipeline:
         self.store = store
         self.topic = topic
         self.interval_s = limits.checkpoint_interval_s
-        self.acks = OrderedAcks[int](max_pending=limits.max_pending_checkpoints)
+        self.acks = OrderedAcks[int](max_pending=limits.max_unacked_closes)
         self.on_saved = on_saved
         self._unsent: dict[int, Sent] = {}  # futures not yet part of a job (dead letters between closes)
         self._unsaved: set[int] = set()
         self._saved_at: dict[int, float] = {}  # monotonic time of the last save per partition
+        # partitions with a checkpoint queued and not yet written: at most one snapshot held per
+        # partition (at 10k replicas one is ~10 MB), however slow the broker
+        self._saving: set[int] = set()
         self._to_commit: dict[TopicPartition, int] = {}
 
     def unsaved(self) -> set[int]:
@@ -65,19 +68,23 @@ class CommitPipeline:
             await self.acks.submit(partition, lambda: self._acknowledged(partition, futures, None))
 
     def due(self, partition: int) -> bool:
-        """Unsaved, and the interval since its last save has passed."""
-        return partition in self._unsaved and (
+        """Unsaved, no checkpoint of it in flight, and the interval since its last save has passed."""
+        return partition in self._unsaved and partition not in self._saving and (
             time.monotonic() - self._saved_at.get(partition, -math.inf) >= self.interval_s)
 
     async def save(self, partition: int, offset: int | None, snapshot: Callable[[], bytes]) -> bool:
         """Snapshot ``partition`` (its state covers input before ``offset``) and queue its checkpoint
-        after everything it sent; False (nothing queued) when there is no offset yet."""
+        after everything it sent; False (nothing queued) when there is no offset yet. Waits for the
+        partition's checkpoint in flight, if any, first (call :meth:`due` not to)."""
         if offset is None:
             return False
+        if partition in self._saving:
+            await self.acks.drain([partition])
         futures = self._unsent.pop(partition, [])
         state = snapshot()
         self._unsaved.discard(partition)
         self._saved_at[partition] = time.monotonic()
+        self._saving.add(partition)
         await self.acks.submit(partition, lambda: self._acknowledged(partition, futures, (offset, state)))
         return True
 
@@ -100,16 +107,21 @@ class CommitPipeline:
             self._unsaved.discard(partition)
             self._unsent.pop(partition, None)
             self._saved_at.pop(partition, None)
+            self._saving.discard(partition)
             self._to_commit.pop(TopicPartition(self.topic, partition), None)
 
     def cancel(self) -> None:
         self.acks.cancel()
 
     async def _acknowledged(self, partition: int, futures: Sent, checkpoint: tuple[int, bytes] | None) -> None:
-        await asyncio.gather(*futures)
-        if checkpoint is None:
-            return
-        offset, state = checkpoint
-        await self.store.write(self.topic, partition, offset, state)
+        try:
+            await asyncio.gather(*futures)
+            if checkpoint is None:
+                return
+            offset, state = checkpoint
+            await self.store.write(self.topic, partition, offset, state)
+        finally:
+            if checkpoint is not None:
+                self._saving.discard(partition)
         self.on_saved()
         self._to_commit[TopicPartition(self.topic, partition)] = offset

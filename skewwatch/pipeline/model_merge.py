@@ -3,8 +3,9 @@
 DESIGN.md "Two stages, two keys": quantiles cannot be merged, so stage 1 ships each replica's
 mergeable :class:`~skewwatch.pipeline.window.WindowSummary` (sparse sketch counts, Welford
 moments, counts and sums) and stage 2 merges them here: sketches are added slot by slot (all
-share the same log-bin layout), moments are merged with Chan's formula, counts and sums are
-summed. The result is a per-model summary (``replica=None``, ``replicas`` = how many summaries
+share the same log-bin layout; the latency, TTFT and time-per-output-token sketches alike),
+moments are merged with Chan's formula (the window's and the newest 20 s's prompt moments),
+counts and sums are summed. The result is a per-model summary (``replica=None``, ``replicas`` = how many summaries
 were merged) whose features come from the same :meth:`WindowSummary.features` as per-replica ones.
 
 >>> from skewwatch.config import WindowSettings
@@ -68,6 +69,11 @@ def merge_summaries(model: str, window_end: float, summaries: Sequence[WindowSum
     else:
         mean, m2 = np.zeros(k), np.zeros(k)
         optional_count, optional_sum = np.zeros(len(OPTIONAL_FIELDS), np.int64), np.zeros(len(OPTIONAL_FIELDS))
+    # the newest RECENT_S's prompt moments (contract v1.2), one count per summary
+    recent_counts = [s.recent_count for s in summaries]
+    recent = moments.merge_many(moments.Moments(
+        np.array(recent_counts, dtype=np.float64), np.array([s.recent_prompt_mean for s in summaries]),
+        np.array([s.recent_prompt_m2 for s in summaries]))) if summaries else moments.empty()
     cuda: Counter[str] = Counter()
     for s in summaries:
         if s.step_cuda_errors:
@@ -93,6 +99,10 @@ def merge_summaries(model: str, window_end: float, summaries: Sequence[WindowSum
         batch_count=sum(batch_counts),
         fill_count=sum(fill_counts),
         derived_count=sum([s.derived_count for s in summaries]),
+        tpot=add_sparse([s.tpot for s in summaries]) if summaries else EMPTY_SPARSE,
+        recent_count=sum(recent_counts),
+        recent_prompt_mean=float(recent.mean),
+        recent_prompt_m2=float(recent.m2),
     )
 
 

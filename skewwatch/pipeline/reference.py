@@ -119,11 +119,10 @@ def reference_features(events: Sequence[Mapping[str, Any]], model: str, replica:
         replicas=None if replica is not None else replicas,
         batch_count=len(batch_size),
         batch_derived_count=sum(1 for e in window if e.get("batch_source") == BATCH_DERIVED),
-        # per-model vectors carry no TPOT or recent fields yet (model_merge does not merge them)
-        tpot_p50=None if replica is None else tpot_p50,
-        tpot_p99=None if replica is None else tpot_p99,
-        tpot_max=None if replica is None else tpot_max,
-        recent_count=None if replica is None else len(recent_prompt),
-        recent_prompt_tokens_mean=None if replica is None else _mean(recent_prompt),
-        recent_prompt_tokens_var=None if replica is None else _var(recent_prompt),
+        tpot_p50=tpot_p50,
+        tpot_p99=tpot_p99,
+        tpot_max=tpot_max,
+        recent_count=len(recent_prompt),
+        recent_prompt_tokens_mean=_mean(recent_prompt),
+        recent_prompt_tokens_var=_var(recent_prompt),
     )

@@ -15,7 +15,7 @@ from aiokafka import TopicPartition
 
 from skewwatch.agents.acks import OrderedAcks
 from skewwatch.agents.commit import CommitPipeline
-from skewwatch.config import LimitSettings
+from skewwatch.config import ConfigError, LimitSettings, load_settings
 
 
 class RecordingStore:
@@ -28,7 +28,7 @@ class RecordingStore:
 
 def pipeline(interval_s: float = 0.0, max_pending: int = 4) -> tuple[CommitPipeline, RecordingStore]:
     store = RecordingStore()
-    limits = LimitSettings(checkpoint_interval_s=interval_s, max_pending_checkpoints=max_pending)
+    limits = LimitSettings(checkpoint_interval_s=interval_s, max_unacked_closes=max_pending)
     return CommitPipeline(store, "in", limits), store  # type: ignore[arg-type]
 
 
@@ -167,3 +167,38 @@ def test_the_snapshot_is_taken_when_saved_not_when_written() -> None:
         return [w[3] for w in store.writes]
 
     assert asyncio.run(scenario()) == [b"1"]
+
+
+def test_one_checkpoint_in_flight_per_partition() -> None:
+    async def scenario() -> None:
+        commits, store = pipeline()
+        output = asyncio.get_running_loop().create_future()
+        await commits.sent(0, [output])
+        await commits.save(0, 1, lambda: b"first")
+        await commits.sent(0, [])
+        assert commits.unsaved() == {0} and not commits.due(0)  # the first is not written yet
+        second = asyncio.ensure_future(commits.save(0, 2, lambda: b"second"))  # a forced save waits
+        await asyncio.sleep(0.01)
+        assert not second.done() and store.writes == []
+        output.set_result(None)
+        assert await asyncio.wait_for(second, 1)
+        await commits.drain()
+        assert [w[3] for w in store.writes] == [b"first", b"second"]
+        assert commits.take_commits() == {TopicPartition("in", 0): 2}
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("env", "match"), [
+    ({"SKEWWATCH_LIMITS__MAX_UNACKED_CLOSES": "0"}, "max_unacked_closes: must be ≥ 1, got 0"),
+    ({"SKEWWATCH_LIMITS__CHECKPOINT_INTERVAL_S": "-1"}, "checkpoint_interval_s: must be ≥ 0, got -1"),
+])
+def test_bad_limits_are_refused_with_the_setting_named(env: dict[str, str], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        load_settings(env=env)
+
+
+def test_limits_from_the_environment() -> None:
+    limits = load_settings(env={"SKEWWATCH_LIMITS__CHECKPOINT_INTERVAL_S": "0",
+                                "SKEWWATCH_LIMITS__MAX_UNACKED_CLOSES": "2"}).limits
+    assert (limits.checkpoint_interval_s, limits.max_unacked_closes) == (0.0, 2)

@@ -101,8 +101,8 @@ class WindowSummary:
     batch_count: int = 0  # events with a known batch_size: the count of the batch_size moments
     fill_count: int = 0  # events with a known batch_size and batch_capacity: batch_fill's count
     derived_count: int = 0  # events whose batch_size the worker derived from telemetry
-    # contract v1.2 (absent from older summaries: empty / 0). Not merged across replicas yet, so a
-    # per-model summary has none and its tpot_* and recent_* features are None.
+    # contract v1.2 (absent from older summaries: empty / 0); merged across replicas like the rest
+    # (model_merge), so per-model vectors carry them too.
     # time-per-output-token sketch (events with completion tokens), bins of tpot_accuracy()
     tpot: SparseCounts = field(default_factory=lambda: EMPTY_SPARSE)
     recent_count: int = 0  # events in the newest RECENT_S of the window
@@ -134,7 +134,7 @@ class WindowSummary:
         if self.tpot.shape[1]:
             tpot_bins = log_bins(tpot_accuracy(self.relative_accuracy))
             tpot_q = list(tpot_bins.quantile(self.tpot[1], [0.5, 0.99, 1.0], slots=self.tpot[0]) or [])
-        recent = self.recent_count if self.replica is not None else None
+        recent = self.recent_count
         mean: dict[str, float | None] = dict.fromkeys(MOMENT_FIELDS)
         var: dict[str, float | None] = dict.fromkeys(MOMENT_FIELDS)
         counts = [n] * _EVENT_MOMENTS + [self.batch_count, self.fill_count]
