@@ -125,7 +125,7 @@ class RequestStage:
             auto_offset_reset="earliest",
             # range assignment keeps partition p of requests and telemetry on the same worker
             partition_assignment_strategy=(RangePartitionAssignor,),
-            max_partition_fetch_bytes=4 * 1024 * 1024,
+            max_partition_fetch_bytes=1024 * 1024,
         )
         await self.consumer.start()
         self.consumer.subscribe([topics.requests, topics.gpu_telemetry], listener=StageRebalanceListener(self))
