@@ -124,7 +124,7 @@ async def run_ceiling(spec: Spec) -> dict[str, Any]:
 
     loads = DECODERS[spec.decoder]
     consumer = AIOKafkaConsumer(bootstrap_servers=spec.bootstrap, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest", max_partition_fetch_bytes=1024 * 1024)
+                                auto_offset_reset="earliest", max_partition_fetch_bytes=2 * 1024 * 1024)
     await consumer.start()
     try:
         partitions = [TopicPartition(spec.topic, p) for p in range(spec.partitions)]

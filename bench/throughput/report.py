@@ -33,6 +33,7 @@ CASES: dict[str, str] = {
     "faust-window": "Faust agent `async for` + decode + PartitionWindows.apply(1-row columns) + close_steps",
     "ours": "skewwatch worker end to end, single-event messages",
     "ours-batch": "skewwatch worker end to end, batched messages (100 events per message)",
+    "ours-batch-ckpt": "ours-batch with a checkpoint at every step close (limits.checkpoint_interval_s = 0)",
 }
 
 # (name, case, reference case, minimum ratio): issue 6's targets.

@@ -174,9 +174,13 @@ def _interpolate(samples: list[tuple[float, float]], t: float) -> float:
 
 async def run_worker_case(dataset: Dataset, batched: bool, workdir: Path, *, poll_s: float = 0.1,
                           timeout_s: float = 900.0, stall_s: float = 60.0,
-                          profile_path: Path | None = None) -> dict[str, Any]:
-    """One run of the real worker over one topic of the dataset; see the module docstring."""
+                          profile_path: Path | None = None,
+                          checkpoint_interval_s: float | None = None) -> dict[str, Any]:
+    """One run of the real worker over one topic of the dataset; see the module docstring.
+    ``checkpoint_interval_s``: the worker's ``limits.checkpoint_interval_s`` (None: its default)."""
     settings = fresh_settings(dataset.bootstrap, dataset.partitions, "ours")
+    if checkpoint_interval_s is not None:
+        settings.limits.checkpoint_interval_s = checkpoint_interval_s
     settings.topics = dataclasses.replace(settings.topics, requests=dataset.topic(batched))
     await ensure_topics(dataset.bootstrap, settings)
     worker = BenchWorker(settings, workdir / f"worker-{'batch' if batched else 'single'}.log").start()
