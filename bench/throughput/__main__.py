@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="after the measured runs, one py-spy-sampled run of each worker case")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run at most")
+    parser.add_argument("--settle", type=float, default=3.0,
+                        help="seconds of rest before each run, so the broker is idle when a contender starts")
     parser.add_argument("--out", type=Path, default=RESULTS / "throughput.json")
     args = parser.parse_args(argv)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
@@ -124,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  ceiling decoder: {decoder} ({rates_text})")
         for round_ in range(args.runs):
             for case in cases:
+                time.sleep(args.settle)
                 t = time.perf_counter()
                 if case in WORKER_CASES:
                     try:

@@ -2,8 +2,8 @@
 
 Issue 6, contender 4 ("ours, the real worker end to end"). The worker reads the dataset's topic
 (the other topics are fresh per run, so no checkpoint is restored and all work is redone). From
-outside, every ``poll_s``, the harness reads ``/metrics`` (``skewwatch_events_in_total``) and the
-process's CPU time. The clocks start when the worker's first poll with records returns (written by
+outside, the harness reads ``/metrics`` (``skewwatch_events_in_total``) every ``scrape_s`` and the
+process's CPU time every ``poll_s``. The clocks start when the worker's first poll with records returns (written by
 :mod:`bench.throughput.probe`, the same start as the peers'), and every event counts. Two rates:
 
 - *ingest*: until every event is accepted into the windows (or counted late/rejected);
@@ -162,6 +162,27 @@ async def model_steps_published(bootstrap: str, topic: str, models: tuple[str, .
     return max(found.values()) if len(found) == len(models) else None
 
 
+async def delete_run_topics(settings: Settings, keep: str) -> None:
+    """Delete the topics this run created (all but ``keep``, the dataset's): each worker run makes
+    its own output, hand-off and checkpoint topics, and a broker holding hundreds of partitions from
+    earlier runs does more background work while the later contenders run."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    names = [name for f in dataclasses.fields(settings.topics)
+             if isinstance(name := getattr(settings.topics, f.name), str) and name and name != keep]
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap or "")
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        doomed = [name for name in names if name in existing]
+        if doomed:
+            await admin.delete_topics(doomed)
+    except Exception as exc:  # a leftover topic only costs the broker a little; keep the run's numbers
+        print(f"  (could not delete this run's topics: {exc})", file=sys.stderr)
+    finally:
+        await admin.close()
+
+
 def _interpolate(samples: list[tuple[float, float]], t: float) -> float:
     """Linear interpolation of (time, value) samples at ``t`` (clamped to the ends)."""
     if t <= samples[0][0]:
@@ -172,12 +193,15 @@ def _interpolate(samples: list[tuple[float, float]], t: float) -> float:
     return samples[-1][1]
 
 
-async def run_worker_case(dataset: Dataset, batched: bool, workdir: Path, *, poll_s: float = 0.1,
+async def run_worker_case(dataset: Dataset, batched: bool, workdir: Path, *, poll_s: float = 0.1, scrape_s: float = 0.5,
                           timeout_s: float = 900.0, stall_s: float = 60.0,
                           profile_path: Path | None = None,
                           checkpoint_interval_s: float | None = None) -> dict[str, Any]:
     """One run of the real worker over one topic of the dataset; see the module docstring.
-    ``checkpoint_interval_s``: the worker's ``limits.checkpoint_interval_s`` (None: its default)."""
+    ``checkpoint_interval_s``: the worker's ``limits.checkpoint_interval_s`` (None: its default).
+    The process's CPU time is read every ``poll_s``; ``/metrics`` is scraped every ``scrape_s`` (each
+    scrape costs the worker a few ms of its event loop: 10 a second measurably slowed it, where a
+    Prometheus server scrapes every 15 s or so)."""
     settings = fresh_settings(dataset.bootstrap, dataset.partitions, "ours")
     if checkpoint_interval_s is not None:
         settings.limits.checkpoint_interval_s = checkpoint_interval_s
@@ -190,22 +214,28 @@ async def run_worker_case(dataset: Dataset, batched: bool, workdir: Path, *, pol
         profiling = False
         last_progress = (0.0, time.monotonic())
         metrics: dict[str, float] = {}
+        next_scrape = 0.0
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not worker.alive():
                 raise RuntimeError(f"the worker exited:\n{worker.log_tail()}")
-            got = await asyncio.to_thread(worker.metrics)
             now = time.time()
+            if profile_path is not None and not profiling and worker.first_poll() is not None:
+                worker.profile_start(profile_path)
+                profiling = True
+            if metrics and now < next_scrape:  # between scrapes: only the CPU clock (read from outside)
+                cpu.append((now, worker.cpu_seconds()))
+                await asyncio.sleep(poll_s)
+                continue
+            got = await asyncio.to_thread(worker.metrics)
             if got is None:  # still starting
                 await asyncio.sleep(poll_s)
                 continue
             metrics = got
+            next_scrape = now + scrape_s
             cpu.append((now, worker.cpu_seconds()))
             handled = (got.get("skewwatch_events_in_total", 0.0) + got.get("skewwatch_late_events_total", 0.0)
                        + got.get("skewwatch_rejected_total", 0.0))
-            if profile_path is not None and not profiling and worker.first_poll() is not None:
-                worker.profile_start(profile_path)
-                profiling = True
             if handled > last_progress[0]:
                 last_progress = (handled, time.monotonic())
             if handled >= dataset.events:
@@ -231,6 +261,7 @@ async def run_worker_case(dataset: Dataset, batched: bool, workdir: Path, *, pol
         peak = worker.peak_rss()
     finally:
         worker.stop()
+        await delete_run_topics(settings, keep=dataset.topic(batched))
     if e2e_end is None:
         raise RuntimeError("the last step's per-model vectors never appeared on llm.features")
     wall0, cpu0 = first
