@@ -125,10 +125,10 @@ class RequestStage:
             auto_offset_reset="earliest",
             # range assignment keeps partition p of requests and telemetry on the same worker
             partition_assignment_strategy=(RangePartitionAssignor,),
-            # 2 MiB per partition (16 MB responses for 8): larger polls amortise the per-poll costs, but
-            # responses above glibc's largest mmap threshold (32 MB) are mapped and unmapped afresh each
-            # time, and reading them cost more than the whole decode (bench/README.md, throughput runs:
-            # 4 MiB 242-267k, 1 MiB 264-277k, 2 MiB 285-319k events/s batched)
+            # 2 MiB per partition (16 MB fetch responses for 8): larger polls amortise the per-poll costs,
+            # but a response above glibc's largest mmap threshold (32 MB, i.e. 4 MiB here) is mapped and
+            # unmapped afresh each time and reading it took ~15 % of the worker's time (bench/README.md,
+            # "Waiting for the broker, fetch sizes and the decoder's GC": 1 MiB and 2 MiB side by side)
             max_partition_fetch_bytes=2 * 1024 * 1024,
         )
         await self.consumer.start()
