@@ -19,18 +19,34 @@ most one interval of input (its outputs are published again: at-least-once, as b
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from skewwatch.agents.acks import OrderedAcks
 from skewwatch.agents.checkpoint import CheckpointStore
 from skewwatch.config import LimitSettings
 
 Sent = list["asyncio.Future[Any]"]
+# a partition's state to save: (the offset it covers, its snapshot's encoder), or None (not owned)
+Snapshot = tuple[int | None, Callable[[], bytes]]
+
+log = logging.getLogger(__name__)
+
+
+async def commit_offsets(consumer: AIOKafkaConsumer | None, offsets: dict[TopicPartition, int]) -> None:
+    """Commit ``offsets`` to the group; a failure (a rebalance in progress) is only logged: the
+    checkpoint, not the group offset, is where a restart resumes."""
+    if not offsets or consumer is None:
+        return
+    try:
+        await consumer.commit(offsets)
+    except Exception as exc:
+        log.warning("offset commit failed (rebalance in progress?): %s", exc)
 
 
 class CommitPipeline:
@@ -87,6 +103,18 @@ class CommitPipeline:
         self._saving.add(partition)
         await self.acks.submit(partition, lambda: self._acknowledged(partition, futures, (offset, state)))
         return True
+
+    async def save_due(self, snapshot_of: Callable[[int], Snapshot | None], *, force: bool = False,
+                       partitions: Iterable[int] | None = None) -> None:
+        """Save the unsaved partitions (of ``partitions``; None: all) whose interval has passed, or all
+        of them with ``force`` (revoke, stop). Call it between polls, where a partition's state matches
+        its offset; ``snapshot_of(partition)`` says what to save."""
+        unsaved = set(self._unsaved)
+        for partition in unsaved if partitions is None else partitions:
+            if partition in unsaved and (force or self.due(partition)):
+                found = snapshot_of(partition)
+                if found is not None:
+                    await self.save(partition, *found)
 
     def take_commits(self) -> dict[TopicPartition, int]:
         """The offsets whose checkpoints are written since the last call."""

@@ -41,7 +41,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from skewwatch.agents.checkpoint import CheckpointStore
-from skewwatch.agents.commit import CommitPipeline
+from skewwatch.agents.commit import CommitPipeline, Snapshot, commit_offsets
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.publish import KeyedPublisher
 from skewwatch.agents.rebalance import StageRebalanceListener
@@ -140,31 +140,23 @@ class RequestStage:
                 async with self._lock:
                     await self._process(batches)
                     await self._advance_idle_partitions()
-                    await self._checkpoint_due()
+                    await self.commits.save_due(self._snapshot_of)  # a partition gone quiet is saved too
                     self._update_lag()
                     commits = self.commits.take_commits()
                 # outside the lock: a commit may wait for a rebalance whose callbacks take the lock
-                await self._commit_quietly(commits)
+                await commit_offsets(self.consumer, commits)
                 if batches or self.consumer.assignment():
                     self.ready.set()
             async with self._lock:  # a clean stop: the newest state is checkpointed, and every checkpoint
-                await self._checkpoint_due(force=True)  # in flight is written
+                await self.commits.save_due(self._snapshot_of, force=True)  # in flight is written
             await self.commits.drain()
-            await self._commit_quietly(self.commits.take_commits())
+            await commit_offsets(self.consumer, self.commits.take_commits())
         finally:
             self.commits.cancel()
             await self.consumer.stop()
 
     def stop(self) -> None:
         self._stopping.set()
-
-    async def _commit_quietly(self, offsets: dict[TopicPartition, int]) -> None:
-        if not offsets or self.consumer is None:
-            return
-        try:
-            await self.consumer.commit(offsets)
-        except Exception as exc:  # the checkpoint, not the group offset, is the source of truth
-            log.warning("offset commit failed (rebalance in progress?): %s", exc)
 
     # -- partitions ------------------------------------------------------------------------
     async def on_assigned(self, assigned: set[TopicPartition]) -> None:
@@ -188,7 +180,7 @@ class RequestStage:
             requests = [tp.partition for tp in revoked if tp.topic == self.settings.topics.requests]
             # the newest state and the checkpoints in flight are written before another worker (or this
             # one) reads them
-            await self._checkpoint_due(force=True, partitions=requests)
+            await self.commits.save_due(self._snapshot_of, force=True, partitions=requests)
             await self.commits.drain(requests)
             self.commits.forget(requests)
             for tp in revoked:
@@ -369,15 +361,10 @@ class RequestStage:
         self.metrics.step_duration.labels(self.stage).observe(time.perf_counter() - started)
         return bool(steps)
 
-    async def _checkpoint_due(self, *, force: bool = False, partitions: list[int] | None = None) -> None:
-        """Checkpoint the partitions with unsaved steps whose interval has passed (``force``: all of
-        them, now), so that a partition gone quiet is saved too. Only between polls: mid-poll the
-        windows hold more than the offset says."""
-        unsaved = self.commits.unsaved()
-        for partition in unsaved if partitions is None else partitions:
-            state = self.partitions.get(partition)
-            if state is not None and partition in unsaved and (force or self.commits.due(partition)):
-                await self.commits.save(partition, state.next_offset, functools.partial(encode_snapshot, state))
+    def _snapshot_of(self, partition: int) -> Snapshot | None:
+        """What a checkpoint of ``partition`` saves: its offset and its windows' snapshot."""
+        state = self.partitions.get(partition)
+        return None if state is None else (state.next_offset, functools.partial(encode_snapshot, state))
 
     def _progress(self, state: PartitionState) -> float | None:
         """End of the newest step this partition has closed (for stage 2's completion rule)."""

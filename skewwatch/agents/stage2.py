@@ -21,7 +21,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from skewwatch.agents.checkpoint import CheckpointStore
-from skewwatch.agents.commit import CommitPipeline
+from skewwatch.agents.commit import CommitPipeline, Snapshot, commit_offsets
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.rebalance import StageRebalanceListener
 from skewwatch.config import Settings
@@ -107,36 +107,24 @@ class ModelStage:
                         if messages:
                             await self._process(tp, messages)
                     await self._complete_quiet_partitions()
-                    await self._checkpoint_due()
+                    await self.commits.save_due(self._snapshot_of)
                     commits = self.commits.take_commits()
-                await self._commit_quietly(commits)  # outside the lock (a commit may wait for a rebalance)
+                await commit_offsets(self.consumer, commits)  # outside the lock (a commit may wait for a rebalance)
             async with self._lock:  # a clean stop: the newest state is checkpointed and written
-                await self._checkpoint_due(force=True)
+                await self.commits.save_due(self._snapshot_of, force=True)
             await self.commits.drain()
-            await self._commit_quietly(self.commits.take_commits())
+            await commit_offsets(self.consumer, self.commits.take_commits())
         finally:
             self.commits.cancel()
             await self.consumer.stop()
 
-    async def _commit_quietly(self, offsets: dict[TopicPartition, int]) -> None:
-        if not offsets or self.consumer is None:
-            return
-        try:
-            await self.consumer.commit(offsets)
-        except Exception as exc:  # the checkpoint, not the group offset, is the source of truth
-            log.warning("offset commit failed (rebalance in progress?): %s", exc)
-
-    async def _checkpoint_due(self, *, force: bool = False, partitions: list[int] | None = None) -> None:
-        """Checkpoint the partitions with unsaved steps whose interval has passed (``force``: all of
-        them, now)."""
-        unsaved = self.commits.unsaved()
-        for partition in unsaved if partitions is None else partitions:
-            state = self.partitions.get(partition)
-            if state is not None and partition in unsaved and (force or self.commits.due(partition)):
-                await self.commits.save(partition, state.next_offset, state.snapshot)
-
     def stop(self) -> None:
         self._stopping.set()
+
+    def _snapshot_of(self, partition: int) -> Snapshot | None:
+        """What a checkpoint of ``partition`` saves: its offset and its models' snapshot."""
+        state = self.partitions.get(partition)
+        return None if state is None else (state.next_offset, state.snapshot)
 
     async def on_assigned(self, assigned: set[TopicPartition]) -> None:
         assert self.consumer is not None
@@ -157,7 +145,7 @@ class ModelStage:
         async with self._lock:
             partitions = [tp.partition for tp in revoked]
             # the newest state and the checkpoints in flight are written before anyone reads them
-            await self._checkpoint_due(force=True, partitions=partitions)
+            await self.commits.save_due(self._snapshot_of, force=True, partitions=partitions)
             await self.commits.drain(partitions)
             self.commits.forget(partitions)
             for tp in revoked:

@@ -202,3 +202,22 @@ def test_limits_from_the_environment() -> None:
     limits = load_settings(env={"SKEWWATCH_LIMITS__CHECKPOINT_INTERVAL_S": "0",
                                 "SKEWWATCH_LIMITS__MAX_UNACKED_CLOSES": "2"}).limits
     assert (limits.checkpoint_interval_s, limits.max_unacked_closes) == (0.0, 2)
+
+
+def test_save_due_saves_what_is_due_or_everything_unsaved_when_forced() -> None:
+    async def scenario() -> None:
+        commits, store = pipeline(interval_s=3600.0)
+        owned = {0: (10, lambda: b"p0"), 1: (20, lambda: b"p1")}  # partition 2 is not owned (revoked)
+        for partition in (0, 1, 2):
+            await commits.sent(partition, [])
+        await commits.save_due(owned.get)  # never saved: all due; 2 has nothing to save
+        await commits.drain()
+        assert sorted(w[2] for w in store.writes) == [10, 20]
+        await commits.sent(0, [])
+        await commits.sent(1, [])
+        await commits.save_due(owned.get)  # within the interval: nothing
+        await commits.save_due(owned.get, force=True, partitions=[1])  # a revoke of 1: forced
+        await commits.drain()
+        assert [w[2] for w in store.writes][2:] == [20] and commits.unsaved() == {0, 2}
+
+    asyncio.run(scenario())
