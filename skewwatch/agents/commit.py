@@ -14,6 +14,25 @@ Both stages follow one rule per input partition (Kafka Streams' commit, Flink's 
 
 A checkpoint therefore never covers an output the broker did not store, and a restart replays at
 most one interval of input (its outputs are published again: at-least-once, as before).
+
+>>> import asyncio
+>>> from skewwatch.config import LimitSettings
+>>> class Store:  # stands in for CheckpointStore: records what it is asked to write
+...     writes: list[tuple[int, int]] = []
+...     async def write(self, topic: str, partition: int, offset: int, state: bytes) -> None:
+...         self.writes.append((partition, offset))
+>>> async def demo() -> tuple[list[tuple[int, int]], list[tuple[int, int]], dict[TopicPartition, int]]:
+...     commits = CommitPipeline(Store(), "llm.requests", LimitSettings())  # type: ignore[arg-type]
+...     output = asyncio.get_running_loop().create_future()  # a send the broker has not acknowledged
+...     await commits.sent(0, [output])
+...     await commits.save(0, 42, lambda: b"state")
+...     await asyncio.sleep(0)
+...     before = list(Store.writes)
+...     output.set_result(None)  # the broker acknowledges
+...     await commits.drain()
+...     return before, Store.writes, commits.take_commits()
+>>> asyncio.run(demo())
+([], [(0, 42)], {TopicPartition(topic='llm.requests', partition=0): 42})
 """
 
 from __future__ import annotations
@@ -64,7 +83,7 @@ class CommitPipeline:
         self._unsaved: set[int] = set()
         self._saved_at: dict[int, float] = {}  # monotonic time of the last save per partition
         # partitions with a checkpoint queued and not yet written: at most one snapshot held per
-        # partition (at 10k replicas one is ~10 MB), however slow the broker
+        # partition (~1.4 KB per replica: ~2 MB for 1,250 replicas), however slow the broker
         self._saving: set[int] = set()
         self._to_commit: dict[TopicPartition, int] = {}
 
