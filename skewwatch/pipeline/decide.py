@@ -45,7 +45,6 @@ Configuration: ``Settings.detectors`` (``[detectors.<name>]`` in TOML,
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, cast
@@ -62,6 +61,7 @@ from skewwatch.pipeline.detectors.base import Action, Alert, Detector, Overridab
 from skewwatch.pipeline.detectors.gpu_health import GpuHealthDetector
 from skewwatch.pipeline.detectors.registry import DETECTORS
 from skewwatch.pipeline.features import FeatureVector
+from skewwatch.pipeline.gc_pause import gc_paused
 from skewwatch.pipeline.health import HEALTHY
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.weights import ReplicaWeight, WeightConfig, pool_weights
@@ -218,13 +218,8 @@ class ModelDecider:
         # does not scan its young generation over and over, nor, at tens of thousands of replicas,
         # the whole heap of window and decider state (which made the cost per replica grow with
         # the fleet); it runs again, as before, right after.
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with gc_paused():
             return self._step(model, window_end, replica_features, model_features, telemetry)
-        finally:
-            if was_enabled:
-                gc.enable()
 
     def _step(
         self,

@@ -26,7 +26,6 @@ True
 from __future__ import annotations
 
 import dataclasses
-import gc
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, overload
@@ -35,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from skewwatch.pipeline.features import FEATURES_SCHEMA_VERSION, FeatureVector
+from skewwatch.pipeline.gc_pause import gc_paused
 from skewwatch.pipeline.sketch import SparseCounts
 from skewwatch.pipeline.window.summary import (
     _BATCH_N,
@@ -130,13 +130,8 @@ class StepBatch:
             # ~10 objects per row and none of them in a reference cycle: pausing the cyclic GC while
             # they are made saves it from scanning the growing young generation over and over
             # (a third of the build time at 10k rows); it runs again, as before, right after
-            was_enabled = gc.isenabled()
-            gc.disable()
-            try:
+            with gc_paused():
                 self._steps = self._build()
-            finally:
-                if was_enabled:
-                    gc.enable()
         return self._steps
 
     def _build(self) -> list[ReplicaStep]:
