@@ -15,7 +15,7 @@ the per-run topic names of :func:`tests.integration.worker_proc.settings_env` ap
 
 >>> sorted(PROFILES)
 ['seed', 'tuned']
->>> detector_settings("seed").detectors["long_tail"].ratio
+>>> detector_settings("seed").long_tail.ratio
 3.0
 >>> profile_env("seed")
 {}
@@ -38,7 +38,7 @@ if str(REPO) not in sys.path:  # `python bench/quality.py` puts bench/ first on 
     sys.path.insert(0, str(REPO))
 
 from skewwatch.config import Settings, load_settings  # noqa: E402
-from skewwatch.pipeline.decide import DetectorSettings  # noqa: E402
+from skewwatch.pipeline.detector_settings import DetectorSettings  # noqa: E402
 from tests.integration.worker_proc import WorkerProcess, settings_env  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
@@ -61,7 +61,7 @@ def profile_env(profile: str) -> dict[str, str]:
 def detector_settings(profile: str) -> DetectorSettings:
     """The detector settings a worker runs with under ``profile`` (ignores this process's env)."""
     path = PROFILES[profile]
-    return DetectorSettings.from_settings(load_settings(path, env={}))
+    return load_settings(path, env={}).detectors
 
 
 def persistence_s(settings: DetectorSettings, detector: str) -> float:
@@ -76,7 +76,7 @@ def persistence_s(settings: DetectorSettings, detector: str) -> float:
         return settings.weights.stale_steps * STEP_S
     if detector == "weights":
         return STEP_S
-    return float(settings.detectors[detector].persistence) * STEP_S
+    return float(getattr(settings, detector).persistence) * STEP_S
 
 
 @contextmanager

@@ -44,7 +44,8 @@ if str(REPO) not in sys.path or os.environ.get("DECIDE_BENCH_PACKAGE"):
 
 import numpy as np  # noqa: E402
 
-from skewwatch.pipeline.decide import DetectorSettings, ModelDecider  # noqa: E402
+from skewwatch.pipeline.decide import ModelDecider  # noqa: E402
+from skewwatch.pipeline.detector_settings import DetectorSettings  # noqa: E402
 from skewwatch.pipeline.features import FeatureVector  # noqa: E402
 from skewwatch.pipeline.telemetry import TelemetrySample  # noqa: E402
 
@@ -112,7 +113,7 @@ def measure(n_replicas: int, steps: int, warm: int, seed: int = 1) -> dict[str, 
     """Median CPU and wall ms of one step of every model's decider, and decider bytes per replica."""
     fleet = make_fleet(n_replicas, MODELS)
     rng = np.random.default_rng(seed)
-    settings = DetectorSettings.from_overrides({})
+    settings = DetectorSettings()
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]

@@ -75,7 +75,8 @@ from bench.throughput.common import (  # noqa: E402
     spread,
 )
 from skewwatch.config import WindowSettings  # noqa: E402
-from skewwatch.pipeline.decide import DetectorSettings, ModelDecider  # noqa: E402
+from skewwatch.pipeline.decide import ModelDecider  # noqa: E402
+from skewwatch.pipeline.detector_settings import DetectorSettings  # noqa: E402
 from skewwatch.pipeline.events import RequestColumns  # noqa: E402
 from skewwatch.pipeline.handoff import (  # noqa: E402
     decode_model_step,
@@ -141,7 +142,7 @@ class Fleet:
         self.windows = [PartitionWindows(self.settings) for _ in range(PARTITIONS)]
         self.partition_of = np.arange(len(self.replicas)) % PARTITIONS  # the worker hashes keys; uniform here
         self.models = sorted({m for m, _ in self.replicas})
-        self.deciders = {m: ModelDecider(DetectorSettings.from_overrides({}), model=m) for m in self.models}
+        self.deciders = {m: ModelDecider(DetectorSettings(), model=m) for m in self.models}
         self.rng = np.random.default_rng(self.seed)
         self.t = START
 

@@ -44,9 +44,14 @@ import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
+
+from skewwatch.ports import free_port, port_is_free
+
+if TYPE_CHECKING:
+    from skewwatch.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -215,28 +220,6 @@ def _last_error_line(output: str) -> str:
 
 # --------------------------------------------------------------------------------------------------
 # ports
-
-
-def port_is_free(port: int, host: str = _HOST) -> bool:
-    """True when a listener could bind ``host:port`` now (SO_REUSEADDR, as the JVM binds)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host: str = _HOST, avoid: set[int] | None = None) -> int:
-    """A port the OS considers free now (another process may still take it before we bind it)."""
-    for _ in range(20):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind((host, 0))
-            port: int = probe.getsockname()[1]
-        if not avoid or port not in avoid:
-            return port
-    raise BrokerError("could not find a free TCP port on loopback")
 
 
 def _busy_port_message(port: int, what: str) -> str:
@@ -414,11 +397,14 @@ class EmbeddedBroker:
         if self.running:
             return
         java = find_java()
-        if self.port == 0:
-            self.port = free_port()
+        try:
+            if self.port == 0:
+                self.port = free_port()
+            controller_port = self.controller_port or free_port(avoid={self.port})
+        except OSError as exc:
+            raise BrokerError(str(exc)) from exc
         if not port_is_free(self.port):
             raise BrokerError(_busy_port_message(self.port, "Kafka"))
-        controller_port = self.controller_port or free_port(avoid={self.port})
         if not port_is_free(controller_port):
             raise BrokerError(_busy_port_message(controller_port, "Kafka controller"))
         libs = ensure_kafka_jars(self.cache_dir, progress=self._progress)
@@ -662,6 +648,9 @@ def broker_command(
         click.echo(f"cluster {cluster.get('cluster_id')} at {bootstrap} answers: {len(cluster['brokers'])} broker(s)")
         return
 
+    from skewwatch.cli import command_settings
+
+    settings = command_settings() if topics else None  # invalid settings stop it before the JVM starts
     broker = EmbeddedBroker(
         data_dir, port=port, heap=heap, echo_console=True, progress=lambda m: click.echo(m, err=True)
     )
@@ -670,8 +659,8 @@ def broker_command(
     try:
         try:
             broker.start()
-            if topics:
-                _create_topics(broker.bootstrap)
+            if settings is not None:
+                _create_topics(broker.bootstrap, settings)
             click.echo(f"Kafka {kafka_version()} ready: bootstrap {broker.bootstrap} (data {broker.data_dir})")
             click.echo(f"KAFKA_BOOTSTRAP={broker.bootstrap}")
             click.echo(f"broker log: {broker.log_path}; Ctrl-C stops it")
@@ -690,13 +679,12 @@ def broker_command(
         signal.signal(signal.SIGINT, previous_sigint)
 
 
-def _create_topics(bootstrap: str) -> None:
-    from skewwatch.config import ConfigError, load_settings
+def _create_topics(bootstrap: str, settings: Settings) -> None:
     from skewwatch.topics import TopicError, ensure_topics
 
     try:
-        created = run_blocking(ensure_topics(bootstrap, load_settings()))
-    except (ConfigError, TopicError) as exc:
+        created = run_blocking(ensure_topics(bootstrap, settings))
+    except TopicError as exc:
         raise BrokerError(f"Kafka started, but creating topics failed: {exc}") from exc
     if created:
         click.echo(f"created topics: {', '.join(created)}", err=True)

@@ -27,7 +27,8 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
-from skewwatch.config import load_settings
+from skewwatch.cli import command_settings
+from skewwatch.config import TopicSettings
 from skewwatch.topics import ensure_topics
 
 
@@ -91,8 +92,8 @@ class DemoView:
         return Group(table, alerts)
 
 
-async def _watch(bootstrap: str, duration: float | None, children: list[subprocess.Popen[bytes]]) -> None:
-    topics = load_settings().topics
+async def _watch(bootstrap: str, topics: TopicSettings, duration: float | None,
+                 children: list[subprocess.Popen[bytes]]) -> None:
     consumer = AIOKafkaConsumer(topics.features, topics.alerts, topics.routing_corrections,
                                 bootstrap_servers=bootstrap, group_id=f"skewwatch-demo-{uuid.uuid4().hex[:8]}",
                                 auto_offset_reset="latest", enable_auto_commit=False)
@@ -129,7 +130,7 @@ def demo_command(duration: float | None, replicas: int, models: str, rate: float
     """Start a broker, a worker and the generator, and show features, alerts and weights live."""
     from skewwatch.broker import BrokerError, EmbeddedBroker
 
-    settings = load_settings()
+    settings = command_settings()
     broker: EmbeddedBroker | None = None
     bootstrap = settings.kafka.bootstrap
     if not bootstrap:
@@ -162,7 +163,7 @@ def demo_command(duration: float | None, replicas: int, models: str, rate: float
         click.echo(f"worker: http://127.0.0.1:{web_port}/api/v1/weights  (log: {log_dir / 'worker.log'})",
                    err=True)
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_watch(bootstrap, duration, children))
+            asyncio.run(_watch(bootstrap, settings.topics, duration, children))
     finally:
         for child in reversed(children):
             if child.poll() is None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import click
 
-from skewwatch.config import ConfigError, load_settings
+from skewwatch.cli import command_settings
 from skewwatch.sim.faults import DEFAULT_PARAMS, FAULT_KINDS, FaultError, Injection, write_labels
 from skewwatch.sim.trace import ColumnMapping, TraceError, load_trace
 
@@ -147,10 +147,7 @@ def generate_command(bootstrap: str | None, config_path: str | None, topic: str 
     from skewwatch.sim.emit import ProduceStats, TopicMissingError, produce_traffic
     from skewwatch.sim.generator import GeneratorConfig, generate_chunks, labels
 
-    try:
-        settings = load_settings(config_path)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from exc
+    settings = command_settings(config_path)
     bootstrap = bootstrap or settings.kafka.bootstrap
     if not bootstrap:
         raise click.ClickException(

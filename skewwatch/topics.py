@@ -22,7 +22,8 @@ from typing import Any
 
 import click
 
-from skewwatch.config import ConfigError, Settings, load_settings
+from skewwatch.cli import command_settings
+from skewwatch.config import Settings
 
 _TOPIC_ALREADY_EXISTS = 36  # Kafka error code TOPIC_ALREADY_EXISTS: another process won the race
 _CHECKPOINT_MAX_BYTES = 16 * 1024 * 1024  # a partition's window-state snapshot can exceed the 1 MiB default
@@ -185,10 +186,7 @@ def create_command(bootstrap: str | None, config_path: Path | None) -> None:
     from skewwatch.broker import quiet_client_logs, run_blocking
 
     quiet_client_logs()
-    try:
-        settings = load_settings(config_path)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+    settings = command_settings(config_path)
     bootstrap = bootstrap or settings.kafka.bootstrap
     if not bootstrap:
         raise click.ClickException(

@@ -11,11 +11,11 @@ own would outlive them.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import uuid
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 
 from skewwatch.broker import BrokerError, EmbeddedBroker, run_blocking
@@ -57,11 +57,11 @@ def unique_settings(bootstrap: str, partitions: int = TEST_PARTITIONS) -> Settin
     settings.kafka.bootstrap = bootstrap
     settings.kafka.partitions = partitions
     settings.kafka.group_id = f"skewwatch-test-{suffix}"
-    settings.topics = dataclasses.replace(
+    settings.topics = msgspec.structs.replace(
         settings.topics,
         **{
             topic.name: f"{getattr(settings.topics, topic.name)}.t{suffix}"
-            for topic in dataclasses.fields(settings.topics)
+            for topic in msgspec.structs.fields(settings.topics)
             if getattr(settings.topics, topic.name)  # "" = not used (topics.otlp_spans): stays off
         },
     )
@@ -69,7 +69,7 @@ def unique_settings(bootstrap: str, partitions: int = TEST_PARTITIONS) -> Settin
 
 
 def topic_names(settings: Settings) -> list[str]:
-    return [getattr(settings.topics, topic.name) for topic in dataclasses.fields(settings.topics)
+    return [getattr(settings.topics, topic.name) for topic in msgspec.structs.fields(settings.topics)
             if getattr(settings.topics, topic.name)]
 
 

@@ -13,7 +13,6 @@ so a run never restores another run's checkpoints (that would skip the work bein
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import platform
 import statistics
@@ -28,6 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # `python bench/scale.py` runs with bench/ first on the path, not the repo
     sys.path.insert(0, str(REPO))
 
+import msgspec  # noqa: E402
+
 from skewwatch.config import Settings  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
@@ -40,9 +41,9 @@ def fresh_settings(bootstrap: str, partitions: int, tag: str) -> Settings:
     settings.kafka.bootstrap = bootstrap
     settings.kafka.partitions = partitions
     settings.kafka.group_id = f"bench-{tag}-{suffix}"
-    settings.topics = dataclasses.replace(
+    settings.topics = msgspec.structs.replace(
         settings.topics,
-        **{f.name: f"{getattr(settings.topics, f.name)}.{suffix}" for f in dataclasses.fields(settings.topics)},
+        **{f.name: f"{getattr(settings.topics, f.name)}.{suffix}" for f in msgspec.structs.fields(settings.topics)},
     )
     return settings
 

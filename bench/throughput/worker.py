@@ -19,7 +19,6 @@ target comes with where the time went (:mod:`bench.throughput.profile`).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import signal
 import subprocess
@@ -29,6 +28,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 from aiokafka import AIOKafkaConsumer
 from prometheus_client.parser import text_string_to_metric_families
@@ -168,7 +168,7 @@ async def delete_run_topics(settings: Settings, keep: str) -> None:
     earlier runs does more background work while the later contenders run."""
     from aiokafka.admin import AIOKafkaAdminClient
 
-    names = [name for f in dataclasses.fields(settings.topics)
+    names = [name for f in msgspec.structs.fields(settings.topics)
              if isinstance(name := getattr(settings.topics, f.name), str) and name and name != keep]
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap or "")
     await admin.start()
@@ -205,7 +205,7 @@ async def run_worker_case(dataset: Dataset, batched: bool, workdir: Path, *, pol
     settings = fresh_settings(dataset.bootstrap, dataset.partitions, "ours")
     if checkpoint_interval_s is not None:
         settings.limits.checkpoint_interval_s = checkpoint_interval_s
-    settings.topics = dataclasses.replace(settings.topics, requests=dataset.topic(batched))
+    settings.topics = msgspec.structs.replace(settings.topics, requests=dataset.topic(batched))
     await ensure_topics(dataset.bootstrap, settings)
     worker = BenchWorker(settings, workdir / f"worker-{'batch' if batched else 'single'}.log").start()
     try:

@@ -27,10 +27,12 @@ from aiokafka import AIOKafkaProducer
 
 from skewwatch.agents.memory import trim_heap
 from skewwatch.agents.metrics import WorkerMetrics
-from skewwatch.agents.otlp_stage import OtlpStage, otlp_attribute_map
+from skewwatch.agents.otlp_stage import OtlpStage
 from skewwatch.agents.stage1 import RequestStage
 from skewwatch.agents.stage2 import ModelStage
-from skewwatch.config import ConfigError, Settings, load_settings
+from skewwatch.cli import command_settings
+from skewwatch.config import Settings
+from skewwatch.ports import free_port
 from skewwatch.topics import ensure_topics
 
 log = logging.getLogger("skewwatch.worker")
@@ -182,19 +184,15 @@ def create_app(settings: Settings, bootstrap: str) -> tuple[faust.App, PipelineS
 @click.command("worker")
 @click.option("--bootstrap", envvar="KAFKA_BOOTSTRAP", help="Kafka bootstrap servers (host:port).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config file.")
-@click.option("--web-port", type=int, help="HTTP port for the API and /metrics (default 6066).")
+@click.option("--web-port", type=click.IntRange(0, 65535),
+              help="HTTP port for the API and /metrics (default: web.port, 6066; 0: any free port, printed).")
 @click.option("--web-host", help="HTTP bind address (default 127.0.0.1).")
 @click.option("--loglevel", default="warning", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def worker_command(bootstrap: str | None, config_path: str | None, web_port: int | None,
                    web_host: str | None, loglevel: str) -> None:
     """Run a skewwatch worker (both stages, HTTP API, metrics) against a Kafka cluster."""
-    try:
-        settings = load_settings(config_path)
-        if settings.topics.otlp_spans:
-            otlp_attribute_map(settings)  # a bad [otlp] setting stops the worker here, not in a restart loop
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from exc
+    settings = command_settings(config_path)
     bootstrap = bootstrap or settings.kafka.bootstrap
     if not bootstrap:
         raise click.ClickException("no Kafka cluster: pass --bootstrap HOST:PORT, set KAFKA_BOOTSTRAP, "
@@ -204,6 +202,12 @@ def worker_command(bootstrap: str | None, config_path: str | None, web_port: int
         settings.web.port = web_port
     if web_host is not None:
         settings.web.host = web_host
+    if settings.web.port == 0:  # any free port (Faust itself needs a fixed one): picked here, said once
+        try:
+            settings.web.port = free_port(settings.web.host)
+        except OSError as exc:
+            raise click.ClickException(f"cannot find a free port on {settings.web.host}: {exc}") from None
+        click.echo(f"HTTP API and /metrics on http://{settings.web.host}:{settings.web.port}", err=True)
     app, _ = create_app(settings, bootstrap)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     logging.getLogger("skewwatch").setLevel(loglevel.upper())

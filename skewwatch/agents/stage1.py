@@ -46,7 +46,6 @@ from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.publish import KeyedPublisher
 from skewwatch.agents.rebalance import StageRebalanceListener
 from skewwatch.config import Settings
-from skewwatch.pipeline.decide import DetectorSettings
 from skewwatch.pipeline.derived_batch import derive_batch
 from skewwatch.pipeline.events import RequestColumns
 from skewwatch.pipeline.handoff import MAX_REPLICAS_PER_RECORD, encode_model_step, step_header
@@ -99,7 +98,7 @@ class RequestStage:
         # (docs/telemetry.md "In the worker"); refilled within one interval after a restart, so it
         # is not checkpointed. Stale after the decider's telemetry_max_age_s (3 intervals, 15 s).
         self.telemetry = TelemetryJoin(history=history_for(settings.window))
-        self.telemetry_stale_s = DetectorSettings.from_overrides(settings.detectors).weights.telemetry_max_age_s
+        self.telemetry_stale_s = settings.detectors.weights.telemetry_max_age_s
         # telemetry read too far ahead of the requests is held and its partition paused (a backlog of
         # telemetry would push the samples the next steps need out of the join's history)
         self.telemetry_flow = TelemetryFlow[TelemetrySample](settings.window.telemetry_ahead_s)

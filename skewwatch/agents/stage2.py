@@ -27,7 +27,8 @@ from skewwatch.agents.rebalance import StageRebalanceListener
 from skewwatch.config import Settings
 from skewwatch.pipeline.assembler import DEFAULT_MAX_PENDING, ModelStep, StepAssembler
 from skewwatch.pipeline.corrections import RoutingCorrection
-from skewwatch.pipeline.decide import DetectorSettings, ModelDecider
+from skewwatch.pipeline.decide import ModelDecider
+from skewwatch.pipeline.detector_settings import DetectorSettings
 from skewwatch.pipeline.handoff import model_step_inputs, read_step_header
 from skewwatch.pipeline.model_merge import merge_model_features
 from skewwatch.pipeline.telemetry import TelemetrySample
@@ -77,7 +78,7 @@ class ModelStage:
         self.bootstrap = bootstrap
         self.producer = producer
         self.metrics = metrics
-        self.detector_settings = DetectorSettings.from_overrides(settings.detectors)
+        self.detector_settings = settings.detectors
         self.partitions: dict[int, PartitionModels] = {}
         self.checkpoints = CheckpointStore(producer, bootstrap, settings.topics.checkpoints, self.stage)
         self.commits = CommitPipeline(self.checkpoints, settings.topics.replica_steps, settings.limits,

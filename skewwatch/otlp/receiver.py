@@ -59,7 +59,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from skewwatch.config import LimitSettings, Settings, load_settings
+from skewwatch.cli import command_settings
+from skewwatch.config import LimitSettings, Settings
 from skewwatch.otlp.attribute_map import DEFAULT_ATTRIBUTE_MAP, AttributeMap, as_sequence
 from skewwatch.otlp.decode import (
     MALFORMED_OTLP,
@@ -314,7 +315,12 @@ async def _run(host: str, port: int, bootstrap: str, topic: str, dead_letter_top
     await publisher.start()
     receiver = OtlpReceiver(publisher, attribute_map, limits=settings.limits,
                             max_events_per_message=settings.otlp.max_events_per_message)
-    runner = await serve(receiver, host, port)
+    try:
+        runner = await serve(receiver, host, port)
+    except OSError as exc:
+        await publisher.close()
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    port = runner.addresses[0][1] if runner.addresses else port  # the one picked for --port 0
     click.echo(f"OTLP/HTTP receiver on http://{host}:{port}/v1/traces -> {topic} at {bootstrap} "
                f"(dead letters -> {dead_letter_topic})", err=True)
     try:
@@ -327,8 +333,8 @@ async def _run(host: str, port: int, bootstrap: str, topic: str, dead_letter_top
 @click.command("otlp-receiver")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0 for all).")
-@click.option("--port", default=4318, show_default=True, type=int,
-              help="Port (4318 is OTLP/HTTP's standard).")
+@click.option("--port", default=4318, show_default=True, type=click.IntRange(0, 65535),
+              help="Port (4318 is OTLP/HTTP's standard; 0: any free port, printed at start).")
 @click.option("--bootstrap", envvar="KAFKA_BOOTSTRAP", help="Kafka bootstrap servers (host:port).")
 @click.option("--topic", default=None,
               help="Topic for request events [default: setting topics.requests, llm.requests].")
@@ -345,7 +351,7 @@ def otlp_receiver_command(host: str, port: int, bootstrap: str | None, topic: st
                           dead_letter_topic: str | None, default_model: str | None,
                           replica_attributes: str | None, config_path: str | None) -> None:
     """Accept OTLP/HTTP trace exports (vLLM --otlp-traces-endpoint) and publish request events."""
-    settings = load_settings(config_path)
+    settings = command_settings(config_path)
     bootstrap = bootstrap or settings.kafka.bootstrap
     if not bootstrap:
         raise click.UsageError("no Kafka to publish to: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP "

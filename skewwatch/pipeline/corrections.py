@@ -31,25 +31,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
-from skewwatch.pipeline.detectors.base import Action, OverridableConfig
+from skewwatch.config_section import FrozenConfigSection, NonNegative, Positive
+from skewwatch.pipeline.detectors.base import Action
 
 CORRECTIONS_SCHEMA_VERSION = 1
 
 
-@dataclass(frozen=True, slots=True)
-class CorrectionConfig(OverridableConfig):
+class CorrectionConfig(FrozenConfigSection, frozen=True):
     """``[detectors.corrections]``: publication cadence."""
 
-    heartbeat_s: float = 30.0  # issue: at least every 30 s
-    weight_epsilon: float = 0.01  # ours: a weight change below this is not news
+    section = "detectors.corrections"
 
-    section: ClassVar[str] = "corrections"
-
-    def validate(self) -> None:
-        self._require(self.heartbeat_s > 0, "heartbeat_s", "must be > 0")
-        self._require(self.weight_epsilon >= 0, "weight_epsilon", "must be >= 0")
+    heartbeat_s: Positive = 30.0  # published at least every 30 s
+    weight_epsilon: NonNegative = 0.01  # ours: a weight change below this is not news
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,8 @@ duplicate (e.g. re-delivered after a rebalance): it changes nothing and returns
 
 Configuration: ``Settings.detectors`` (``[detectors.<name>]`` in TOML,
 ``SKEWWATCH_DETECTORS__<NAME>__<KEY>`` in the environment) holds one section per detector plus
-``weights``, ``corrections`` and ``decider``; :class:`DetectorSettings` checks and builds them.
+``weights``, ``corrections`` and ``decider``:
+:class:`~skewwatch.pipeline.detector_settings.DetectorSettings`.
 
 >>> from skewwatch.pipeline.features import FeatureVector
 >>> decider = ModelDecider()
@@ -46,100 +47,25 @@ Configuration: ``Settings.detectors`` (``[detectors.<name>]`` in TOML,
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, cast
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
-from skewwatch.config import ConfigError, Settings
 from skewwatch.pipeline.corrections import (
-    CorrectionConfig,
     RoutingCorrection,
     forced_seq,
     publish_reason,
     step_seq,
 )
-from skewwatch.pipeline.detectors.base import Action, Alert, Detector, OverridableConfig, StepColumns
+from skewwatch.pipeline.detector_settings import DetectorSettings
+from skewwatch.pipeline.detectors.base import Action, Alert, StepColumns
 from skewwatch.pipeline.detectors.gpu_health import GpuHealthDetector
-from skewwatch.pipeline.detectors.registry import DETECTORS
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.gc_pause import gc_paused
 from skewwatch.pipeline.health import HEALTHY
 from skewwatch.pipeline.telemetry import TelemetrySample
-from skewwatch.pipeline.weights import ReplicaWeight, WeightConfig, pool_weights
+from skewwatch.pipeline.weights import ReplicaWeight, pool_weights
 
 DECIDER_STATE_VERSION = 1
-
-
-@dataclass(frozen=True, slots=True)
-class DeciderConfig(OverridableConfig):
-    """``[detectors.decider]``: which detectors run where, and when a replica is released."""
-
-    disabled: tuple[str, ...] = ()  # detector names not to run
-    model_level: tuple[str, ...] = ()  # detectors also run on the per-model vector (alerts only)
-    release_after_s: float = 600.0  # a replica silent this long leaves the pool and its state is dropped
-    window_s: float = 60.0  # length given to the empty vector of a replica without a summary
-
-    section: ClassVar[str] = "decider"
-
-    def validate(self) -> None:
-        for name in (*self.disabled, *self.model_level):
-            self._require(
-                name in DETECTORS,
-                "disabled" if name in self.disabled else "model_level",
-                f"names a detector that does not exist ({name!r}; known: {', '.join(DETECTORS)})",
-            )
-        self._require(self.release_after_s > 0, "release_after_s", "must be > 0")
-        self._require(self.window_s > 0, "window_s", "must be > 0")
-
-
-NON_DETECTOR_SECTIONS: dict[str, type[OverridableConfig]] = {
-    "weights": WeightConfig,
-    "corrections": CorrectionConfig,
-    "decider": DeciderConfig,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class DetectorSettings:
-    """Checked configuration of every detector plus weights, corrections and the decider.
-
-    >>> s = DetectorSettings.from_overrides({"long_tail": {"ratio": "4"}, "weights": {"stale_steps": 5}})
-    >>> s.detectors["long_tail"].ratio, s.weights.stale_steps, s.corrections.heartbeat_s
-    (4.0, 5, 30.0)
-    """
-
-    detectors: dict[str, Any] = field(default_factory=dict)  # name -> its Config instance
-    weights: WeightConfig = field(default_factory=WeightConfig)
-    corrections: CorrectionConfig = field(default_factory=CorrectionConfig)
-    decider: DeciderConfig = field(default_factory=DeciderConfig)
-
-    @classmethod
-    def from_overrides(cls, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> DetectorSettings:
-        """Build from ``Settings.detectors``; an unknown section or key raises ConfigError."""
-        overrides = {k.strip().lower(): dict(v) for k, v in (overrides or {}).items()}
-        known = set(DETECTORS) | set(NON_DETECTOR_SECTIONS)
-        for section in overrides:
-            if section not in known:
-                raise ConfigError(f"detectors.{section}: unknown section (known: {', '.join(sorted(known))})")
-        return cls(
-            detectors={name: det.Config.from_overrides(overrides.get(name)) for name, det in DETECTORS.items()},
-            weights=WeightConfig.from_overrides(overrides.get("weights")),
-            corrections=CorrectionConfig.from_overrides(overrides.get("corrections")),
-            decider=DeciderConfig.from_overrides(overrides.get("decider")),
-        )
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> DetectorSettings:
-        return cls.from_overrides(settings.detectors)
-
-    def build_detectors(self) -> dict[str, Detector]:
-        """Fresh detectors, in registry order, without the disabled ones."""
-        built: dict[str, Detector] = {}
-        for name, det in DETECTORS.items():
-            if name in self.decider.disabled:
-                continue
-            config = self.detectors.get(name) or det.Config()
-            built[name] = det(config)
-        return built
 
 
 @dataclass(slots=True)
@@ -181,7 +107,7 @@ class ModelDecider:
     """Everything one model does per step; pure, with JSON-able state."""
 
     def __init__(self, settings: DetectorSettings | None = None, model: str | None = None) -> None:
-        self.settings = settings or DetectorSettings.from_overrides({})
+        self.settings = settings or DetectorSettings()
         self.model = model
         self.detectors = self.settings.build_detectors()
         self._tracks: dict[str, _Track] = {}

@@ -45,8 +45,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
+from skewwatch.config_section import FrozenConfigSection, Positive, Unit
 from skewwatch.pipeline.cuda_errors import (
     CLASS_ACTION,
     CLASS_RANK,
@@ -55,31 +56,25 @@ from skewwatch.pipeline.cuda_errors import (
     canonical_name,
     classify_cuda_error,
 )
-from skewwatch.pipeline.detectors.base import OverridableConfig
 from skewwatch.pipeline.telemetry import TelemetrySample
 
 
-@dataclass(frozen=True, slots=True)
-class HealthConfig(OverridableConfig):
+class HealthConfig(FrozenConfigSection, frozen=True):
     """``[detectors.gpu_health]``: scores, quiet periods and the XID list."""
 
-    transient_score: float = 0.9  # seed §4.3
-    configuration_score: float = 0.4  # seed §4.3
-    hardware_score: float = 0.0  # seed §4.3
-    throttle_clean_s: float = 60.0  # ours: the seed says "throttle and retry", no duration
-    isolate_s: float = 300.0  # seed: isolate for 5 minutes
-    drain_clean_s: float = 300.0  # ours: the seed says "drain now and migrate", no return rule
+    section = "detectors.gpu_health"
+
+    transient_score: Unit = 0.9  # seed §4.3
+    configuration_score: Unit = 0.4  # seed §4.3
+    hardware_score: Unit = 0.0  # seed §4.3
+    throttle_clean_s: Positive = 60.0  # ours: the seed says "throttle and retry", no duration
+    isolate_s: Positive = 300.0  # seed: isolate for 5 minutes
+    drain_clean_s: Positive = 300.0  # ours: the seed says "drain now and migrate", no return rule
     hardware_xids: tuple[int, ...] = tuple(sorted(HARDWARE_XIDS))
     ecc_growth_drains: bool = True  # uncorrected ECC counter growth is a hardware fault
     reclassify: tuple[str, ...] = ()  # "cudaErrorLaunchTimeout=hardware", ... (operator override)
 
-    section: ClassVar[str] = "gpu_health"
-
-    def validate(self) -> None:
-        for name in ("transient_score", "configuration_score", "hardware_score"):
-            self._require(0.0 <= getattr(self, name) <= 1.0, name, "must be in [0, 1]")
-        for name in ("throttle_clean_s", "isolate_s", "drain_clean_s"):
-            self._require(getattr(self, name) > 0, name, "must be > 0")
+    def __post_init__(self) -> None:
         self.reclassify_map()  # raises on a bad entry
 
     def score(self, error_class: ErrorClass) -> float:

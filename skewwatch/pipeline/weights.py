@@ -59,43 +59,37 @@ import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from skewwatch.pipeline.detectors.base import OverridableConfig, StepColumns
+from skewwatch.config_section import Count, FrozenConfigSection, NonNegative, Positive
+from skewwatch.pipeline.detectors.base import StepColumns
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample
 
 ENGINE_SOURCES = ("vllm", "sglang", "tgi", "simulated")
 
 
-@dataclass(frozen=True, slots=True)
-class WeightConfig(OverridableConfig):
+class WeightConfig(FrozenConfigSection, frozen=True):
     """``[detectors.weights]``: the seed's coefficients and references, plus our guards."""
 
-    mem_coef: float = 0.4  # seed
-    queue_coef: float = 0.3  # seed
-    latency_coef: float = 0.3  # seed
-    queue_cap: float = 32.0  # seed: max safe queue depth
-    latency_ref_ms: float = 2000.0  # seed: 2 s reference latency
-    min_denominator: float = 0.05  # ours: idle guard, weight <= 20x a fully loaded replica
-    stale_steps: int = 3  # issue: no data for 3 steps -> weight 0
-    telemetry_max_age_s: float = 15.0  # ours: 3 intervals of 5 s
+    section = "detectors.weights"
+
+    mem_coef: NonNegative = 0.4  # seed
+    queue_coef: NonNegative = 0.3  # seed
+    latency_coef: NonNegative = 0.3  # seed
+    queue_cap: Positive = 32.0  # seed: max safe queue depth
+    latency_ref_ms: Positive = 2000.0  # seed: 2 s reference latency
+    min_denominator: Positive = 0.05  # ours: idle guard, weight <= 20x a fully loaded replica
+    stale_steps: Count = 3  # no data for 3 steps -> weight 0
+    telemetry_max_age_s: Positive = 15.0  # ours: 3 intervals of 5 s
     liveness_from_telemetry: bool = False  # fresh engine telemetry counts as "not stale"
 
-    section: ClassVar[str] = "weights"
-
-    def validate(self) -> None:
-        for name in ("mem_coef", "queue_coef", "latency_coef"):
-            self._require(getattr(self, name) >= 0, name, "must be >= 0")
-        self._require(self.mem_coef + self.queue_coef + self.latency_coef > 0, "mem_coef", "coefficients sum to 0")
-        self._require(self.queue_cap > 0, "queue_cap", "must be > 0")
-        self._require(self.latency_ref_ms > 0, "latency_ref_ms", "must be > 0")
-        self._require(self.min_denominator > 0, "min_denominator", "must be > 0")
-        self._require(self.stale_steps >= 1, "stale_steps", "must be >= 1")
-        self._require(self.telemetry_max_age_s > 0, "telemetry_max_age_s", "must be > 0")
+    def __post_init__(self) -> None:
+        self._require(self.mem_coef + self.queue_coef + self.latency_coef > 0, "mem_coef",
+                      "with queue_coef and latency_coef sums to 0 (every weight would be the same)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,7 @@ import click
 import numpy as np
 import orjson
 
-from skewwatch.config import ConfigError, load_settings
+from skewwatch.cli import command_settings
 from skewwatch.generate import build_injections, parse_speed, parse_start_ts
 from skewwatch.pipeline.events import RequestColumns
 from skewwatch.pipeline.telemetry import TelemetrySample
@@ -153,10 +153,7 @@ def simulate_command(models: str, replicas: int, policy: str, load: float, rate:
                      output_path: str | None, weights_source: str, corrections_topic: str | None,
                      lockstep_lag: int, lockstep_timeout: float, summary_path: str | None) -> None:
     """Simulate an inference fleet (continuous batching, a router, faults) and emit what it reports."""
-    try:
-        settings = load_settings(config_path)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from exc
+    settings = command_settings(config_path)
     start = parse_start_ts(start_ts)
     pace = parse_speed(speed)
     try:

@@ -41,7 +41,7 @@ import aiohttp
 import click
 
 from skewwatch.bounded_producer import BoundedProducer
-from skewwatch.config import ConfigError, load_settings
+from skewwatch.cli import command_settings
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.telemetry.engine_maps import ENGINE_MAPS, CounterTracker, EngineMap, map_exposition
 from skewwatch.telemetry.publish import encode_sample, publish_sample, stop_on_signals
@@ -226,10 +226,7 @@ def scrape_command(
     if batch_capacity is not None and kind not in ENGINE_KINDS:
         raise click.UsageError(f"--batch-capacity is an engine setting ({', '.join(ENGINE_KINDS)}), "
                                f"not one of {kind}")
-    try:
-        settings = load_settings(config_path)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+    settings = command_settings(config_path)
     scraper = Scraper(target, kind, replica=replica, timeout_s=timeout_s, batch_capacity=batch_capacity)
     if once:
         try:

@@ -37,7 +37,7 @@ from pathlib import Path
 import click
 
 from skewwatch.bounded_producer import BoundedProducer
-from skewwatch.config import ConfigError, load_settings
+from skewwatch.cli import command_settings
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.telemetry.nvml_collector import GpuReader, NvmlReader, NvmlUnavailable, SimulatedReader
 from skewwatch.telemetry.publish import encode_sample, publish_sample, stop_on_signals
@@ -155,10 +155,10 @@ def collect_gpu_command(
     """Publish one GPU telemetry sample per GPU per interval from NVML (issue 4)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    settings = command_settings(config_path)
     try:
-        settings = load_settings(config_path)
         replica_map = load_replica_map(replica_map_path) if replica_map_path else {}
-    except (ConfigError, ReplicaMapError) as exc:
+    except ReplicaMapError as exc:
         raise click.ClickException(str(exc)) from None
     interval = interval_s if interval_s is not None else settings.window.step_s
     reader: GpuReader

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 import pytest
@@ -144,12 +144,12 @@ def test_replay_speed_does_not_change_features(kafka_settings: Settings, tmp_pat
     events = make_events(3, replicas, T0, 15.0, rate=6.0) + advance_events(replicas, T0 + 30)
     results = []
     for speed, suffix in ((1.0, "x1"), (10.0, "x10")):
-        settings = dataclasses.replace(
+        settings = msgspec.structs.replace(
             kafka_settings,
-            topics=dataclasses.replace(kafka_settings.topics, **{
+            topics=msgspec.structs.replace(kafka_settings.topics, **{
                 f.name: f"{getattr(kafka_settings.topics, f.name)}.{suffix}"
-                for f in dataclasses.fields(kafka_settings.topics)}),
-            kafka=dataclasses.replace(kafka_settings.kafka, group_id=f"{kafka_settings.kafka.group_id}.{suffix}"),
+                for f in msgspec.structs.fields(kafka_settings.topics)}),
+            kafka=msgspec.structs.replace(kafka_settings.kafka, group_id=f"{kafka_settings.kafka.group_id}.{suffix}"),
         )
         asyncio.run(ensure_topics(settings.kafka.bootstrap or "", settings))
         proc = WorkerProcess(settings, tmp_path / f"worker-{suffix}.log").start()
@@ -209,3 +209,40 @@ def test_killed_worker_loses_no_window_state(kafka_settings: Settings, tmp_path:
         assert got[("m", T0 + 60)]["count"] == len(events)
     finally:
         proc2.stop()
+
+
+def test_web_port_0_picks_a_free_port_and_says_which(kafka_settings: Settings, tmp_path: Path) -> None:
+    """``--web-port 0``: no traceback; the worker prints where its HTTP API listens, and answers there."""
+    import re
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tests.integration.worker_proc import settings_env
+
+    log_path = tmp_path / "worker.log"
+    env = {**WorkerProcess(kafka_settings, log_path).env, **settings_env(kafka_settings)}
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "skewwatch", "worker", "--web-port", "0"],
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline, port = time.monotonic() + 90, None
+        while time.monotonic() < deadline and proc.poll() is None:
+            text = log_path.read_text(errors="replace")
+            found = re.search(r"HTTP API and /metrics on http://127\.0\.0\.1:(\d+)", text)
+            if found:
+                port = int(found.group(1))
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+            time.sleep(0.3)
+        else:
+            raise AssertionError(f"worker exited or never became healthy:\n{log_path.read_text()}")
+        assert port is not None and port != 0
+        assert "Traceback" not in log_path.read_text()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

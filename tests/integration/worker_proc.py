@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import socket
@@ -14,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
@@ -31,11 +31,11 @@ def settings_env(settings: Settings) -> dict[str, str]:
     env = {"SKEWWATCH_KAFKA__BOOTSTRAP": settings.kafka.bootstrap or "",
            "SKEWWATCH_KAFKA__GROUP_ID": settings.kafka.group_id,
            "SKEWWATCH_KAFKA__PARTITIONS": str(settings.kafka.partitions)}
-    for field in dataclasses.fields(settings.topics):
+    for field in msgspec.structs.fields(settings.topics):
         env[f"SKEWWATCH_TOPICS__{field.name.upper()}"] = getattr(settings.topics, field.name)
     for section in ("window", "limits"):
         obj = getattr(settings, section)
-        for field in dataclasses.fields(obj):
+        for field in msgspec.structs.fields(obj):
             env[f"SKEWWATCH_{section.upper()}__{field.name.upper()}"] = str(getattr(obj, field.name))
     return env
 

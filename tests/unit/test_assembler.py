@@ -140,7 +140,7 @@ def test_stage2_checkpoint_embeds_pending_records_and_restores_them() -> None:
     partition.assembler.add("m", 105.0, "r1", raw)
     snapshot = partition.snapshot()
     assert orjson.loads(snapshot)["assembler"]["models"]["m"]["steps"] == [[105.0, {"r1": body}]]
-    restored = PartitionModels.restore(snapshot, Settings(), DetectorSettings.from_overrides({}))
+    restored = PartitionModels.restore(snapshot, Settings(), DetectorSettings())
     [step] = restored.assembler.complete(force_until=105.0)
     assert orjson.loads(step.payloads["r1"]) == body
 
@@ -198,7 +198,7 @@ def test_stage2_checkpoint_holds_chunks_and_restores_a_checkpoint_from_before_th
     from skewwatch.config import Settings
     from skewwatch.pipeline.decide import DetectorSettings
 
-    settings, detectors = Settings(), DetectorSettings.from_overrides({})
+    settings, detectors = Settings(), DetectorSettings()
     chunk = b"\x00\x00\x00\x02{}\xff\x00binary"  # the assembler holds a chunk's bytes as they are
     partition = PartitionModels(settings)
     partition.assembler.add_chunk("m", 105.0, source=0, replicas=3, payload=chunk)

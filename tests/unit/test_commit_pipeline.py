@@ -190,8 +190,10 @@ def test_one_checkpoint_in_flight_per_partition() -> None:
 
 
 @pytest.mark.parametrize(("env", "match"), [
-    ({"SKEWWATCH_LIMITS__MAX_UNACKED_CLOSES": "0"}, "max_unacked_closes: must be ≥ 1, got 0"),
-    ({"SKEWWATCH_LIMITS__CHECKPOINT_INTERVAL_S": "-1"}, "checkpoint_interval_s: must be ≥ 0, got -1"),
+    ({"SKEWWATCH_LIMITS__MAX_UNACKED_CLOSES": "0"},
+     r"limits.max_unacked_closes = 0 \(from SKEWWATCH_LIMITS__MAX_UNACKED_CLOSES\): expected an integer >= 1"),
+    ({"SKEWWATCH_LIMITS__CHECKPOINT_INTERVAL_S": "-1"},
+     r"limits.checkpoint_interval_s = -1.0 \(from SKEWWATCH_LIMITS__CHECKPOINT_INTERVAL_S\): expected a number >= 0"),
 ])
 def test_bad_limits_are_refused_with_the_setting_named(env: dict[str, str], match: str) -> None:
     with pytest.raises(ConfigError, match=match):

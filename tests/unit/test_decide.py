@@ -18,7 +18,8 @@ from skewwatch.pipeline.corrections import (
     should_publish,
     step_seq,
 )
-from skewwatch.pipeline.decide import DetectorSettings, ModelDecider, StepDecision
+from skewwatch.pipeline.decide import ModelDecider, StepDecision
+from skewwatch.pipeline.detector_settings import DetectorSettings
 from skewwatch.pipeline.detectors.base import Action, Severity
 from skewwatch.pipeline.detectors.registry import DETECTORS
 from skewwatch.pipeline.features import FeatureVector
@@ -326,14 +327,14 @@ def test_settings_from_env_and_toml(tmp_path: Path) -> None:
     settings = load_settings(
         toml, env={"SKEWWATCH_DETECTORS__LONG_TAIL__RATIO": "4", "SKEWWATCH_DETECTORS__GPU_HEALTH__ISOLATE_S": "120"}
     )
-    ds = DetectorSettings.from_settings(settings)
-    assert ds.detectors["long_tail"].ratio == 4.0 and ds.detectors["long_tail"].persistence == 4
-    assert ds.detectors["gpu_health"].isolate_s == 120.0 and ds.weights.stale_steps == 5
-    assert ds.detectors["gpu_health"].reclassify == ("cudaErrorLaunchTimeout=hardware",)
-    assert ds.detectors["gpu_health"].hardware_xids == (79, 48)
+    ds = settings.detectors
+    assert ds.long_tail.ratio == 4.0 and ds.long_tail.persistence == 4
+    assert ds.gpu_health.isolate_s == 120.0 and ds.weights.stale_steps == 5
+    assert ds.gpu_health.reclassify == ("cudaErrorLaunchTimeout=hardware",)
+    assert ds.gpu_health.hardware_xids == (79, 48)
     assert ModelDecider(ds).detectors["long_tail"].config.to_dict()["ratio"] == 4.0
     env_only = load_settings(env={"SKEWWATCH_DETECTORS__DECIDER__DISABLED": "kv_pressure,context_burst"})
-    assert DetectorSettings.from_settings(env_only).decider.disabled == ("kv_pressure", "context_burst")
+    assert env_only.detectors.decider.disabled == ("kv_pressure", "context_burst")
 
 
 MODULES = [
@@ -365,7 +366,7 @@ def test_docstring_examples_run(module: str) -> None:
 def test_defaults_are_the_seeds() -> None:
     ds = DetectorSettings.from_overrides({})
     lt, bc, cb, kv, gh = (
-        ds.detectors[n] for n in ("long_tail", "batch_collapse", "context_burst", "kv_pressure", "gpu_health")
+        ds.detector_configs()[n] for n in ("long_tail", "batch_collapse", "context_burst", "kv_pressure", "gpu_health")
     )
     assert (lt.ratio, lt.persistence) == (3.0, 3)
     assert (bc.std_threshold, bc.fill_threshold, bc.queue_cap, bc.max_batch_size) == (2.0, 0.3, 32.0, 64.0)

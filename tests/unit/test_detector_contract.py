@@ -9,7 +9,6 @@ sequence (the rule flipping every step) opens one alert and never flaps.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 import tomllib
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from skewwatch.config import ConfigError
@@ -364,7 +364,7 @@ def _configs(name: str) -> list[Any]:
     tuned = tomllib.loads((Path(__file__).parents[2] / "bench/profiles/tuned.toml").read_text())["detectors"]
     if name in tuned:
         configs.append(cls.from_overrides(tuned[name]))
-    for f in dataclasses.fields(cls):
+    for f in msgspec.structs.fields(cls):
         if isinstance(getattr(cls(), f.name), bool):
             try:
                 configs.append(cls.from_overrides({f.name: not getattr(cls(), f.name)}))

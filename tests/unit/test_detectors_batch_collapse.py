@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
 from skewwatch.pipeline.batch_controller import BatchControllerConfig, recommend_batch_size
@@ -142,11 +143,10 @@ def test_stuck_rule_fires_on_a_queue_beside_a_small_batch_with_memory_to_spare()
 
 
 def test_throttle_option_asks_the_router_to_throttle_while_the_alert_is_open() -> None:
-    import dataclasses
 
     plain = BatchCollapseDetector(STUCK).update(fv(60.0, 0.5, 0.3), tel(60.0, queue=30, running=2), 60.0)
     assert [a.action for a in plain.actions] == ["adjust_batch_policy"]  # off by default
-    det = BatchCollapseDetector(dataclasses.replace(STUCK, throttle=True))
+    det = BatchCollapseDetector(msgspec.structs.replace(STUCK, throttle=True))
     out = det.update(fv(60.0, 0.5, 0.3), tel(60.0, queue=30, running=2), 60.0)
     assert [a.action for a in out.actions] == ["adjust_batch_policy", "throttle"]
     throttle = out.actions[1]

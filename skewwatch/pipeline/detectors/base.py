@@ -17,9 +17,9 @@ by itself if the worker dies. State is kept per key (``FeatureVector.key``: ``mo
 or ``model``) as live objects between steps, and turned into plain JSON-able data only when a
 checkpoint asks for it: ``state_dict()`` / ``load_state()``.
 
-Every threshold is a field of the detector's ``Config`` dataclass, default = the seed's value,
-overridable from ``[detectors.<name>]`` in the TOML file or ``SKEWWATCH_DETECTORS__<NAME>__<KEY>``
-(values then arrive as strings: :meth:`DetectorConfig.from_overrides` converts them).
+Every threshold is a field of the detector's ``Config`` (a msgspec Struct beside the detector),
+default = the seed's value, overridable from ``[detectors.<name>]`` in the TOML file or
+``SKEWWATCH_DETECTORS__<NAME>__<KEY>``; the settings loader checks it when the settings load.
 
 >>> h = Hysteresis()
 >>> [h.observe(x, persistence=2, clear_steps=2) for x in (True, True, False, True, False, False)]
@@ -30,9 +30,6 @@ True
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,7 +40,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import numpy.typing as npt
 
-from skewwatch.config import ConfigError
+from skewwatch.config_section import Count, FrozenConfigSection, Positive
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample
 
@@ -173,96 +170,14 @@ class DetectorOutput:
 # --------------------------------------------------------------------------- configuration
 
 
-def _coerce(value: Any, hint: Any, where: str) -> Any:
-    """Convert an override (TOML value or env string) to a config field's type."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
-            return None
-        hint = args[0]
-        origin = typing.get_origin(hint)
-    try:
-        if hint is bool:
-            if isinstance(value, str):
-                text = value.strip().lower()
-                if text in ("1", "true", "yes", "on"):
-                    return True
-                if text in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError(value)
-            if isinstance(value, bool | int):
-                return bool(value)
-            raise ValueError(value)
-        if hint is int:
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(value)
-            return int(str(value).strip()) if isinstance(value, str) else int(value)
-        if hint is float:
-            if isinstance(value, bool):
-                raise ValueError(value)
-            return float(value)
-        if hint is str:
-            return str(value)
-        if origin is tuple:
-            (item,) = {a for a in typing.get_args(hint) if a is not Ellipsis}
-            items = [p for p in value.split(",") if p.strip()] if isinstance(value, str) else list(value)
-            return tuple(_coerce(p.strip() if isinstance(p, str) else p, item, where) for p in items)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}") from exc
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class OverridableConfig:
-    """A frozen settings dataclass that can be built from ``[detectors.<section>]`` overrides."""
-
-    section: ClassVar[str] = "detector"  # the [detectors.<section>] name, for error messages
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        """Reject values that cannot work (raise ConfigError naming the setting)."""
-
-    @classmethod
-    def from_overrides(cls, overrides: Mapping[str, Any] | None = None) -> typing.Self:
-        """Defaults, then ``overrides`` (from TOML or env strings); unknown keys are errors.
-
-        >>> DetectorConfig.from_overrides({"persistence": "3"}).persistence
-        3
-        """
-        overrides = dict(overrides or {})
-        hints = typing.get_type_hints(cls)
-        names = {f.name for f in dataclasses.fields(cls)}
-        values: dict[str, Any] = {}
-        for key, value in overrides.items():
-            name = key.strip().lower()
-            if name not in names:
-                raise ConfigError(f"detectors.{cls.section}.{key}: unknown setting (known: {', '.join(sorted(names))})")
-            values[name] = _coerce(value, hints[name], f"detectors.{cls.section}.{name}")
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def _require(self, ok: bool, name: str, rule: str) -> None:
-        if not ok:
-            raise ConfigError(f"detectors.{self.section}.{name} {rule}, got {getattr(self, name)!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class DetectorConfig(OverridableConfig):
+class DetectorConfig(FrozenConfigSection, frozen=True):
     """Fields every hysteresis detector has; subclasses add their thresholds (seed defaults)."""
 
-    persistence: int = 1  # consecutive steps the rule must hold before the alert opens
-    clear_steps: int = 2  # consecutive steps the rule must not hold before it resolves
-    action_ttl_s: float = 60.0  # actions expire this long after the last step that re-sent them
+    section = "detectors.detector"
 
-    def validate(self) -> None:
-        self._require(self.persistence >= 1, "persistence", "must be >= 1")
-        self._require(self.clear_steps >= 1, "clear_steps", "must be >= 1")
-        self._require(self.action_ttl_s > 0, "action_ttl_s", "must be > 0")
+    persistence: Count = 1  # consecutive steps the rule must hold before the alert opens
+    clear_steps: Count = 2  # consecutive steps the rule must not hold before it resolves
+    action_ttl_s: Positive = 60.0  # actions expire this long after the last step that re-sent them
 
 
 # --------------------------------------------------------------------------- hysteresis
@@ -389,9 +304,9 @@ class Detector(ABC):
     """
 
     name: ClassVar[str]
-    Config: ClassVar[type[OverridableConfig]] = DetectorConfig
+    Config: ClassVar[type[FrozenConfigSection]] = DetectorConfig
 
-    def __init__(self, config: OverridableConfig | None = None) -> None:
+    def __init__(self, config: FrozenConfigSection | None = None) -> None:
         self.config = config if config is not None else self.Config()
         if not isinstance(self.config, self.Config):
             raise TypeError(f"{self.name}: config must be {self.Config.__name__}, got {type(config).__name__}")

@@ -53,12 +53,13 @@ P95 from the window.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any
 
 import numpy as np
 import numpy.typing as npt
+from msgspec import Meta
 
+from skewwatch.config_section import Count, Fraction, NonNegative, Positive
 from skewwatch.pipeline.batch_controller import BatchControllerConfig, recommend_batch_size
 from skewwatch.pipeline.detectors.base import (
     DetectorConfig,
@@ -72,14 +73,17 @@ from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample
 
 
-@dataclass(frozen=True, slots=True)
-class BatchCollapseConfig(DetectorConfig):
-    std_threshold: float = 2.0  # seed: std(batch_size) > 2
-    fill_threshold: float = 0.30  # seed: mean fill < 30 %
-    persistence: int = 1  # seed: none given
+class BatchCollapseConfig(DetectorConfig, frozen=True):
+    """``[detectors.batch_collapse]``: the seed's signature and controller, and our stuck rule."""
+
+    section = "detectors.batch_collapse"
+
+    std_threshold: NonNegative = 2.0  # seed: std(batch_size) > 2
+    fill_threshold: Fraction = 0.30  # seed: mean fill < 30 %
+    persistence: Count = 1  # seed: none given
     # seed §4.2 controller
-    queue_cap: float = 32.0
-    max_batch_size: float = 64.0
+    queue_cap: Annotated[float, Meta(ge=1)] = 32.0
+    max_batch_size: Annotated[float, Meta(ge=1)] = 64.0
     low_util: float = 0.4
     high_p95_ms: float = 120.0
     shrink: float = 0.7
@@ -89,26 +93,15 @@ class BatchCollapseConfig(DetectorConfig):
     seed_rule: bool = True  # the seed's std/fill signature above (off: only the stuck rule judges)
     # ours, off by default: a stuck scheduler (requests wait, the batch runs small, memory has room)
     stuck_rule: bool = False
-    stuck_queue_min: float = 8.0  # waiting requests
-    stuck_fill_max: float = 0.4  # running batch / batch capacity
-    stuck_kv_room: float = 4.0  # KV free for fewer requests (of the running ones' mean size): KV limits the batch
-    stuck_fragmentation_max: float = 0.4  # above: fragmentation limits it (kv_pressure's seed bound)
+    stuck_queue_min: Positive = 8.0  # waiting requests
+    stuck_fill_max: Fraction = 0.4  # running batch / batch capacity
+    stuck_kv_room: NonNegative = 4.0  # KV free for fewer requests (of the running ones' mean size): KV limits the batch
+    stuck_fragmentation_max: Fraction = 0.4  # above: fragmentation limits it (kv_pressure's seed bound)
     # ours, off by default: while the alert is open also ask the router to ``throttle`` the replica
     throttle: bool = False
 
-    section: ClassVar[str] = "batch_collapse"
-
-    def validate(self) -> None:
-        DetectorConfig.validate(self)
-        self._require(0.0 < self.fill_threshold <= 1.0, "fill_threshold", "must be in (0, 1]")
-        self._require(self.std_threshold >= 0, "std_threshold", "must be >= 0")
-        self._require(self.queue_cap >= 1, "queue_cap", "must be >= 1")
-        self._require(self.max_batch_size >= 1, "max_batch_size", "must be >= 1")
-        self._require(self.seed_rule or self.stuck_rule, "seed_rule", "or stuck_rule must be on")
-        self._require(self.stuck_queue_min > 0, "stuck_queue_min", "must be > 0")
-        self._require(0.0 < self.stuck_fill_max <= 1.0, "stuck_fill_max", "must be in (0, 1]")
-        self._require(self.stuck_kv_room >= 0, "stuck_kv_room", "must be >= 0")
-        self._require(0.0 < self.stuck_fragmentation_max <= 1.0, "stuck_fragmentation_max", "must be in (0, 1]")
+    def __post_init__(self) -> None:
+        self._require(self.seed_rule or self.stuck_rule, "seed_rule", "is off, so stuck_rule must be on")
 
     @property
     def controller(self) -> BatchControllerConfig:

@@ -52,12 +52,12 @@ current window's mean and standard deviation of the token length.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from skewwatch.config_section import Count, Positive
 from skewwatch.pipeline.detectors.base import (
     DetectorConfig,
     Finding,
@@ -70,29 +70,25 @@ from skewwatch.pipeline.features import RECENT_S, FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample
 
 
-@dataclass(frozen=True, slots=True)
-class ContextBurstConfig(DetectorConfig):
-    growth: float = 4.0  # seed: (curr - prev) / prev > 4.0, i.e. > 400 %
+class ContextBurstConfig(DetectorConfig, frozen=True):
+    """``[detectors.context_burst]``: the seed's variance and length rule, and our recent window."""
+
+    section = "detectors.context_burst"
+
+    growth: Positive = 4.0  # seed: (curr - prev) / prev > 4.0, i.e. > 400 %
     zero_prev_variance: float = 1000.0  # seed: previous variance 0 -> current variance > 1000 (tokens²)
     min_mean_tokens: float = 2048.0  # seed's "2048", read as the window's mean length (tokens)
-    lookback_s: float = 60.0  # the previous window ended this long before the current one
-    tokens: str = "prompt"  # prompt | completion
-    persistence: int = 1  # seed: none given
+    lookback_s: Positive = 60.0  # the previous window ended this long before the current one
+    tokens: Literal["prompt", "completion"] = "prompt"
+    persistence: Count = 1  # seed: none given
     # ours, off by default: the newest RECENT_S (20 s) of the window against the 60 s window that
     # ended RECENT_S earlier (prompt tokens only: the window keeps recent moments of prompts)
     recent_window: bool = False
-    recent_min_count: int = 15  # fewer finished requests in the last 20 s: no claim
+    recent_min_count: Count = 15  # fewer finished requests in the last 20 s: no claim
 
-    section: ClassVar[str] = "context_burst"
-
-    def validate(self) -> None:
-        DetectorConfig.validate(self)
-        self._require(self.tokens in ("prompt", "completion"), "tokens", "must be prompt or completion")
-        self._require(self.lookback_s > 0, "lookback_s", "must be > 0")
-        self._require(self.growth > 0, "growth", "must be > 0")
+    def __post_init__(self) -> None:
         self._require(not self.recent_window or self.tokens == "prompt", "recent_window",
                       "needs tokens = prompt (the window keeps recent moments of prompt lengths only)")
-        self._require(self.recent_min_count >= 1, "recent_min_count", "must be >= 1")
         self._require(not self.recent_window or self.lookback_s >= RECENT_S, "recent_window",
                       f"needs lookback_s >= {RECENT_S:g} (the history must reach back that far)")
 

@@ -37,13 +37,13 @@ the alerts carry none; severities are ours (the seed gives none).
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
 from itertools import repeat
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from skewwatch.config_section import Count, NonNegative, Unit
 from skewwatch.pipeline.detectors.base import (
     DetectorConfig,
     Finding,
@@ -59,15 +59,16 @@ FRAGMENTATION_MESSAGE = "fragmentation forces KV reloads"
 PREFILL_MESSAGE = "compute not saturated, check prefill scheduling"
 
 
-@dataclass(frozen=True, slots=True)
-class KvPressureConfig(DetectorConfig):
-    fragmentation_threshold: float = 0.4  # seed: frag_ratio > 0.4
-    low_hit_rate: float = 0.65  # seed: and hit_rate < 0.65
-    throughput_threshold: float = 120.0  # seed: thru < 120 tokens/s
-    high_hit_rate: float = 0.85  # seed: and hit_rate > 0.85
-    persistence: int = 1  # seed: none given
+class KvPressureConfig(DetectorConfig, frozen=True):
+    """``[detectors.kv_pressure]``: the seed's two KV-cache rules."""
 
-    section: ClassVar[str] = "kv_pressure"
+    section = "detectors.kv_pressure"
+
+    fragmentation_threshold: Unit = 0.4  # seed: frag_ratio > 0.4
+    low_hit_rate: Unit = 0.65  # seed: and hit_rate < 0.65
+    throughput_threshold: NonNegative = 120.0  # seed: thru < 120 tokens/s
+    high_hit_rate: Unit = 0.85  # seed: and hit_rate > 0.85
+    persistence: Count = 1  # seed: none given
 
 
 class KvPressureDetector(ThresholdDetector):

@@ -60,12 +60,13 @@ or the latency rule above (the seed's, or ``length_normalized``) holds.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any
 
 import numpy as np
 import numpy.typing as npt
+from msgspec import Meta
 
+from skewwatch.config_section import Count, Fraction, NonNegativeInt, Positive
 from skewwatch.pipeline.detectors.base import (
     DetectorConfig,
     Finding,
@@ -80,33 +81,24 @@ from skewwatch.pipeline.telemetry import TelemetrySample
 Z99 = 2.3263478740408408  # standard normal 99th percentile
 
 
-@dataclass(frozen=True, slots=True)
-class LongTailConfig(DetectorConfig):
-    ratio: float = 3.0  # seed: P99 > 3 × P50
-    persistence: int = 3  # seed: for >= 3 consecutive steps
-    min_count: int = 20  # ours: fewer requests than this in the window -> not evaluated
-    sample_rate: float = 1.0  # enable_tracing: share of the replica's requests to trace
+class LongTailConfig(DetectorConfig, frozen=True):
+    """``[detectors.long_tail]``: the seed's P99/P50 rule, and our options (off by default)."""
+
+    section = "detectors.long_tail"
+
+    ratio: Annotated[float, Meta(gt=1)] = 3.0  # seed: P99 > 3 × P50
+    persistence: Count = 3  # seed: for >= 3 consecutive steps
+    min_count: NonNegativeInt = 20  # ours: fewer requests than this in the window -> not evaluated
+    sample_rate: Fraction = 1.0  # enable_tracing: share of the replica's requests to trace
     # ours, off by default: judge P99 against what the window's output lengths explain, not P50
     length_normalized: bool = False
-    length_ratio: float = 1.3  # P99 > this x (latency per output token x P99 output length)
+    length_ratio: Positive = 1.3  # P99 > this x (latency per output token x P99 output length)
     # ours, off by default: also fire on one request decoded tpot_ratio x slower per token than
     # the window's median, on a replica whose TPOT was tight (P99 <= tpot_spread x P50) a lookback ago
     tpot_rule: bool = False
-    tpot_ratio: float = 5.0
-    tpot_spread: float = 1.5
-    tpot_lookback_s: float = 60.0
-
-    section: ClassVar[str] = "long_tail"
-
-    def validate(self) -> None:
-        DetectorConfig.validate(self)
-        self._require(self.ratio > 1.0, "ratio", "must be > 1")
-        self._require(0.0 < self.sample_rate <= 1.0, "sample_rate", "must be in (0, 1]")
-        self._require(self.min_count >= 0, "min_count", "must be >= 0")
-        self._require(self.length_ratio > 0, "length_ratio", "must be > 0")
-        self._require(self.tpot_ratio > 1.0, "tpot_ratio", "must be > 1")
-        self._require(self.tpot_spread >= 1.0, "tpot_spread", "must be >= 1")
-        self._require(self.tpot_lookback_s > 0, "tpot_lookback_s", "must be > 0")
+    tpot_ratio: Annotated[float, Meta(gt=1)] = 5.0
+    tpot_spread: Annotated[float, Meta(ge=1)] = 1.5
+    tpot_lookback_s: Positive = 60.0
 
 
 class LongTailDetector(ThresholdDetector):

@@ -1,18 +1,15 @@
-"""The registry of the seed's detectors: name -> class, and building them from settings.
+"""The registry of the seed's detectors: name -> class (each with its ``Config`` beside it).
 
 Kept apart from ``__init__`` so that ``health.py`` can import ``detectors.base`` without
 importing every detector (``gpu_health`` imports ``health``).
 
 >>> sorted(DETECTORS)
 ['batch_collapse', 'context_burst', 'gpu_health', 'kv_pressure', 'long_tail']
->>> build_detectors({"long_tail": {"ratio": "4"}})["long_tail"].config.ratio
+>>> DETECTORS["long_tail"].Config.from_overrides({"ratio": "4"}).ratio
 4.0
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
-from typing import Any
 
 from skewwatch.pipeline.detectors.base import (
     Action,
@@ -22,7 +19,6 @@ from skewwatch.pipeline.detectors.base import (
     DetectorOutput,
     Finding,
     Hysteresis,
-    OverridableConfig,
     Severity,
     ThresholdDetector,
 )
@@ -44,16 +40,6 @@ DETECTORS: dict[str, type[Detector]] = {
 }
 
 
-def build_detectors(overrides: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Detector]:
-    """One instance of every detector, configured from ``Settings.detectors``-style overrides.
-
-    Sections that are not detector names are ignored here (``weights``, ``corrections`` are
-    read by their own modules); a typo in a key inside a detector's section is an error.
-    """
-    overrides = overrides or {}
-    return {name: cls(cls.Config.from_overrides(overrides.get(name))) for name, cls in DETECTORS.items()}
-
-
 __all__ = [
     "DETECTORS",
     "Action",
@@ -72,8 +58,6 @@ __all__ = [
     "KvPressureDetector",
     "LongTailConfig",
     "LongTailDetector",
-    "OverridableConfig",
     "Severity",
     "ThresholdDetector",
-    "build_detectors",
 ]
