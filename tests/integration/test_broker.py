@@ -8,13 +8,13 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from msgspec.structs import fields
 
 from skewwatch.broker import EmbeddedBroker, free_port, run_blocking
 from skewwatch.config import Settings
