@@ -45,6 +45,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from skewwatch.kafka_client import client_kwargs
+
 log = logging.getLogger(__name__)
 
 Message = tuple[bytes | None, bytes]  # (key, value)
@@ -236,7 +238,7 @@ class BoundedProducer:
 
     async def _try_start_producer(self) -> AIOKafkaProducer | None:
         options: dict[str, Any] = {
-            "bootstrap_servers": self.bootstrap,
+            **client_kwargs(bootstrap=self.bootstrap),
             "client_id": self._client_id,
             "linger_ms": self._linger_ms,
             # aiokafka expires an unacknowledged batch after request_timeout_ms: that is our send timeout.

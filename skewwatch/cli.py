@@ -41,7 +41,7 @@ def command_settings(path: str | Path | None = None) -> Settings:
 # name -> "module:attribute" of a click command; imported lazily so `skewwatch broker`
 # does not pay for importing Faust and numpy.
 COMMANDS: dict[str, str] = {
-    "broker": "skewwatch.broker:broker_command",
+    "broker": "skewwatch.broker.command:broker_command",
     "topics": "skewwatch.topics:topics_command",
     "worker": "skewwatch.agents.app:worker_command",
     "generate": "skewwatch.generate:generate_command",

@@ -29,6 +29,7 @@ from rich.table import Table
 
 from skewwatch.cli import command_settings
 from skewwatch.config import TopicSettings
+from skewwatch.kafka_client import client_kwargs
 from skewwatch.topics import ensure_topics
 
 
@@ -95,7 +96,7 @@ class DemoView:
 async def _watch(bootstrap: str, topics: TopicSettings, duration: float | None,
                  children: list[subprocess.Popen[bytes]]) -> None:
     consumer = AIOKafkaConsumer(topics.features, topics.alerts, topics.routing_corrections,
-                                bootstrap_servers=bootstrap, group_id=f"skewwatch-demo-{uuid.uuid4().hex[:8]}",
+                                **client_kwargs(bootstrap=bootstrap), group_id=f"skewwatch-demo-{uuid.uuid4().hex[:8]}",
                                 auto_offset_reset="latest", enable_auto_commit=False)
     await consumer.start()
     view = DemoView()

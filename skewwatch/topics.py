@@ -5,7 +5,8 @@ for corrections), not by auto-creation" (the embedded broker runs with ``auto.cr
 DESIGN.md: routing corrections are compacted so a new subscriber reads the current state; window state is
 checkpointed to a compacted topic together with the input offset it covers.
 
->>> from skewwatch.config import Settings
+>>> from skewwatch.config import KafkaSettings, Settings
+from skewwatch.kafka_client import client_kwargs, describe_exception, quiet_client_logs, run_blocking
 >>> specs = {spec.name: spec for spec in topic_specs(Settings())}
 >>> specs["llm.routing-corrections"].configs["cleanup.policy"], specs["llm.requests"].partitions
 ('compact', 8)
@@ -23,7 +24,8 @@ from typing import Any
 import click
 
 from skewwatch.cli import command_settings
-from skewwatch.config import Settings
+from skewwatch.config import KafkaSettings, Settings
+from skewwatch.kafka_client import client_kwargs, describe_exception, quiet_client_logs, run_blocking
 
 _TOPIC_ALREADY_EXISTS = 36  # Kafka error code TOPIC_ALREADY_EXISTS: another process won the race
 _CHECKPOINT_MAX_BYTES = 16 * 1024 * 1024  # a partition's window-state snapshot can exceed the 1 MiB default
@@ -84,7 +86,7 @@ async def ensure_topics(bootstrap: str, settings: Settings, timeout: float = 30.
 
     specs = list({spec.name: spec for spec in topic_specs(settings)}.values())  # one spec per name
     admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap,
+        **client_kwargs(settings.kafka, bootstrap=bootstrap),
         client_id=f"{settings.kafka.client_id}-admin",
         request_timeout_ms=int(timeout * 1000),
     )
@@ -94,8 +96,6 @@ async def ensure_topics(bootstrap: str, settings: Settings, timeout: float = 30.
                 await admin.start()
                 existing = set(await admin.list_topics())
         except Exception as exc:
-            from skewwatch.broker import describe_exception
-
             raise TopicError(
                 f"no Kafka answers at {bootstrap} ({describe_exception(exc)}); start one with "
                 "`skewwatch broker` or set KAFKA_BOOTSTRAP"
@@ -144,11 +144,12 @@ async def _wait_for_leaders(admin: Any, names: list[str], deadline: float) -> No
         await asyncio.sleep(0.1)
 
 
-async def delete_topics(bootstrap: str, names: list[str], timeout: float = 30.0) -> None:
+async def delete_topics(bootstrap: str, names: list[str], timeout: float = 30.0,
+                        kafka: KafkaSettings | None = None) -> None:
     """Delete topics (tests clean up after themselves on a shared cluster); missing ones are ignored."""
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+    admin = AIOKafkaAdminClient(**client_kwargs(kafka, bootstrap=bootstrap), request_timeout_ms=int(timeout * 1000))
     try:
         await admin.start()
         existing = set(await admin.list_topics())
@@ -183,8 +184,6 @@ def topics_command() -> None:
 )
 def create_command(bootstrap: str | None, config_path: Path | None) -> None:
     """Create the topics that do not exist yet, with their partitions and configs."""
-    from skewwatch.broker import quiet_client_logs, run_blocking
-
     quiet_client_logs()
     settings = command_settings(config_path)
     bootstrap = bootstrap or settings.kafka.bootstrap

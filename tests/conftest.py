@@ -18,8 +18,9 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from skewwatch.broker import BrokerError, EmbeddedBroker, run_blocking
+from skewwatch.broker import BrokerError, EmbeddedBroker
 from skewwatch.config import Settings
+from skewwatch.kafka_client import run_blocking
 from skewwatch.topics import delete_topics, ensure_topics
 
 TEST_PARTITIONS = 2  # enough to exercise partitioning, few enough to create quickly

@@ -32,6 +32,7 @@ from skewwatch.agents.stage1 import RequestStage
 from skewwatch.agents.stage2 import ModelStage
 from skewwatch.cli import command_settings
 from skewwatch.config import Settings
+from skewwatch.kafka_client import client_kwargs, faust_app_kwargs
 from skewwatch.ports import free_port
 from skewwatch.topics import ensure_topics
 
@@ -66,7 +67,7 @@ class PipelineService(mode.Service):
         if created:
             log.info("created topics: %s", ", ".join(created))
         self.producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap,
+            **client_kwargs(self.settings.kafka, bootstrap=self.bootstrap),
             client_id=f"{self.settings.kafka.client_id}-out",
             acks="all",
             linger_ms=5,
@@ -138,7 +139,7 @@ class PipelineService(mode.Service):
 def create_app(settings: Settings, bootstrap: str) -> tuple[faust.App, PipelineService]:
     app = faust.App(
         settings.kafka.group_id,
-        broker=f"kafka://{bootstrap}",
+        **faust_app_kwargs(settings.kafka, bootstrap=bootstrap),
         web_host=settings.web.host,
         web_port=settings.web.port,
         web_enabled=True,

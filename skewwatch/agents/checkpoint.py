@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -45,9 +47,9 @@ def _chunk_key(stage: str, topic: str, partition: int, generation: int, index: i
 class CheckpointStore:
     """Writes and reads per-partition snapshots on ``topic`` (compacted)."""
 
-    def __init__(self, producer: AIOKafkaProducer, bootstrap: str, topic: str, stage: str) -> None:
+    def __init__(self, producer: AIOKafkaProducer, connection: Mapping[str, Any], topic: str, stage: str) -> None:
         self._producer = producer
-        self._bootstrap = bootstrap
+        self._connection = dict(connection)  # skewwatch.kafka_client.client_kwargs: how to reach the cluster
         self._topic = topic
         self._stage = stage
         self._generation: dict[tuple[str, int], int] = {}
@@ -93,7 +95,7 @@ class CheckpointStore:
         return found
 
     async def _read_topic(self) -> dict[bytes, bytes]:
-        consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False,
+        consumer = AIOKafkaConsumer(**self._connection, enable_auto_commit=False,
                                     max_partition_fetch_bytes=32 * 1024 * 1024,
                                     fetch_max_bytes=64 * 1024 * 1024)
         await consumer.start()

@@ -38,6 +38,7 @@ catching up on a backlog, the partitions advance together in event time.
 
 >>> from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 >>> from skewwatch.config import Settings
+from skewwatch.kafka_client import client_kwargs
 >>> poll = translate_records([ExportTraceServiceRequest().SerializeToString(), b"{not otlp"], Settings())
 >>> poll.messages, [[r.reason_code for r in rejects] for rejects in poll.rejects]
 ([], [[], ['malformed_otlp']])
@@ -58,6 +59,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.config import Settings
+from skewwatch.kafka_client import client_kwargs
 from skewwatch.otlp.attribute_map import DEFAULT_ATTRIBUTE_MAP, AttributeMap
 from skewwatch.otlp.decode import Encoding, decode_otlp_traces
 from skewwatch.schemas.dead_letter import dead_letter_record
@@ -186,7 +188,7 @@ class OtlpStage:
         kafka = self.settings.kafka
         self.consumer = AIOKafkaConsumer(
             self.settings.topics.otlp_spans,
-            bootstrap_servers=self.bootstrap,
+            **client_kwargs(kafka, bootstrap=self.bootstrap),
             group_id=f"{kafka.group_id}.otlp",
             client_id=f"{kafka.client_id}-otlp",
             enable_auto_commit=False,  # committed after the re-published events are acknowledged

@@ -46,6 +46,7 @@ from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.publish import KeyedPublisher
 from skewwatch.agents.rebalance import StageRebalanceListener
 from skewwatch.config import Settings
+from skewwatch.kafka_client import client_kwargs
 from skewwatch.pipeline.derived_batch import derive_batch
 from skewwatch.pipeline.events import RequestColumns
 from skewwatch.pipeline.handoff import MAX_REPLICAS_PER_RECORD, encode_model_step, step_header
@@ -103,7 +104,8 @@ class RequestStage:
         # telemetry would push the samples the next steps need out of the join's history)
         self.telemetry_flow = TelemetryFlow[TelemetrySample](settings.window.telemetry_ahead_s)
         self._telemetry_released_at: float | None = None  # watermark of the last release_idle
-        self.checkpoints = CheckpointStore(producer, bootstrap, settings.topics.checkpoints, self.stage)
+        self.connection = client_kwargs(settings.kafka, bootstrap=bootstrap)
+        self.checkpoints = CheckpointStore(producer, self.connection, settings.topics.checkpoints, self.stage)
         # per input partition: outputs acknowledged, then the checkpoint, then the offset; off the hot path
         self.commits = CommitPipeline(self.checkpoints, settings.topics.requests, settings.limits,
                                       on_saved=metrics.checkpoints.labels(self.stage).inc)
@@ -117,7 +119,7 @@ class RequestStage:
     async def run(self) -> None:
         topics = self.settings.topics
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
+            **self.connection,
             group_id=f"{self.settings.kafka.group_id}.stage1",
             client_id=f"{self.settings.kafka.client_id}-stage1",
             enable_auto_commit=False,

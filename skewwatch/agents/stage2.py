@@ -25,6 +25,7 @@ from skewwatch.agents.commit import CommitPipeline, Snapshot, commit_offsets
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.rebalance import StageRebalanceListener
 from skewwatch.config import Settings
+from skewwatch.kafka_client import client_kwargs
 from skewwatch.pipeline.assembler import DEFAULT_MAX_PENDING, ModelStep, StepAssembler
 from skewwatch.pipeline.corrections import RoutingCorrection
 from skewwatch.pipeline.decide import ModelDecider
@@ -80,7 +81,8 @@ class ModelStage:
         self.metrics = metrics
         self.detector_settings = settings.detectors
         self.partitions: dict[int, PartitionModels] = {}
-        self.checkpoints = CheckpointStore(producer, bootstrap, settings.topics.checkpoints, self.stage)
+        self.connection = client_kwargs(settings.kafka, bootstrap=bootstrap)
+        self.checkpoints = CheckpointStore(producer, self.connection, settings.topics.checkpoints, self.stage)
         self.commits = CommitPipeline(self.checkpoints, settings.topics.replica_steps, settings.limits,
                                       on_saved=metrics.checkpoints.labels(self.stage).inc)
         self.consumer: AIOKafkaConsumer | None = None
@@ -91,7 +93,7 @@ class ModelStage:
 
     async def run(self) -> None:
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
+            **self.connection,
             group_id=f"{self.settings.kafka.group_id}.stage2",
             client_id=f"{self.settings.kafka.client_id}-stage2",
             enable_auto_commit=False,

@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
+from skewwatch.kafka_client import client_kwargs
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.schemas.requests import encode_request_event, encode_request_events
 from skewwatch.sim.generator import TrafficChunk, event_rows
@@ -122,7 +123,7 @@ class _Sender:
     """An aiokafka producer plus bounded bookkeeping of in-flight deliveries."""
 
     def __init__(self, bootstrap: str, acks: str | int, linger_ms: int, **producer_options: Any) -> None:
-        self.producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks=acks, linger_ms=linger_ms,
+        self.producer = AIOKafkaProducer(**client_kwargs(bootstrap=bootstrap), acks=acks, linger_ms=linger_ms,
                                          client_id="skewwatch-generate", **producer_options)
         self._inflight: list[asyncio.Future[Any]] = []
 

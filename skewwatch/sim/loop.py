@@ -31,6 +31,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from skewwatch.config import WindowSettings
+from skewwatch.kafka_client import client_kwargs
 from skewwatch.pipeline.reference import reference_features
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.weights import WeightConfig, WeightInput, compute_weights
@@ -95,8 +96,9 @@ class KafkaCorrections:
         self.missed_steps: list[float] = []  # the step_end of each miss
 
     async def start(self) -> None:
-        self._consumer = consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False,
-                                                     group_id=None, auto_offset_reset="latest")
+        self._consumer = consumer = AIOKafkaConsumer(**client_kwargs(bootstrap=self._bootstrap),
+                                                     enable_auto_commit=False, group_id=None,
+                                                     auto_offset_reset="latest")
         await consumer.start()
         try:
             # aiokafka's consumer has no public "wait for this topic's metadata" (the producer's

@@ -16,8 +16,10 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from msgspec.structs import fields
 
-from skewwatch.broker import EmbeddedBroker, free_port, run_blocking
+from skewwatch.broker import EmbeddedBroker
 from skewwatch.config import Settings
+from skewwatch.kafka_client import run_blocking
+from skewwatch.ports import free_port
 from skewwatch.topics import delete_topics, ensure_topics, topic_specs
 from tests.conftest import TEST_PARTITIONS, topic_names, unique_settings
 

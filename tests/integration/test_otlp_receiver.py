@@ -24,10 +24,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind
 
-from skewwatch.broker import free_port
 from skewwatch.config import Settings
 from skewwatch.otlp.attribute_map import DEFAULT_ATTRIBUTE_MAP
 from skewwatch.otlp.receiver import JSON, KafkaPublisher, OtlpReceiver, serve
+from skewwatch.ports import free_port
 from skewwatch.schemas.requests import decode_request_message
 from tests.unit.test_otlp_decode import T0_NS, to_otlp_json, vllm_attributes, vllm_request
 

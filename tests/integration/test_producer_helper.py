@@ -18,8 +18,8 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer
 
-from skewwatch.broker import free_port
 from skewwatch.config import Settings
+from skewwatch.ports import free_port
 from skewwatch.producer import RequestEventProducer
 
 GOOD = {"latency_ms": 120.0, "prompt_tokens": 10, "completion_tokens": 20, "batch_size": 4, "batch_capacity": 16}

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from skewwatch.broker import run_blocking
+from skewwatch.kafka_client import run_blocking
 from skewwatch.pipeline.handoff import expand_model_step, read_step_header
 from skewwatch.sim.emit import produce_traffic
 from skewwatch.sim.generator import GeneratorConfig, generate_chunks

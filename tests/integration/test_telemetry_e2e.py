@@ -26,8 +26,8 @@ from typing import Any
 import orjson
 import pytest
 
-from skewwatch.broker import run_blocking
 from skewwatch.config import Settings
+from skewwatch.kafka_client import run_blocking
 from skewwatch.pipeline.handoff import expand_model_step, read_step_header
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.schemas.telemetry import decode_telemetry, encode_telemetry

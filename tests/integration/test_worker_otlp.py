@@ -33,9 +33,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind
 
-from skewwatch.broker import free_port
 from skewwatch.config import Settings
 from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.ports import free_port
 from skewwatch.schemas.telemetry import encode_telemetry
 from skewwatch.topics import ensure_topics
 from tests.integration.worker_proc import WorkerProcess, consume_until, produce

@@ -18,7 +18,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.throughput import common, contenders, dataset, profile, report  # noqa: E402
-from skewwatch.broker import run_blocking  # noqa: E402
+from skewwatch.kafka_client import run_blocking  # noqa: E402
 
 
 def load_scale() -> ModuleType:

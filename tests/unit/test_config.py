@@ -208,3 +208,16 @@ def test_the_docs_list_every_key() -> None:
             assert f"`{key.rsplit('.', 1)[1]}`" in detectors, key
         else:
             assert f"`{key}`" in configuration, key
+
+
+@pytest.mark.parametrize("module", [
+    "skewwatch.config", "skewwatch.config_section", "skewwatch.pipeline.detector_settings", "skewwatch.kafka_client",
+    "skewwatch.ports", "skewwatch.broker", "skewwatch.broker.errors", "skewwatch.broker.java",
+    "skewwatch.broker.jars", "skewwatch.broker.process",
+])
+def test_docstring_examples_run(module: str) -> None:
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0

@@ -1,0 +1,129 @@
+"""How skewwatch talks to a Kafka cluster: every client's connection options, and small helpers.
+
+:func:`client_kwargs` is the one place where an aiokafka client (consumer, producer, admin) gets
+its connection options, and :func:`faust_app_kwargs` the same for the worker's Faust app: every
+client in the project is built with them, so connection settings (security options included,
+once there are any) are added here and nowhere else.
+
+>>> client_kwargs(bootstrap="127.0.0.1:9092")
+{'bootstrap_servers': '127.0.0.1:9092'}
+>>> describe_exception(TimeoutError())
+'TimeoutError'
+>>> run_blocking(asyncio.sleep(0, result="done"))
+'done'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from skewwatch.config import KafkaSettings
+
+T = TypeVar("T")
+
+
+class KafkaUnavailable(RuntimeError):
+    """Nothing answers at the bootstrap address (or it lists no live broker); one line saying which."""
+
+
+def client_kwargs(kafka: KafkaSettings | None = None, *, bootstrap: str | None = None) -> dict[str, Any]:
+    """The connection options of an aiokafka client: ``AIOKafkaConsumer(**client_kwargs(...), ...)``.
+
+    ``bootstrap`` (a command's ``--bootstrap``) wins over ``kafka.bootstrap``. ValueError when
+    neither names a cluster.
+    """
+    servers = bootstrap or (kafka.bootstrap if kafka is not None else None)
+    if not servers:
+        raise ValueError("no Kafka bootstrap address (kafka.bootstrap, KAFKA_BOOTSTRAP or --bootstrap)")
+    return {"bootstrap_servers": servers}
+
+
+def faust_app_kwargs(kafka: KafkaSettings | None = None, *, bootstrap: str | None = None) -> dict[str, Any]:
+    """The connection options of a ``faust.App``, from the same settings as :func:`client_kwargs`."""
+    return {"broker": f"kafka://{client_kwargs(kafka, bootstrap=bootstrap)['bootstrap_servers']}"}
+
+
+def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion from sync code, even when called inside a running event loop.
+
+    It runs on a fresh loop in a helper thread, so it never touches the caller's loop (pytest-asyncio's
+    or a Faust worker's) — ``asyncio.run`` in the calling thread would close or replace it.
+    """
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def runner() -> None:
+        try:
+            result.append(asyncio.run(coroutine))
+        except BaseException as exc:  # handed back to the caller's thread below
+            failure.append(exc)
+
+    thread = threading.Thread(target=runner, name="skewwatch-run-blocking", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+async def describe_cluster(bootstrap: str, timeout: float = 10.0, kafka: KafkaSettings | None = None
+                           ) -> dict[str, Any]:
+    """A real Kafka metadata request: ``{"brokers": [...], "cluster_id": ..., "controller_id": ...}``.
+
+    Raises :class:`KafkaUnavailable` when nothing answers at ``bootstrap`` within ``timeout`` seconds.
+    """
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(**client_kwargs(kafka, bootstrap=bootstrap), client_id="skewwatch-probe",
+                                request_timeout_ms=int(timeout * 1000))
+    try:
+        async with asyncio.timeout(timeout):
+            await admin.start()
+            cluster: dict[str, Any] = await admin.describe_cluster()
+    except Exception as exc:
+        raise KafkaUnavailable(f"no Kafka answers at {bootstrap}: {describe_exception(exc)}") from exc
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+    if not cluster.get("brokers"):
+        raise KafkaUnavailable(f"Kafka at {bootstrap} answers but lists no live broker yet")
+    return cluster
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``Type: message`` on one line, without the type twice (aiokafka's messages repeat it).
+
+    >>> describe_exception(ValueError("ValueError: bad\\n value"))
+    'ValueError: bad value'
+    """
+    name = type(exc).__name__
+    message = " ".join(str(exc).split())
+    if not message:
+        return name
+    return message if message.startswith(name) else f"{name}: {message}"
+
+
+def quiet_client_logs() -> None:
+    """Keep aiokafka's per-connection errors off a command's terminal when no logging is configured.
+
+    Without any handler, Python prints WARNING+ records through its last-resort handler, so a refused
+    connection would show a stack of aiokafka lines above the command's own one-line error.
+    """
+    logging.getLogger("aiokafka").addHandler(logging.NullHandler())
+
+
+__all__ = [
+    "KafkaUnavailable",
+    "client_kwargs",
+    "describe_cluster",
+    "describe_exception",
+    "faust_app_kwargs",
+    "quiet_client_logs",
+    "run_blocking",
+]

@@ -1,0 +1,62 @@
+"""skewwatch.kafka_client: every aiokafka client gets its connection options from one function."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from skewwatch.config import KafkaSettings
+from skewwatch.kafka_client import (
+    KafkaUnavailable,
+    client_kwargs,
+    describe_cluster,
+    describe_exception,
+    faust_app_kwargs,
+    run_blocking,
+)
+from skewwatch.ports import free_port
+
+PACKAGE = Path(__file__).parents[2] / "skewwatch"
+CLIENTS = {"AIOKafkaConsumer", "AIOKafkaProducer", "AIOKafkaAdminClient"}
+
+
+def test_the_command_line_bootstrap_wins_over_the_settings() -> None:
+    kafka = KafkaSettings(bootstrap="settings:9092")
+    assert client_kwargs(kafka) == {"bootstrap_servers": "settings:9092"}
+    assert client_kwargs(kafka, bootstrap="cli:9092") == {"bootstrap_servers": "cli:9092"}
+    assert faust_app_kwargs(kafka) == {"broker": "kafka://settings:9092"}
+    with pytest.raises(ValueError, match="no Kafka bootstrap address"):
+        client_kwargs(KafkaSettings())
+
+
+def test_every_client_in_the_package_is_built_with_client_kwargs() -> None:
+    """No aiokafka client names its cluster by itself (aiokafka would default to localhost):
+    each is built with ``**`` options, and only kafka_client.py spells ``bootstrap_servers``."""
+    built = 0
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        if path.name != "kafka_client.py":
+            assert "bootstrap_servers" not in text, path
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in CLIENTS:
+                built += 1
+                assert any(keyword.arg is None for keyword in node.keywords), f"{path}:{node.lineno}"
+    assert built >= 10  # the stages, checkpoints, topics, producers, the simulator, the demo
+
+
+def test_run_blocking_works_inside_a_running_loop() -> None:
+    async def inside() -> str:
+        return run_blocking(asyncio.sleep(0, result="from a helper thread"))
+
+    assert asyncio.run(inside()) == "from a helper thread"
+
+
+def test_describe_cluster_with_nothing_listening_is_one_line() -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    with pytest.raises(KafkaUnavailable, match=f"no Kafka answers at {dead}") as caught:
+        run_blocking(describe_cluster(dead, timeout=2.0))
+    assert "\n" not in str(caught.value)
+    assert describe_exception(OSError("OSError: [Errno 111]\n refused")) == "OSError: [Errno 111] refused"
