@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from skewwatch.config_section import FrozenConfigSection, NonNegative, Positive
-from skewwatch.pipeline.detectors.base import Action
+from skewwatch.pipeline.detectors.alerts import Action
 
 CORRECTIONS_SCHEMA_VERSION = 1
 

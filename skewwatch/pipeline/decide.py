@@ -57,8 +57,9 @@ from skewwatch.pipeline.corrections import (
     step_seq,
 )
 from skewwatch.pipeline.detector_settings import DetectorSettings
-from skewwatch.pipeline.detectors.base import Action, Alert, StepColumns
+from skewwatch.pipeline.detectors.alerts import Action, Alert
 from skewwatch.pipeline.detectors.gpu_health import GpuHealthDetector
+from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.gc_pause import gc_paused
 from skewwatch.pipeline.health import HEALTHY

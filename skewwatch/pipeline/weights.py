@@ -65,7 +65,7 @@ import numpy as np
 import numpy.typing as npt
 
 from skewwatch.config_section import Count, FrozenConfigSection, NonNegative, Positive
-from skewwatch.pipeline.detectors.base import StepColumns
+from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample
 

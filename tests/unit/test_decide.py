@@ -20,7 +20,7 @@ from skewwatch.pipeline.corrections import (
 )
 from skewwatch.pipeline.decide import ModelDecider, StepDecision
 from skewwatch.pipeline.detector_settings import DetectorSettings
-from skewwatch.pipeline.detectors.base import Action, Severity
+from skewwatch.pipeline.detectors.alerts import Action, Severity
 from skewwatch.pipeline.detectors.registry import DETECTORS
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample
@@ -344,7 +344,11 @@ MODULES = [
     "skewwatch.pipeline.weights",
     "skewwatch.pipeline.corrections",
     "skewwatch.pipeline.decide",
+    "skewwatch.pipeline.detectors.alerts",
+    "skewwatch.pipeline.detectors.hysteresis",
+    "skewwatch.pipeline.detectors.step_columns",
     "skewwatch.pipeline.detectors.base",
+    "skewwatch.pipeline.detectors.threshold",
     "skewwatch.pipeline.detectors.registry",
     "skewwatch.pipeline.detectors.long_tail",
     "skewwatch.pipeline.detectors.batch_collapse",

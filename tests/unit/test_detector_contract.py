@@ -21,8 +21,11 @@ import msgspec
 import pytest
 
 from skewwatch.config import ConfigError
-from skewwatch.pipeline.detectors.base import Detector, DetectorOutput, Severity, StepColumns, ThresholdDetector
+from skewwatch.pipeline.detectors.alerts import DetectorOutput, Severity
+from skewwatch.pipeline.detectors.base import Detector
 from skewwatch.pipeline.detectors.registry import DETECTORS
+from skewwatch.pipeline.detectors.step_columns import StepColumns
+from skewwatch.pipeline.detectors.threshold import ThresholdDetector
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample
 
@@ -292,7 +295,7 @@ def test_config_overrides_accept_env_strings_and_reject_unknown_keys(name: str) 
 
 
 def test_alert_and_action_round_trip_and_identity() -> None:
-    from skewwatch.pipeline.detectors.base import Action, Alert
+    from skewwatch.pipeline.detectors.alerts import Action, Alert
 
     alert = Alert(1.0, "m", "r1", "kv_pressure", Severity.INFO, "open", "msg", {"rule": "prefill", "x": 1.5})
     assert Alert.from_dict(json.loads(json.dumps(alert.to_dict()))) == alert

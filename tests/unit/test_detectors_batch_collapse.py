@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from skewwatch.pipeline.batch_controller import BatchControllerConfig, recommend_batch_size
-from skewwatch.pipeline.detectors.base import Severity
+from skewwatch.pipeline.detectors.alerts import Severity
 from skewwatch.pipeline.detectors.batch_collapse import BatchCollapseConfig, BatchCollapseDetector
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample

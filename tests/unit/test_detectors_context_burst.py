@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from skewwatch.pipeline.detectors.base import Alert, Severity
+from skewwatch.pipeline.detectors.alerts import Alert, Severity
 from skewwatch.pipeline.detectors.context_burst import ContextBurstConfig, ContextBurstDetector
 from skewwatch.pipeline.features import FeatureVector
 

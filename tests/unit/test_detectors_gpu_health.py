@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from skewwatch.config import ConfigError
-from skewwatch.pipeline.detectors.base import Severity
+from skewwatch.pipeline.detectors.alerts import Severity
 from skewwatch.pipeline.detectors.gpu_health import GpuHealthDetector
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.health import HealthConfig
@@ -185,7 +185,7 @@ def test_a_step_at_once_is_update_per_replica() -> None:
     replica that has any (a skipped replica keeps none instead of an empty one)."""
     import random
 
-    from skewwatch.pipeline.detectors.base import StepColumns
+    from skewwatch.pipeline.detectors.step_columns import StepColumns
 
     rng = random.Random(5)
     errors = ["cudaErrorLaunchTimeout", "cudaErrorMemoryAllocation", "cudaErrorIllegalAddress", "999"]

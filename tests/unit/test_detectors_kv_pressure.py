@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from skewwatch.pipeline.detectors.base import Severity
+from skewwatch.pipeline.detectors.alerts import Severity
 from skewwatch.pipeline.detectors.kv_pressure import (
     FRAGMENTATION_MESSAGE,
     PREFILL_MESSAGE,
@@ -101,7 +101,7 @@ def test_column_screen_without_any_telemetry() -> None:
     evaluate() finds no rule holding, with rows on both sides of the prefill rule."""
     import random
 
-    from skewwatch.pipeline.detectors.base import StepColumns
+    from skewwatch.pipeline.detectors.step_columns import StepColumns
 
     rng = random.Random(3)
     detector = KvPressureDetector()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from skewwatch.config import ConfigError
-from skewwatch.pipeline.detectors.base import Severity
+from skewwatch.pipeline.detectors.alerts import Severity
 from skewwatch.pipeline.detectors.long_tail import LongTailConfig, LongTailDetector
 from skewwatch.pipeline.features import FeatureVector
 

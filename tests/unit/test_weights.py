@@ -215,7 +215,7 @@ def test_pool_weights_are_the_reference_bit_for_bit(
     data: st.DataObject, n: int, liveness: bool, min_denominator: float
 ) -> None:
     """The columnar path (the decider's) against the per-replica reference, on random pools."""
-    from skewwatch.pipeline.detectors.base import StepColumns
+    from skewwatch.pipeline.detectors.step_columns import StepColumns
     from skewwatch.pipeline.weights import pool_weights
 
     config = WeightConfig(liveness_from_telemetry=liveness, min_denominator=min_denominator)
@@ -237,7 +237,7 @@ def test_pool_weights_of_a_pool_of_usual_replicas_are_the_reference() -> None:
     """The all-columns path: every replica with fresh telemetry, every signal, healthy, not stale."""
     import random
 
-    from skewwatch.pipeline.detectors.base import StepColumns
+    from skewwatch.pipeline.detectors.step_columns import StepColumns
     from skewwatch.pipeline.weights import pool_weights
 
     rng = random.Random(11)
@@ -259,7 +259,7 @@ def test_pool_weights_without_telemetry_are_the_reference() -> None:
     few unhealthy, stale or idle replicas among them: columns and reference rows mixed."""
     import random
 
-    from skewwatch.pipeline.detectors.base import StepColumns
+    from skewwatch.pipeline.detectors.step_columns import StepColumns
     from skewwatch.pipeline.weights import pool_weights
 
     rng = random.Random(12)

@@ -61,14 +61,9 @@ from msgspec import Meta
 
 from skewwatch.config_section import Count, Fraction, NonNegative, Positive
 from skewwatch.pipeline.batch_controller import BatchControllerConfig, recommend_batch_size
-from skewwatch.pipeline.detectors.base import (
-    DetectorConfig,
-    Finding,
-    Severity,
-    StepColumns,
-    ThresholdDetector,
-    fmt,
-)
+from skewwatch.pipeline.detectors.alerts import Severity, fmt
+from skewwatch.pipeline.detectors.step_columns import StepColumns
+from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample
 

@@ -58,14 +58,9 @@ import numpy as np
 import numpy.typing as npt
 
 from skewwatch.config_section import Count, Positive
-from skewwatch.pipeline.detectors.base import (
-    DetectorConfig,
-    Finding,
-    Severity,
-    StepColumns,
-    ThresholdDetector,
-    fmt,
-)
+from skewwatch.pipeline.detectors.alerts import Severity, fmt
+from skewwatch.pipeline.detectors.step_columns import StepColumns
+from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
 from skewwatch.pipeline.features import RECENT_S, FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample
 

@@ -41,15 +41,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from skewwatch.pipeline.cuda_errors import ErrorClass
-from skewwatch.pipeline.detectors.base import (
-    STATE_VERSION,
-    Action,
-    Alert,
-    Detector,
-    DetectorOutput,
-    Severity,
-    StepColumns,
-)
+from skewwatch.pipeline.detectors.alerts import Action, Alert, DetectorOutput, Severity
+from skewwatch.pipeline.detectors.base import STATE_VERSION, Detector
+from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.health import (
     HEALTHY,

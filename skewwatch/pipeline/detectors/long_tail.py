@@ -67,14 +67,9 @@ import numpy.typing as npt
 from msgspec import Meta
 
 from skewwatch.config_section import Count, Fraction, NonNegativeInt, Positive
-from skewwatch.pipeline.detectors.base import (
-    DetectorConfig,
-    Finding,
-    Severity,
-    StepColumns,
-    ThresholdDetector,
-    fmt,
-)
+from skewwatch.pipeline.detectors.alerts import Severity, fmt
+from skewwatch.pipeline.detectors.step_columns import StepColumns
+from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample
 

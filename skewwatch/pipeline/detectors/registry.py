@@ -1,7 +1,8 @@
 """The registry of the seed's detectors: name -> class (each with its ``Config`` beside it).
 
-Kept apart from ``__init__`` so that ``health.py`` can import ``detectors.base`` without
-importing every detector (``gpu_health`` imports ``health``).
+Kept apart from the package's ``__init__`` so that a module the detectors use (``health.py``,
+which ``gpu_health`` imports) can import ``detectors.alerts`` or ``detectors.step_columns``
+without importing every detector.
 
 >>> sorted(DETECTORS)
 ['batch_collapse', 'context_burst', 'gpu_health', 'kv_pressure', 'long_tail']
@@ -11,17 +12,7 @@ importing every detector (``gpu_health`` imports ``health``).
 
 from __future__ import annotations
 
-from skewwatch.pipeline.detectors.base import (
-    Action,
-    Alert,
-    Detector,
-    DetectorConfig,
-    DetectorOutput,
-    Finding,
-    Hysteresis,
-    Severity,
-    ThresholdDetector,
-)
+from skewwatch.pipeline.detectors.base import Detector
 from skewwatch.pipeline.detectors.batch_collapse import BatchCollapseConfig, BatchCollapseDetector
 from skewwatch.pipeline.detectors.context_burst import ContextBurstConfig, ContextBurstDetector
 from skewwatch.pipeline.detectors.gpu_health import GpuHealthDetector
@@ -42,22 +33,13 @@ DETECTORS: dict[str, type[Detector]] = {
 
 __all__ = [
     "DETECTORS",
-    "Action",
-    "Alert",
     "BatchCollapseConfig",
     "BatchCollapseDetector",
     "ContextBurstConfig",
     "ContextBurstDetector",
-    "Detector",
-    "DetectorConfig",
-    "DetectorOutput",
-    "Finding",
     "GpuHealthDetector",
-    "Hysteresis",
     "KvPressureConfig",
     "KvPressureDetector",
     "LongTailConfig",
     "LongTailDetector",
-    "Severity",
-    "ThresholdDetector",
 ]
