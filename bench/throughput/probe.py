@@ -1,7 +1,7 @@
 """``skewwatch worker`` with one clock probe, for the benchmark only.
 
 ``python -m bench.throughput.probe worker ...`` runs the unchanged worker CLI after wrapping
-:meth:`skewwatch.agents.stage1.RequestStage._process` so that the first call with records writes
+:meth:`skewwatch.agents.replica_stage.ReplicaStage._process` so that the first call with records writes
 ``{"wall": time.time(), "cpu": time.process_time()}`` to the file named by
 ``SKEWWATCH_BENCH_PROBE``. That is the moment the first poll returned, the same start as every
 peer's (``bench/throughput/contenders.py``: the first poll or message handed to user code), which
@@ -24,13 +24,13 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-from skewwatch.agents import stage1
+from skewwatch.agents import replica_stage
 
-_original = stage1.RequestStage._process
+_original = replica_stage.ReplicaStage._process
 _probe_path = os.environ.get("SKEWWATCH_BENCH_PROBE")
 
 
-async def _probed_process(self: stage1.RequestStage, batches: dict[Any, list[Any]]) -> None:
+async def _probed_process(self: replica_stage.ReplicaStage, batches: dict[Any, list[Any]]) -> None:
     global _probe_path
     if _probe_path is not None and any(batches.values()):
         # the log levels in force: a DEBUG-enabled client logger costs a LogRecord per message sent
@@ -42,7 +42,7 @@ async def _probed_process(self: stage1.RequestStage, batches: dict[Any, list[Any
     await _original(self, batches)
 
 
-stage1.RequestStage._process = _probed_process  # type: ignore[method-assign]
+replica_stage.ReplicaStage._process = _probed_process  # type: ignore[method-assign]
 
 _tracemalloc_path = os.environ.get("SKEWWATCH_BENCH_TRACEMALLOC")
 

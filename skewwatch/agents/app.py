@@ -2,7 +2,7 @@
 
 Faust gives the process its lifecycle (signals, graceful stop), its web server and its CLI
 conventions. The per-request hot path does *not* go through a Faust stream: each stage owns
-an aiokafka consumer (see :mod:`skewwatch.agents.stage1`) because Faust's per-message cost
+an aiokafka consumer (see :mod:`skewwatch.agents.stage`) because Faust's per-message cost
 caps a stream at ~9k events/s while the pipeline must keep up with a fleet. Its state is
 checkpointed with the offset it covers (:mod:`skewwatch.agents.checkpoint`) instead of a
 Faust table, which would write a changelog entry per event and ack offsets independently.
@@ -27,9 +27,10 @@ from aiokafka import AIOKafkaProducer
 
 from skewwatch.agents.memory import trim_heap
 from skewwatch.agents.metrics import WorkerMetrics
+from skewwatch.agents.model_stage import ModelStage
 from skewwatch.agents.otlp_stage import OtlpStage
-from skewwatch.agents.stage1 import RequestStage
-from skewwatch.agents.stage2 import ModelStage
+from skewwatch.agents.replica_stage import ReplicaStage
+from skewwatch.agents.stage import Stage
 from skewwatch.cli import command_settings
 from skewwatch.config import Settings
 from skewwatch.kafka_client import client_kwargs, faust_app_kwargs
@@ -56,7 +57,7 @@ class PipelineService(mode.Service):
         self.bootstrap = bootstrap
         self.metrics = metrics
         self.producer: AIOKafkaProducer | None = None
-        self.stage1: RequestStage | None = None
+        self.stage1: ReplicaStage | None = None
         self.stage2: ModelStage | None = None
         self.otlp: OtlpStage | None = None  # only when topics.otlp_spans is set (issue 7)
         self._stage_tasks: list[asyncio.Task[None]] = []
@@ -88,9 +89,9 @@ class PipelineService(mode.Service):
         self.otlp = OtlpStage(self.settings, self.bootstrap, self.producer, self.metrics)
         return self.otlp
 
-    def _new_stage1(self) -> RequestStage:
+    def _new_stage1(self) -> ReplicaStage:
         assert self.producer is not None
-        self.stage1 = RequestStage(self.settings, self.bootstrap, self.producer, self.metrics)
+        self.stage1 = ReplicaStage(self.settings, self.bootstrap, self.producer, self.metrics)
         return self.stage1
 
     def _new_stage2(self) -> ModelStage:
@@ -110,7 +111,7 @@ class PipelineService(mode.Service):
             if trim_heap():
                 log.debug("malloc_trim released free heap memory in %.1f ms", 1e3 * (time.perf_counter() - started))
 
-    async def _supervise(self, name: str, factory: Callable[[], RequestStage | ModelStage | OtlpStage]) -> None:
+    async def _supervise(self, name: str, factory: Callable[[], Stage]) -> None:
         """A bug must not take the worker down silently: log it, rebuild the stage from its
         last checkpoint and go on."""
         while not self._stopping:

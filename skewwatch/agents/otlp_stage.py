@@ -38,7 +38,6 @@ catching up on a backlog, the partitions advance together in event time.
 
 >>> from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 >>> from skewwatch.config import Settings
-from skewwatch.kafka_client import client_kwargs
 >>> poll = translate_records([ExportTraceServiceRequest().SerializeToString(), b"{not otlp"], Settings())
 >>> poll.messages, [[r.reason_code for r in rejects] for rejects in poll.rejects]
 ([], [[], ['malformed_otlp']])
@@ -55,11 +54,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 
 from skewwatch.agents.metrics import WorkerMetrics
+from skewwatch.agents.stage import Stage
 from skewwatch.config import Settings
-from skewwatch.kafka_client import client_kwargs
 from skewwatch.otlp.attribute_map import DEFAULT_ATTRIBUTE_MAP, AttributeMap
 from skewwatch.otlp.decode import Encoding, decode_otlp_traces
 from skewwatch.schemas.dead_letter import dead_letter_record
@@ -165,52 +164,38 @@ def _event_time(event: dict[str, Any]) -> float:
     return float(event["ts"])
 
 
-class OtlpStage:
+class OtlpStage(Stage):
     """Consumes ``topics.otlp_spans`` and publishes the request events on ``topics.requests``."""
 
-    stage = "otlp"
+    stage = "otlp"  # its consumer group and client id are named so
+    max_records = _MAX_RECORDS_PER_POLL
+    consumer_options = {"max_partition_fetch_bytes": 4 * 1024 * 1024}
 
     def __init__(self, settings: Settings, bootstrap: str, producer: AIOKafkaProducer,
                  metrics: WorkerMetrics) -> None:
-        self.settings = settings
-        self.bootstrap = bootstrap
-        self.producer = producer
-        self.metrics = metrics
+        super().__init__(settings, bootstrap, producer, metrics)
         self.attribute_map = otlp_attribute_map(settings)
-        self.consumer: AIOKafkaConsumer | None = None
-        self._stopping = asyncio.Event()
         # per partition, for the alignment: the newest event time published, and the oldest event
         # time of the record it was rewound to (held back, waiting for the slower partitions)
         self.progress: dict[TopicPartition, float] = {}
         self.waiting: dict[TopicPartition, float] = {}
 
-    async def run(self) -> None:
-        kafka = self.settings.kafka
-        self.consumer = AIOKafkaConsumer(
-            self.settings.topics.otlp_spans,
-            **client_kwargs(kafka, bootstrap=self.bootstrap),
-            group_id=f"{kafka.group_id}.otlp",
-            client_id=f"{kafka.client_id}-otlp",
-            enable_auto_commit=False,  # committed after the re-published events are acknowledged
-            auto_offset_reset="earliest",
-            max_partition_fetch_bytes=4 * 1024 * 1024,
-        )
-        await self.consumer.start()
-        try:
-            while not self._stopping.is_set():
-                batches = await self.consumer.getmany(timeout_ms=200, max_records=_MAX_RECORDS_PER_POLL)
-                commits = await self._process(batches) if batches else {}
-                if commits:
-                    try:
-                        await self.consumer.commit(commits)
-                    except Exception as exc:  # a rebalance: the records come again (at least once)
-                        log.warning("OTLP offset commit failed (rebalance in progress?): %s", exc)
-                await self._align()
-        finally:
-            await self.consumer.stop()
+    def topics(self) -> list[str]:
+        return [self.settings.topics.otlp_spans]
 
-    def stop(self) -> None:
-        self._stopping.set()
+    async def handle(self, batches: dict[TopicPartition, list[Any]]) -> None:
+        """Publish what the poll holds (and is in event-time reach), commit the offsets it covers
+        once acknowledged (at least once: committed after the re-published events, not with them),
+        then pause or resume partitions to keep them aligned."""
+        consumer = self.consumer
+        assert consumer is not None
+        commits = await self._process(batches) if batches else {}
+        if commits:
+            try:
+                await consumer.commit(commits)
+            except Exception as exc:  # a rebalance: the records come again (at least once)
+                log.warning("OTLP offset commit failed (rebalance in progress?): %s", exc)
+        await self._align()
 
     def _next_time(self, tp: TopicPartition) -> float:
         """Lower bound of the event times a partition will publish next."""

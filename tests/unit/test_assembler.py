@@ -129,7 +129,7 @@ def test_worker_payloads_are_decoded_objects_and_checkpoint_as_the_record() -> N
 def test_stage2_checkpoint_embeds_pending_records_and_restores_them() -> None:
     """The worker holds a pending replica step as its record's bytes; a checkpoint embeds them as
     JSON (not as a string) and a restore gives the same records back."""
-    from skewwatch.agents.stage2 import PartitionModels
+    from skewwatch.agents.model_stage import PartitionModels
     from skewwatch.config import Settings
     from skewwatch.pipeline.decide import DetectorSettings
 
@@ -194,7 +194,7 @@ def test_state_with_chunks_round_trips_and_state_without_them_still_loads() -> N
 
 
 def test_stage2_checkpoint_holds_chunks_and_restores_a_checkpoint_from_before_them() -> None:
-    from skewwatch.agents.stage2 import PartitionModels
+    from skewwatch.agents.model_stage import PartitionModels
     from skewwatch.config import Settings
     from skewwatch.pipeline.decide import DetectorSettings
 

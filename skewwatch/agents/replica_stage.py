@@ -22,13 +22,14 @@ Steps 1-2 are sent at once; step 3 waits for the broker to acknowledge them, in 
 and in order per partition (:class:`~skewwatch.agents.commit.CommitPipeline`), so the stage reads
 on while the broker stores what it sent.
 
-Rejected input goes to the dead-letter topic with its original bytes and the reason.
+Rejected input goes to the dead-letter topic with its original bytes and the reason. The
+consumer, the poll loop and restoring a partition from its checkpoint are
+:class:`~skewwatch.agents.stage.CheckpointedStage`'s; this module is what stage 1 does with a poll.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 import struct
@@ -37,16 +38,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
-from skewwatch.agents.checkpoint import CheckpointStore
-from skewwatch.agents.commit import CommitPipeline, Snapshot, commit_offsets
+from skewwatch.agents.checkpoint import Checkpoint
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.publish import KeyedPublisher
-from skewwatch.agents.rebalance import StageRebalanceListener
+from skewwatch.agents.stage import CheckpointedStage
 from skewwatch.config import Settings
-from skewwatch.kafka_client import client_kwargs
 from skewwatch.pipeline.derived_batch import derive_batch
 from skewwatch.pipeline.events import RequestColumns
 from skewwatch.pipeline.handoff import MAX_REPLICAS_PER_RECORD, encode_model_step, step_header
@@ -66,35 +65,48 @@ _ENVELOPE = struct.Struct(">I")  # length of the JSON header that precedes the w
 
 @dataclass
 class PartitionState:
+    """What stage 1 keeps for one partition of the requests topic: its replicas' windows."""
+
     windows: PartitionWindows
     next_offset: int | None = None  # first input offset not yet reflected in `windows`
     announced_end: float | None = None  # progress last announced to stage 2
     last_input_wall: float = field(default_factory=time.monotonic)
 
+    def snapshot(self) -> bytes:
+        """The partition's checkpoint: an envelope header, then the windows' snapshot."""
+        return encode_snapshot(self)
+
 
 def encode_snapshot(state: PartitionState) -> bytes:
+    """A partition's checkpoint bytes (read back by :func:`decode_snapshot`)."""
     header = orjson.dumps({"v": 1})
     return _ENVELOPE.pack(len(header)) + header + state.windows.snapshot()
 
 
 def decode_snapshot(data: bytes, settings: Settings) -> PartitionWindows:
+    """The windows a checkpoint of :func:`encode_snapshot` holds."""
     (length,) = _ENVELOPE.unpack_from(data)
     body = data[_ENVELOPE.size + length:]
     return PartitionWindows.restore(body, settings.window)
 
 
-class RequestStage:
-    """Consumes ``llm.requests`` (+ ``llm.gpu-telemetry``) and produces per-replica steps."""
+class ReplicaStage(CheckpointedStage[PartitionState]):
+    """Stage 1: consumes ``llm.requests`` (+ ``llm.gpu-telemetry``) and produces per-replica steps."""
 
-    stage = "stage1"
+    stage = "stage1"  # its consumer group, checkpoints and metrics are named so
+    consumer_options = {
+        # range assignment keeps partition p of requests and telemetry on the same worker
+        "partition_assignment_strategy": (RangePartitionAssignor,),
+        # 2 MiB per partition (16 MB fetch responses for 8): larger polls amortise the per-poll costs,
+        # but a response above glibc's largest mmap threshold (32 MB, i.e. 4 MiB here) is mapped and
+        # unmapped afresh each time and reading it took ~15 % of the worker's time (bench/README.md,
+        # "Waiting for the broker, fetch sizes and the decoder's GC": 1 MiB and 2 MiB side by side)
+        "max_partition_fetch_bytes": 2 * 1024 * 1024,
+    }
 
     def __init__(self, settings: Settings, bootstrap: str, producer: AIOKafkaProducer,
                  metrics: WorkerMetrics) -> None:
-        self.settings = settings
-        self.bootstrap = bootstrap
-        self.producer = producer
-        self.metrics = metrics
-        self.partitions: dict[int, PartitionState] = {}
+        super().__init__(settings, bootstrap, producer, metrics)
         # latest telemetry per (replica, source, GPU), merged per replica at each step
         # (docs/telemetry.md "In the worker"); refilled within one interval after a restart, so it
         # is not checkpointed. Stale after the decider's telemetry_max_age_s (3 intervals, 15 s).
@@ -104,92 +116,32 @@ class RequestStage:
         # telemetry would push the samples the next steps need out of the join's history)
         self.telemetry_flow = TelemetryFlow[TelemetrySample](settings.window.telemetry_ahead_s)
         self._telemetry_released_at: float | None = None  # watermark of the last release_idle
-        self.connection = client_kwargs(settings.kafka, bootstrap=bootstrap)
-        self.checkpoints = CheckpointStore(producer, self.connection, settings.topics.checkpoints, self.stage)
-        # per input partition: outputs acknowledged, then the checkpoint, then the offset; off the hot path
-        self.commits = CommitPipeline(self.checkpoints, settings.topics.requests, settings.limits,
-                                      on_saved=metrics.checkpoints.labels(self.stage).inc)
         self.features_publisher = KeyedPublisher(producer)  # llm.features: one batch per partition and step
-        self.consumer: AIOKafkaConsumer | None = None
-        self._lock = asyncio.Lock()
-        self._stopping = asyncio.Event()
-        self.ready = asyncio.Event()
-
-    # -- lifecycle -------------------------------------------------------------------------
-    async def run(self) -> None:
-        topics = self.settings.topics
-        self.consumer = AIOKafkaConsumer(
-            **self.connection,
-            group_id=f"{self.settings.kafka.group_id}.stage1",
-            client_id=f"{self.settings.kafka.client_id}-stage1",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            # range assignment keeps partition p of requests and telemetry on the same worker
-            partition_assignment_strategy=(RangePartitionAssignor,),
-            # 2 MiB per partition (16 MB fetch responses for 8): larger polls amortise the per-poll costs,
-            # but a response above glibc's largest mmap threshold (32 MB, i.e. 4 MiB here) is mapped and
-            # unmapped afresh each time and reading it took ~15 % of the worker's time (bench/README.md,
-            # "Waiting for the broker, fetch sizes and the decoder's GC": 1 MiB and 2 MiB side by side)
-            max_partition_fetch_bytes=2 * 1024 * 1024,
-        )
-        await self.consumer.start()
-        self.consumer.subscribe([topics.requests, topics.gpu_telemetry], listener=StageRebalanceListener(self))
-        try:
-            while not self._stopping.is_set():
-                self.commits.raise_failure()  # a refused send or checkpoint: restart from the last checkpoint
-                batches = await self.consumer.getmany(timeout_ms=200, max_records=20_000)
-                async with self._lock:
-                    await self._process(batches)
-                    await self._advance_idle_partitions()
-                    await self.commits.save_due(self._snapshot_of)  # a partition gone quiet is saved too
-                    self._update_lag()
-                    commits = self.commits.take_commits()
-                # outside the lock: a commit may wait for a rebalance whose callbacks take the lock
-                await commit_offsets(self.consumer, commits)
-                if batches or self.consumer.assignment():
-                    self.ready.set()
-            async with self._lock:  # a clean stop: the newest state is checkpointed, and every checkpoint
-                await self.commits.save_due(self._snapshot_of, force=True)  # in flight is written
-            await self.commits.drain()
-            await commit_offsets(self.consumer, self.commits.take_commits())
-        finally:
-            self.commits.cancel()
-            await self.consumer.stop()
-
-    def stop(self) -> None:
-        self._stopping.set()
 
     # -- partitions ------------------------------------------------------------------------
-    async def on_assigned(self, assigned: set[TopicPartition]) -> None:
-        assert self.consumer is not None
-        request_tps = [tp for tp in assigned if tp.topic == self.settings.topics.requests]
-        async with self._lock:
-            found = await self.checkpoints.read(self.settings.topics.requests,
-                                                [tp.partition for tp in request_tps])
-            for tp in request_tps:
-                checkpoint = found.get(tp.partition)
-                if checkpoint is None:
-                    self.partitions[tp.partition] = PartitionState(PartitionWindows(self.settings.window))
-                    continue
-                windows = decode_snapshot(checkpoint.state, self.settings)
-                self.partitions[tp.partition] = PartitionState(windows, next_offset=checkpoint.offset)
-                self.consumer.seek(tp, checkpoint.offset)
-                log.info("restored %s from checkpoint at offset %d", tp, checkpoint.offset)
+    @property
+    def input_topic(self) -> str:
+        return self.settings.topics.requests
 
-    async def on_revoked(self, revoked: set[TopicPartition]) -> None:
-        async with self._lock:
-            requests = [tp.partition for tp in revoked if tp.topic == self.settings.topics.requests]
-            # the newest state and the checkpoints in flight are written before another worker (or this
-            # one) reads them
-            await self.commits.save_due(self._snapshot_of, force=True, partitions=requests)
-            await self.commits.drain(requests)
-            self.commits.forget(requests)
-            for tp in revoked:
-                if tp.topic == self.settings.topics.requests:
-                    # the last checkpoint plus a replay rebuilds it wherever it is assigned next
-                    self.partitions.pop(tp.partition, None)
-                elif tp.topic == self.settings.topics.gpu_telemetry:
-                    self.telemetry_flow.forget(tp.partition)  # re-read wherever it is assigned next
+    def topics(self) -> list[str]:
+        return [self.settings.topics.requests, self.settings.topics.gpu_telemetry]
+
+    def new_partition(self, partition: int) -> PartitionState:
+        return PartitionState(PartitionWindows(self.settings.window))
+
+    def restore_partition(self, partition: int, checkpoint: Checkpoint) -> PartitionState:
+        return PartitionState(decode_snapshot(checkpoint.state, self.settings), next_offset=checkpoint.offset)
+
+    def revoked(self, revoked: set[TopicPartition]) -> None:
+        for tp in revoked:
+            if tp.topic == self.settings.topics.gpu_telemetry:
+                self.telemetry_flow.forget(tp.partition)  # re-read wherever it is assigned next
+
+    # -- one poll --------------------------------------------------------------------------
+    async def process(self, batches: dict[TopicPartition, list[Any]]) -> None:
+        await self._process(batches)
+        await self._advance_idle_partitions()
+        self._update_lag()
 
     # -- hot path --------------------------------------------------------------------------
     async def _process(self, batches: dict[TopicPartition, list[Any]]) -> None:
@@ -358,14 +310,9 @@ class RequestStage:
             state.announced_end = progress
         await self.commits.sent(tp.partition, sent, changed=checkpoint and (bool(steps) or checkpoint_anyway))
         if checkpoint and self.commits.due(tp.partition):
-            await self.commits.save(tp.partition, state.next_offset, functools.partial(encode_snapshot, state))
+            await self.commits.save(tp.partition, state.next_offset, state.snapshot)
         self.metrics.step_duration.labels(self.stage).observe(time.perf_counter() - started)
         return bool(steps)
-
-    def _snapshot_of(self, partition: int) -> Snapshot | None:
-        """What a checkpoint of ``partition`` saves: its offset and its windows' snapshot."""
-        state = self.partitions.get(partition)
-        return None if state is None else (state.next_offset, functools.partial(encode_snapshot, state))
 
     def _progress(self, state: PartitionState) -> float | None:
         """End of the newest step this partition has closed (for stage 2's completion rule)."""

@@ -7,6 +7,8 @@ the model's features, alerts and routing correction. Its state (pending steps, d
 state, last correction per model) is checkpointed with the offset it covers, exactly like
 stage 1 (:class:`~skewwatch.agents.commit.CommitPipeline`: once its outputs are acknowledged, at
 most every ``limits.checkpoint_interval_s``), so seq numbers and open alerts survive restarts.
+The consumer, the poll loop and the checkpoint restore are
+:class:`~skewwatch.agents.stage.CheckpointedStage`'s; this module is what stage 2 does with a poll.
 """
 
 from __future__ import annotations
@@ -18,14 +20,12 @@ import time
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 
-from skewwatch.agents.checkpoint import CheckpointStore
-from skewwatch.agents.commit import CommitPipeline, Snapshot, commit_offsets
+from skewwatch.agents.checkpoint import Checkpoint
 from skewwatch.agents.metrics import WorkerMetrics
-from skewwatch.agents.rebalance import StageRebalanceListener
+from skewwatch.agents.stage import CheckpointedStage
 from skewwatch.config import Settings
-from skewwatch.kafka_client import client_kwargs
 from skewwatch.pipeline.assembler import DEFAULT_MAX_PENDING, ModelStep, StepAssembler
 from skewwatch.pipeline.corrections import RoutingCorrection
 from skewwatch.pipeline.decide import ModelDecider
@@ -52,6 +52,7 @@ class PartitionModels:
         self.last_input_wall = time.monotonic()
 
     def snapshot(self) -> bytes:
+        """The partition's checkpoint: pending steps and every model's decider state (JSON)."""
         return orjson.dumps({
             "v": 2,  # 2: the assembler may hold chunks (hand-off format 2); v1 snapshots restore as they are
             # pending steps are held as the records' bytes: a format-1 record (JSON) embedded as it is,
@@ -62,6 +63,7 @@ class PartitionModels:
 
     @classmethod
     def restore(cls, data: bytes, settings: Settings, detector_settings: DetectorSettings) -> PartitionModels:
+        """The partition a :meth:`snapshot` holds."""
         state = orjson.loads(data)
         partition = cls(settings)
         partition.assembler.load_state(state["assembler"], decode=orjson.dumps, decode_chunk=base64.b64decode)
@@ -70,89 +72,38 @@ class PartitionModels:
         return partition
 
 
-class ModelStage:
-    stage = "stage2"
+class ModelStage(CheckpointedStage[PartitionModels]):
+    """Stage 2: consumes the replica-steps topic and publishes per-model features and decisions."""
+
+    stage = "stage2"  # its consumer group, checkpoints and metrics are named so
 
     def __init__(self, settings: Settings, bootstrap: str, producer: AIOKafkaProducer,
                  metrics: WorkerMetrics) -> None:
-        self.settings = settings
-        self.bootstrap = bootstrap
-        self.producer = producer
-        self.metrics = metrics
+        super().__init__(settings, bootstrap, producer, metrics)
         self.detector_settings = settings.detectors
-        self.partitions: dict[int, PartitionModels] = {}
-        self.connection = client_kwargs(settings.kafka, bootstrap=bootstrap)
-        self.checkpoints = CheckpointStore(producer, self.connection, settings.topics.checkpoints, self.stage)
-        self.commits = CommitPipeline(self.checkpoints, settings.topics.replica_steps, settings.limits,
-                                      on_saved=metrics.checkpoints.labels(self.stage).inc)
-        self.consumer: AIOKafkaConsumer | None = None
         self.corrections: dict[str, RoutingCorrection] = {}  # latest published, per model
         self._weight_gauges: dict[tuple[str, str], Any] = {}  # (model, replica) -> its labelled gauge
-        self._lock = asyncio.Lock()
-        self._stopping = asyncio.Event()
 
-    async def run(self) -> None:
-        self.consumer = AIOKafkaConsumer(
-            **self.connection,
-            group_id=f"{self.settings.kafka.group_id}.stage2",
-            client_id=f"{self.settings.kafka.client_id}-stage2",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-        )
-        await self.consumer.start()
-        self.consumer.subscribe([self.settings.topics.replica_steps], listener=StageRebalanceListener(self))
-        try:
-            while not self._stopping.is_set():
-                self.commits.raise_failure()  # a refused send or checkpoint: restart from the last checkpoint
-                batches = await self.consumer.getmany(timeout_ms=200, max_records=20_000)
-                async with self._lock:
-                    for tp, messages in batches.items():
-                        if messages:
-                            await self._process(tp, messages)
-                    await self._complete_quiet_partitions()
-                    await self.commits.save_due(self._snapshot_of)
-                    commits = self.commits.take_commits()
-                await commit_offsets(self.consumer, commits)  # outside the lock (a commit may wait for a rebalance)
-            async with self._lock:  # a clean stop: the newest state is checkpointed and written
-                await self.commits.save_due(self._snapshot_of, force=True)
-            await self.commits.drain()
-            await commit_offsets(self.consumer, self.commits.take_commits())
-        finally:
-            self.commits.cancel()
-            await self.consumer.stop()
+    @property
+    def input_topic(self) -> str:
+        return self.settings.topics.replica_steps
 
-    def stop(self) -> None:
-        self._stopping.set()
+    def topics(self) -> list[str]:
+        return [self.settings.topics.replica_steps]
 
-    def _snapshot_of(self, partition: int) -> Snapshot | None:
-        """What a checkpoint of ``partition`` saves: its offset and its models' snapshot."""
-        state = self.partitions.get(partition)
-        return None if state is None else (state.next_offset, state.snapshot)
+    def new_partition(self, partition: int) -> PartitionModels:
+        return PartitionModels(self.settings)
 
-    async def on_assigned(self, assigned: set[TopicPartition]) -> None:
-        assert self.consumer is not None
-        async with self._lock:
-            topic = self.settings.topics.replica_steps
-            found = await self.checkpoints.read(topic, [tp.partition for tp in assigned])
-            for tp in assigned:
-                checkpoint = found.get(tp.partition)
-                if checkpoint is None:
-                    self.partitions[tp.partition] = PartitionModels(self.settings)
-                    continue
-                self.partitions[tp.partition] = PartitionModels.restore(
-                    checkpoint.state, self.settings, self.detector_settings)
-                self.partitions[tp.partition].next_offset = checkpoint.offset
-                self.consumer.seek(tp, checkpoint.offset)
+    def restore_partition(self, partition: int, checkpoint: Checkpoint) -> PartitionModels:
+        state = PartitionModels.restore(checkpoint.state, self.settings, self.detector_settings)
+        state.next_offset = checkpoint.offset
+        return state
 
-    async def on_revoked(self, revoked: set[TopicPartition]) -> None:
-        async with self._lock:
-            partitions = [tp.partition for tp in revoked]
-            # the newest state and the checkpoints in flight are written before anyone reads them
-            await self.commits.save_due(self._snapshot_of, force=True, partitions=partitions)
-            await self.commits.drain(partitions)
-            self.commits.forget(partitions)
-            for tp in revoked:
-                self.partitions.pop(tp.partition, None)
+    async def process(self, batches: dict[TopicPartition, list[Any]]) -> None:
+        for tp, messages in batches.items():
+            if messages:
+                await self._process(tp, messages)
+        await self._complete_quiet_partitions()
 
     async def _process(self, tp: TopicPartition, messages: list[Any]) -> None:
         state = self.partitions.get(tp.partition)
