@@ -1,12 +1,11 @@
 """skewwatch's Kafka topics, created explicitly with their intended configs.
 
-Issue 2: "Topics are created explicitly with their intended configs (partitions, ``cleanup.policy=compact``
-for corrections), not by auto-creation" (the embedded broker runs with ``auto.create.topics.enable=false``).
-DESIGN.md: routing corrections are compacted so a new subscriber reads the current state; window state is
-checkpointed to a compacted topic together with the input offset it covers.
+Topics are created explicitly with their intended configs (partitions, ``cleanup.policy=compact``
+for corrections), never by auto-creation (the embedded broker runs with
+``auto.create.topics.enable=false``). Routing corrections are compacted so a new subscriber reads the
+current state; window state is checkpointed to a compacted topic with the input offset it covers.
 
->>> from skewwatch.config import KafkaSettings, Settings
-from skewwatch.kafka_client import client_kwargs, describe_exception, quiet_client_logs, run_blocking
+>>> from skewwatch.config import Settings
 >>> specs = {spec.name: spec for spec in topic_specs(Settings())}
 >>> specs["llm.routing-corrections"].configs["cleanup.policy"], specs["llm.requests"].partitions
 ('compact', 8)
@@ -58,7 +57,7 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
 
     return [
         # The worker, not the broker, must refuse an oversized request message (it goes to the dead-letter
-        # topic with a reason, issue 2 "Bad input"), so the topic accepts up to 4x the worker's limit.
+        # topic with a reason), so the topic accepts up to 4x the worker's limit.
         spec(topics.requests, {"max.message.bytes": str(4 * request_limit)}),
         spec(topics.gpu_telemetry),
         spec(topics.features),
@@ -68,7 +67,7 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         spec(topics.dead_letter, {"max.message.bytes": str(8 * request_limit)}),
         spec(topics.replica_steps),  # internal: stage 1 -> stage 2, keyed by model
         spec(topics.checkpoints, {**compact, "max.message.bytes": str(_CHECKPOINT_MAX_BYTES)}),
-        # OTLP spans from the OTel Collector's Kafka exporter (issue 7), only when configured; a Collector
+        # OTLP spans from the OTel Collector's Kafka exporter, only when configured; a Collector
         # batch is one record, so it gets the same room as a request message
         *([spec(topics.otlp_spans, {"max.message.bytes": str(4 * request_limit)})] if topics.otlp_spans else []),
     ]

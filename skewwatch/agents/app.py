@@ -59,7 +59,7 @@ class PipelineService(mode.Service):
         self.producer: AIOKafkaProducer | None = None
         self.stage1: ReplicaStage | None = None
         self.stage2: ModelStage | None = None
-        self.otlp: OtlpStage | None = None  # only when topics.otlp_spans is set (issue 7)
+        self.otlp: OtlpStage | None = None  # only when topics.otlp_spans is set
         self._stage_tasks: list[asyncio.Task[None]] = []
         self._stopping = False
 

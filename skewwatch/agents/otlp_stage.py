@@ -1,7 +1,7 @@
 """The OTLP stage: OpenTelemetry request spans from a Kafka topic -> request events on ``llm.requests``.
 
-Issue 7 ("OTLP in", recipe 1 of docs/connect.md): "The worker consumes OTLP spans from a Kafka
-topic (both encodings the Collector's Kafka exporter writes)". Runs in the worker only when
+Recipe 1 of docs/connect.md: the worker consumes OTLP spans from a Kafka topic, in both encodings
+the Collector's Kafka exporter writes. Runs in the worker only when
 ``topics.otlp_spans`` is set (env ``SKEWWATCH_TOPICS__OTLP_SPANS``); consumer group ``<group>.otlp``.
 
 Each record value is one complete ``ExportTraceServiceRequest`` (protobuf or OTLP/JSON, setting
