@@ -224,7 +224,7 @@ def test_web_port_0_picks_a_free_port_and_says_which(kafka_settings: Settings, t
     env = {**WorkerProcess(kafka_settings, log_path).env, **settings_env(kafka_settings)}
     with log_path.open("ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "skewwatch", "worker", "--web-port", "0"],
-                                env=env, stdout=log, stderr=subprocess.STDOUT)
+                                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
         deadline, port = time.monotonic() + 90, None
         while time.monotonic() < deadline and proc.poll() is None:
