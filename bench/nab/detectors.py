@@ -1,6 +1,7 @@
 """The detectors the NAB benchmark runs: NAB's windowed Gaussian (the scoring's check), river's
-HalfSpaceTrees as NAB's river example sets it up, and ours (``make_scorer``). Each maps a file's values
-to one anomaly score per row in [0, 1], seeing the rows one at a time and in order, as NAB runs them.
+anomaly and drift detectors as they come, and ours (``make_scorer``) with its layers taken apart.
+Each maps a file's values to one anomaly score per row in [0, 1], seeing the rows one at a time and in
+order (score, then learn), as NAB runs them.
 
 >>> values = np.array([10.0, 10.5, 9.5, 10.0, 10.2, 50.0])
 >>> [round(s, 3) for s in windowed_gaussian(values)]
@@ -11,10 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from skewwatch.pipeline.detectors.novelty import make_scorer
 
 Series = npt.NDArray[np.float64]
 
@@ -79,3 +83,70 @@ def run_scorer(values: Series, make: Callable[..., Any], params: Mapping[str, An
         scores[i] = scorer.score_one(x)
         scorer.learn_one(x)
     return scores
+
+
+def river_gaussian_scorer(values: Series, window: int = 1000) -> Series:
+    """river's GaussianScorer over the last ``window`` values (a Gaussian tail, like NAB's own)."""
+    from river import anomaly
+
+    model = anomaly.GaussianScorer(window_size=window, grace_period=100)
+    scores = np.empty(len(values))
+    for i, v in enumerate(values.tolist()):
+        scores[i] = model.score_one(None, v)
+        model.learn_one(None, v)
+    return scores
+
+
+def river_one_class_svm(values: Series) -> Series:
+    """river's OneClassSVM (nu = 0.2) behind a StandardScaler."""
+    from river import anomaly, preprocessing
+
+    return run_scorer(values, lambda: preprocessing.StandardScaler() | anomaly.OneClassSVM(nu=0.2))
+
+
+def river_drift(values: Series, kind: str) -> Series:
+    """A river drift detector with its defaults as a scorer: 1 where it signals a drift, else 0."""
+    from river import drift
+
+    detector = {"adwin": drift.ADWIN, "page_hinkley": drift.PageHinkley, "kswin": lambda: drift.KSWIN(seed=42)}[kind]()
+    scores = np.zeros(len(values))
+    for i, v in enumerate(values.tolist()):
+        detector.update(v)
+        if detector.drift_detected:
+            scores[i] = 1.0
+    return scores
+
+
+def novelty_only(values: Series) -> Series:
+    """Our first layer alone: the range novelty ``e / (1 + e)``, no likelihood, no onsets."""
+    scorer = make_scorer()
+    scores = np.empty(len(values))
+    for i, v in enumerate(values.tolist()):
+        x = {"value": v}
+        e = scorer.novelty_one(x).get("value", 0.0)
+        scores[i] = e / (1.0 + e)
+        scorer.learn_one(x)
+    return scores
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A detector of the table: how to score one file, and what it is."""
+
+    run: Callable[[Series], Series]
+    what: str
+
+
+DETECTORS: dict[str, Entry] = {
+    "ours": Entry(lambda v: run_scorer(v, make_scorer), "make_scorer(): range novelty -> likelihood -> onsets"),
+    "ours-level": Entry(lambda v: run_scorer(v, make_scorer, {"onset": False}),
+                        "make_scorer(onset=False): the likelihood as a level, no onsets"),
+    "ours-novelty": Entry(novelty_only, "the range novelty alone (no likelihood, no onsets)"),
+    "windowed-gaussian": Entry(windowed_gaussian, "NAB's windowedGaussian re-implemented (the scoring's check)"),
+    "river-hst": Entry(river_halfspace_trees, "river MinMaxScaler | HalfSpaceTrees, defaults"),
+    "river-gaussian": Entry(river_gaussian_scorer, "river GaussianScorer(window_size=1000)"),
+    "river-ocsvm": Entry(river_one_class_svm, "river StandardScaler | OneClassSVM(nu=0.2)"),
+    "river-adwin": Entry(lambda v: river_drift(v, "adwin"), "river ADWIN: 1 at a drift"),
+    "river-page-hinkley": Entry(lambda v: river_drift(v, "page_hinkley"), "river PageHinkley: 1 at a drift"),
+    "river-kswin": Entry(lambda v: river_drift(v, "kswin"), "river KSWIN: 1 at a drift"),
+}

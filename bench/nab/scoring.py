@@ -65,8 +65,19 @@ class RowWeights:
     scored_windows: tuple[int, ...]  # windows with at least one scored row
 
 
+_WEIGHTS: dict[tuple[Any, ...], RowWeights] = {}  # they depend on the file's shape and the profile only
+
+
 def row_weights(nab_file: NabFile, cost: Cost) -> RowWeights:
     """Every scored row's weight under ``cost``, as NAB's sweeper computes it."""
+    key = (nab_file.name, len(nab_file.values), nab_file.windows, cost["tpWeight"], cost["fpWeight"])
+    found = _WEIGHTS.get(key)
+    if found is None:
+        found = _WEIGHTS[key] = _row_weights(nab_file, cost)
+    return found
+
+
+def _row_weights(nab_file: NabFile, cost: Cost) -> RowWeights:
     n = len(nab_file.values)
     weight = np.empty(n)
     window_of = np.full(n, -1, dtype=np.int64)
