@@ -114,7 +114,8 @@ def leave_one_file_out(files: list[NabFile], cost: dict[str, float]) -> dict[str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--detectors", default=",".join(DETECTORS), help="comma-separated, from: " + ", ".join(DETECTORS))
+    parser.add_argument("--detectors", default=",".join(DETECTORS),
+                        help="comma-separated, from: " + ", ".join(DETECTORS))
     parser.add_argument("--lofo", action=argparse.BooleanOptionalAction, default=True,
                         help="leave-one-file-out estimate for ours (about 18 scorer passes)")
     parser.add_argument("--out", type=Path, default=RESULTS / "nab.json")
@@ -138,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {rows[name]['standard']:.1f} ({seconds:.1f} s)", file=sys.stderr, flush=True)
     lofo = leave_one_file_out(files, profiles["standard"]) if args.lofo else None
 
-    header = f"{'detector':<40} {'standard':>8} {'low FP':>7} {'low FN':>7} {'AWS':>6} {'KC':>6} {'AWS->KC':>8} {'KC->AWS':>8}"
+    header = (f"{'detector':<40} {'standard':>8} {'low FP':>7} {'low FN':>7} {'AWS':>6} {'KC':>6} "
+              f"{'AWS->KC':>8} {'KC->AWS':>8}")
     print(header)
     print("-" * len(header))
     for name, row in rows.items():

@@ -4,8 +4,8 @@ Each maps a file's values to one anomaly score per row in [0, 1], seeing the row
 order (score, then learn), as NAB runs them.
 
 >>> values = np.array([10.0, 10.5, 9.5, 10.0, 10.2, 50.0])
->>> [round(s, 3) for s in windowed_gaussian(values)]
-[0.0, 1.0, 0.683, 0.0, 0.353, 1.0]
+>>> [round(float(s), 3) for s in windowed_gaussian(values)]
+[0.0, 1.0, 0.999, 0.5, 0.714, 1.0]
 """
 
 from __future__ import annotations

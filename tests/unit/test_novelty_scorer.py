@@ -1,0 +1,137 @@
+"""The novelty scorer keeps river's estimator conventions, is pure, and its JSON state continues exactly."""
+
+from __future__ import annotations
+
+import copy
+import doctest
+import json
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from river.checks import common
+
+from skewwatch.pipeline.detectors import novelty
+from skewwatch.pipeline.detectors.novelty import NoveltyScorer, make_scorer
+
+
+def stream(n: int, seed: int = 7, shift_at: int | None = None) -> list[dict[str, float]]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        level = 3.0 if shift_at is not None and i >= shift_at else 0.0
+        rows.append({"ttft": 100.0 + 10 * rng.gauss(0, 1) + 40 * level, "tps": 50.0 + rng.gauss(0, 2),
+                     "queue": float(rng.randint(0, 5))})
+    return rows
+
+
+def test_doctests() -> None:
+    result = doctest.testmod(novelty)
+    assert result.attempted > 0 and result.failed == 0
+
+
+RIVER_MODEL_CHECKS: list[Callable[[Any], None]] = [
+    common.check_repr, common.check_str, common.check_tags, common.check_clone_same_class,
+    common.check_clone_is_idempotent, common.check_init_has_default_params_for_tests,
+    common.check_init_default_params_are_not_mutable, common.check_doc, common.check_clone_changes_memory_addresses,
+    common.check_mutate_can_be_idempotent, common.check_pickling_supports_roundtrip,
+    common.check_repr_roundtrips_clone, common.check_clone_with_new_params_applies,
+    common.check_get_params_matches_signature,
+]
+RIVER_DATASET_CHECKS: list[Callable[[Any, Any], None]] = [
+    common.check_learn_one, common.check_shuffle_features_no_impact, common.check_predict_one_pure,
+    common.check_emerging_features, common.check_disappearing_features,
+    common.check_radically_disappearing_features, common.check_clone_is_independent,
+    common.check_predict_one_before_any_learn, common.check_no_state_aliasing_with_input, common.check_pickling,
+]
+
+
+@pytest.mark.parametrize("check", RIVER_MODEL_CHECKS, ids=lambda c: c.__name__)
+def test_river_estimator_checks(check: Callable[[Any], None]) -> None:
+    check(make_scorer())
+
+
+@pytest.mark.parametrize("check", RIVER_DATASET_CHECKS, ids=lambda c: c.__name__)
+def test_river_dataset_checks(check: Callable[[Any, Any], None]) -> None:
+    dataset = [(x, i >= 250) for i, x in enumerate(stream(300, shift_at=250))]
+    check(make_scorer(memory=100, warmup=20, grace=10), dataset)
+
+
+def test_score_one_is_pure_and_in_unit_interval() -> None:
+    scorer = make_scorer(memory=200, warmup=30)
+    for x in stream(400, shift_at=300):
+        before = json.dumps(scorer.state_dict())
+        first, second = scorer.score_one(x), scorer.score_one(x)
+        assert first == second and 0.0 <= first <= 1.0
+        assert json.dumps(scorer.state_dict()) == before
+        scorer.learn_one(x)
+
+
+@pytest.mark.parametrize("onset", [True, False])
+def test_state_round_trip_continues_exactly(onset: bool) -> None:
+    rows = stream(900, seed=3, shift_at=600)
+    params = {"memory": 300, "warmup": 50, "onset": onset}
+    a = make_scorer(**params)
+    for x in rows[:500]:
+        a.learn_one(x)
+    b = make_scorer(**params)
+    b.load_state(json.loads(json.dumps(a.state_dict())))
+    scores_a, scores_b = [], []
+    for x in rows[500:]:
+        scores_a.append(a.score_one(x))
+        a.learn_one(x)
+        scores_b.append(b.score_one(x))
+        b.learn_one(x)
+    assert scores_a == scores_b
+    assert max(scores_a[100:110]) > 0.5  # the shift at 600 is seen, so the comparison is not of zeros
+    assert a.state_dict() == b.state_dict()
+
+
+def test_state_from_other_parameters_or_version_is_refused() -> None:
+    a = make_scorer()
+    a.learn_one({"value": 1.0})
+    with pytest.raises(ValueError, match="other parameters"):
+        make_scorer(memory=1000).load_state(a.state_dict())
+    with pytest.raises(ValueError, match="v"):
+        make_scorer().load_state({**a.state_dict(), "v": 99})
+
+
+def test_a_shift_scores_and_a_recurring_spike_does_not() -> None:
+    """Relative to its own range: a spike seen before is normal, a new level is novel."""
+    scorer = make_scorer()
+    values = [1.0 + (5.0 if i % 50 == 0 else 0.0) + 0.01 * (i % 3) for i in range(1500)]
+    scores = []
+    for v in values + [9.0] * 5:
+        scores.append(scorer.score_one({"value": v}))
+        scorer.learn_one({"value": v})
+    assert max(scores[300:1500]) == 0.0
+    assert scores[1500] > 0.9
+
+
+def test_missing_and_non_numeric_features_sit_out() -> None:
+    scorer = make_scorer(memory=100, warmup=10, grace=5)
+    for x in stream(50):
+        scorer.learn_one(x)
+    for bad in ({"ttft": None}, {"ttft": float("nan")}, {"ttft": "fast"}, {"ttft": True}, {}):
+        assert scorer.score_one(bad) == 0.0
+        scorer.learn_one(bad)
+    assert scorer.samples == 55
+    assert scorer.novelty_one({"ttft": 1e9})["ttft"] > 1.0 and scorer.novelty_one({}) == {}
+
+
+@pytest.mark.parametrize("bad", [{"scales": ()}, {"scales": (0,)}, {"memory": 4, "blocks": 8}, {"fading": 1.0},
+                                 {"short": 0}, {"escalation": 0.5}])
+def test_bad_parameters_are_refused(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        NoveltyScorer(**bad)
+
+
+def test_state_is_not_aliased() -> None:
+    scorer = make_scorer(memory=100)
+    for x in stream(120):
+        scorer.learn_one(x)
+    exported = scorer.state_dict()
+    frozen = copy.deepcopy(exported)
+    scorer.learn_one(stream(1, seed=9)[0])
+    assert exported == frozen
