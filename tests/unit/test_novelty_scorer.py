@@ -9,11 +9,12 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 from river.checks import common
 
 from skewwatch.pipeline.detectors import novelty
-from skewwatch.pipeline.detectors.novelty import NoveltyScorer, make_scorer
+from skewwatch.pipeline.detectors.novelty import NoveltyBank, NoveltyParams, NoveltyScorer, make_scorer
 
 
 def stream(n: int, seed: int = 7, shift_at: int | None = None) -> list[dict[str, float]]:
@@ -135,3 +136,58 @@ def test_state_is_not_aliased() -> None:
     frozen = copy.deepcopy(exported)
     scorer.learn_one(stream(1, seed=9)[0])
     assert exported == frozen
+
+
+def _bank_sample(bank: NoveltyBank, xs: list[dict[str, Any]]) -> np.ndarray:
+    bank.add_features(sorted({k for x in xs for k, v in x.items() if novelty._number(v) is not None}))
+    out = np.full((len(xs), len(bank.features)), np.nan)
+    for row, x in enumerate(xs):
+        for name, value in x.items():
+            v = novelty._number(value)
+            if v is not None:
+                out[row, bank.features.index(name)] = v
+    return out
+
+
+@pytest.mark.parametrize("params", [{}, {"memory": 100, "warmup": 20, "grace": 10, "short": 3},
+                                    {"onset": False, "scales": (1, 4)}, {"short": 1, "blocks": 1}])
+def test_the_bank_and_the_scorer_are_the_same_scorer(params: dict[str, Any]) -> None:
+    """Three streams, as three NoveltyScorers and as three rows of one NoveltyBank: the same scores,
+    and a state moves from one form to the other and goes on identically."""
+    rng = random.Random(11)
+    scorers = [make_scorer(**params) for _ in range(3)]
+    bank = NoveltyBank([], NoveltyParams(**params))
+    rows = bank.add_rows(3)
+    worst = 0.0
+    shifted = 0.0  # the highest score of the stream that shifts at 1000 (so equal scores are not all zeros)
+    for i in range(1500):
+        xs = [{"a": rng.gauss(0, 1) + (4.0 if i > 1000 and r == 1 else 0.0),
+               "b": rng.random() if (i + r) % 7 else None, **({"c": rng.random()} if i > 300 else {})}
+              for r in range(3)]
+        expected = [s.score_one(x) for s, x in zip(scorers, xs, strict=True)]
+        for s, x in zip(scorers, xs, strict=True):
+            s.learn_one(x)
+        got = bank.learn(rows, _bank_sample(bank, xs))
+        worst = max(worst, float(np.abs(np.asarray(expected) - got).max()))
+        shifted = max(shifted, expected[1] if i > 1000 else 0.0)
+        if i == 700:  # swap forms: the bank's rows become scorers and the scorers bank rows
+            states = [s.state_dict() for s in scorers]
+            for r in range(3):
+                scorers[r].load_state({"v": novelty.STATE_VERSION, "params": NoveltyParams(**params).key(),
+                                       **bank.row_state(r)})
+                bank.load_row(r, states[r])
+    assert worst < 1e-12
+    assert shifted > 0.5
+
+
+def test_bank_rows_are_independent_and_can_be_dropped() -> None:
+    bank = NoveltyBank(["v"], NoveltyParams(memory=50, grace=5, warmup=5))
+    rows = bank.add_rows(3)
+    for i in range(80):
+        bank.learn(rows, np.array([[float(i % 4)], [10.0 + i % 2], [-1.0]]))
+    alone = NoveltyBank(["v"], NoveltyParams(memory=50, grace=5, warmup=5))
+    one = alone.add_rows(1)
+    for i in range(80):
+        alone.learn(one, np.array([[10.0 + i % 2]]))
+    bank.drop_rows([0])
+    assert len(bank) == 2 and bank.row_state(0) == alone.row_state(0)

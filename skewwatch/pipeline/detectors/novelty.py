@@ -29,6 +29,11 @@ How it scores a sample, in three layers (every length is counted in samples):
 
 Nothing scores before a feature has been seen ``grace`` times, nor before ``warmup`` samples.
 
+The same scorer comes in two forms: ``NoveltyScorer`` (one stream, plain Python, river's interface)
+and :class:`NoveltyBank` (many independent streams as the rows of a few numpy arrays, scored and
+learned a batch of rows at once: the ``learned`` detector keeps one row per replica). They share the
+state format (a scorer's state loads into a bank row and back) and give the same scores.
+
 >>> scorer = make_scorer()
 >>> series = [10.0 + (i % 7) * 0.5 for i in range(400)] + [25.0] + [10.0 + (i % 7) * 0.5 for i in range(20)]
 >>> scores = []
@@ -55,95 +60,318 @@ Multivariate, and the state round trip (a JSON-able dict, exact):
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from river import base
+from scipy.special import erfc
 
 STATE_VERSION = 1
 
 _LOG_EPS = math.log(1e-10)  # the likelihood's log scale: p = 1e-10 scores 1 (NAB's HTM uses the same)
 _SD_FLOOR = 1e-4  # the short mean's spread is never taken below this (a flat past is not infinitely sure)
 
-
-def _tail(z: float) -> float:
-    """P(Z > z) for a standard normal Z."""
-    return 0.5 * math.erfc(z / math.sqrt(2.0))
+Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
 
 
-class _Range:
-    """One feature at one scale: the EW mean and the extremes it reached, per block of samples."""
+@dataclass(frozen=True, slots=True)
+class NoveltyParams:
+    """The scorer's parameters (see :class:`NoveltyScorer`), checked."""
 
-    __slots__ = ("mean", "cur_hi", "cur_lo", "count", "his", "los", "ring_hi", "ring_lo")
+    scales: tuple[int, ...] = (1, 8, 64)
+    memory: int = 2000
+    blocks: int = 8
+    grace: int = 50
+    short: int = 10
+    fading: float = 0.0003
+    warmup: int = 100
+    onset: bool = True
+    rearm: int = 12
+    escalation: float = 2.0
 
-    def __init__(self) -> None:
-        self.mean: float | None = None
-        self.cur_hi = -math.inf  # extremes of the block being filled
-        self.cur_lo = math.inf
-        self.count = 0  # samples in that block
-        self.his: list[float] = []  # extremes of the completed blocks, oldest first
-        self.los: list[float] = []
-        self.ring_hi = -math.inf  # max(his), min(los): kept so a sample does not scan the blocks
-        self.ring_lo = math.inf
+    def __post_init__(self) -> None:
+        if not self.scales or any(int(k) < 1 for k in self.scales):
+            raise ValueError(f"scales must be >= 1 sample each, got {self.scales!r}")
+        if self.blocks < 1 or self.memory < self.blocks:
+            raise ValueError(f"need memory >= blocks >= 1, got memory={self.memory!r} blocks={self.blocks!r}")
+        if self.short < 1 or not 0.0 < self.fading < 1.0 or self.rearm < 1 or self.escalation < 1.0:
+            raise ValueError("need short >= 1, 0 < fading < 1, rearm >= 1, escalation >= 1")
+        if self.grace < 0 or self.warmup < 0:
+            raise ValueError("need grace >= 0 and warmup >= 0")
 
-    def moved(self, x: float, k: int) -> float:
-        """The scale's mean once ``x`` is in it (not stored)."""
-        return x if self.mean is None else self.mean + (x - self.mean) / k
+    @property
+    def block(self) -> int:
+        """Samples per block."""
+        return max(1, self.memory // self.blocks)
 
-    def novelty(self, m: float) -> float:
-        """How far ``m`` lies outside the range seen so far, in units of that range (0 inside)."""
-        hi = max(self.ring_hi, self.cur_hi)
-        lo = min(self.ring_lo, self.cur_lo)
+    def key(self) -> list[Any]:
+        """What a saved state must have been learned with."""
+        return [list(self.scales), self.memory, self.blocks, self.grace, self.short, self.fading, self.warmup,
+                self.onset, self.rearm, self.escalation]
+
+
+@dataclass(slots=True)
+class Batch:
+    """One sample of some rows, scored but not yet learned (``NoveltyBank.evaluate``)."""
+
+    rows: Ints
+    valid: npt.NDArray[np.bool_]  # (r, F): the feature has a number this sample
+    moved: Floats  # (r, F, S): each scale's mean with the sample in it
+    novelty: Floats  # (r, F): the most novel scale's novelty (0 before grace)
+    raw: Floats  # (r,): e / (1 + e) of the most novel feature
+    short_mean: Floats  # (r,): mean raw score of the last `short` samples, this one included
+    level: Floats  # (r,): the likelihood score
+    score: Floats  # (r,): what is reported (level, or onsets)
+
+
+class NoveltyBank:
+    """Many independent novelty scorers over the same features, one per row, as numpy columns.
+
+    >>> bank = NoveltyBank(["a", "b"], NoveltyParams(scales=(1, 4), memory=40, grace=5, warmup=5))
+    >>> rows = bank.add_rows(3)
+    >>> for i in range(60):
+    ...     _ = bank.learn(rows, np.array([[1.0 + i % 3, 2.0], [5.0, 5.0 + i % 2], [0.0, 0.0]]))
+    >>> batch = bank.evaluate(rows, np.array([[9.0, 2.0], [5.0, 5.5], [np.nan, 0.0]]))
+    >>> [round(float(v), 1) for v in batch.novelty[:, 0]], float(batch.score[1])
+    ([5.7, 0.0, 0.0], 0.0)
+    """
+
+    def __init__(self, features: Sequence[str], params: NoveltyParams | None = None) -> None:
+        self.params = params or NoveltyParams()
+        self.features: list[str] = list(features)
+        self._k = np.asarray(self.params.scales, dtype=np.float64)
+        self._alloc(0, len(self.features))
+
+    # --- storage
+
+    def _alloc(self, rows: int, features: int) -> None:
+        p = self.params
+        s, b = len(p.scales), p.blocks
+        self.mean = np.full((rows, features, s), np.nan)  # each scale's EW mean (NaN: none yet)
+        self.cur_hi = np.full((rows, features, s), -np.inf)  # extremes of the block being filled
+        self.cur_lo = np.full((rows, features, s), np.inf)
+        self.ring_hi = np.full((rows, features, s, b), -np.inf)  # extremes of the last `blocks` blocks
+        self.ring_lo = np.full((rows, features, s, b), np.inf)
+        self.ring_max = np.full((rows, features, s), -np.inf)  # max(ring_hi), min(ring_lo): cached
+        self.ring_min = np.full((rows, features, s), np.inf)
+        self.count = np.zeros((rows, features), dtype=np.int64)  # samples in the block being filled
+        self.head = np.zeros((rows, features), dtype=np.int64)  # the ring slot the next block goes to
+        self.seen = np.zeros((rows, features), dtype=np.int64)  # samples learned per feature
+        self.n = np.zeros(rows, dtype=np.int64)  # samples learned
+        self.recent = np.zeros((rows, p.short))  # the last `short` raw scores (a ring)
+        self.recent_n = np.zeros(rows, dtype=np.int64)
+        self.lik = np.zeros((rows, 3))  # EW of the short mean: samples, mean, variance
+        self.episode = np.zeros((rows, 2))  # highest score reported in the episode, samples at level 0
+
+    _ROW_ARRAYS = ("mean", "cur_hi", "cur_lo", "ring_hi", "ring_lo", "ring_max", "ring_min", "count", "head",
+                   "seen", "n", "recent", "recent_n", "lik", "episode")
+    _FEATURE_ARRAYS = ("mean", "cur_hi", "cur_lo", "ring_hi", "ring_lo", "ring_max", "ring_min", "count", "head",
+                       "seen")
+
+    def __len__(self) -> int:
+        return len(self.n)
+
+    def add_rows(self, count: int) -> Ints:
+        """``count`` fresh scorers; their row numbers."""
+        start = len(self)
+        fresh = NoveltyBank(self.features, self.params)
+        fresh._alloc(count, len(self.features))
+        for name in self._ROW_ARRAYS:
+            setattr(self, name, np.concatenate((getattr(self, name), getattr(fresh, name))))
+        return np.arange(start, start + count, dtype=np.int64)
+
+    def add_features(self, names: Sequence[str]) -> None:
+        """New features for every row (never seen yet)."""
+        new = [name for name in names if name not in self.features]
+        if not new:
+            return
+        fresh = NoveltyBank(new, self.params)
+        fresh._alloc(len(self), len(new))
+        for name in self._FEATURE_ARRAYS:
+            setattr(self, name, np.concatenate((getattr(self, name), getattr(fresh, name)), axis=1))
+        self.features.extend(new)
+
+    def drop_rows(self, rows: Sequence[int] | Ints) -> None:
+        """Remove rows; the rows after them move up (callers renumber)."""
+        keep = np.ones(len(self), dtype=bool)
+        keep[np.asarray(rows, dtype=np.int64)] = False
+        for name in self._ROW_ARRAYS:
+            setattr(self, name, getattr(self, name)[keep])
+
+    # --- scoring and learning
+
+    def evaluate(self, rows: Ints, x: Floats) -> Batch:
+        """Score one sample ``x`` (shape (len(rows), len(features)), NaN = missing) of each row; pure."""
+        p = self.params
+        valid = np.isfinite(x)
+        xs = x[:, :, None]
+        mean = self.mean[rows]
+        moved = np.where(np.isnan(mean), xs, mean + (xs - mean) / self._k)
+        hi = np.maximum(self.ring_max[rows], self.cur_hi[rows])
+        lo = np.minimum(self.ring_min[rows], self.cur_lo[rows])
         span = hi - lo
-        if not span > 0.0:  # one value seen (or none): no range to be outside of
-            return 0.0
-        if m > hi:
-            return (m - hi) / span
-        if m < lo:
-            return (lo - m) / span
-        return 0.0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            outside = np.maximum(moved - hi, lo - moved)
+            e = np.where((span > 0.0) & np.isfinite(span) & (outside > 0.0), outside / span, 0.0)
+        counts = valid & (self.seen[rows] >= p.grace)
+        novelty = np.where(counts, e.max(axis=2), 0.0)
+        best = novelty.max(axis=1) if novelty.shape[1] else np.zeros(len(rows))
+        raw = best / (1.0 + best)
+        filled = np.minimum(self.recent_n[rows], p.short)
+        if p.short > 1:
+            slot = self.recent_n[rows] % p.short  # the oldest sample, which this one replaces when full
+            kept = self.recent[rows].sum(axis=1) - np.where(filled >= p.short, self.recent[rows, slot], 0.0)
+        else:
+            kept = np.zeros(len(rows))
+        short_mean = (kept + raw) / np.minimum(filled + 1, p.short)
+        lik = self.lik[rows]
+        sd = np.maximum(np.sqrt(lik[:, 2]), _SD_FLOOR)
+        z = (short_mean - lik[:, 1]) / sd
+        ready = (self.n[rows] >= p.warmup) & (lik[:, 0] > 0) & (z > 0.0)
+        tail = 0.5 * erfc(np.where(ready, z, 0.0) / math.sqrt(2.0))
+        level = np.where(ready, np.minimum(1.0, np.log(tail + 1e-10) / _LOG_EPS), 0.0)
+        if p.onset:
+            episode_max = self.episode[rows, 0]
+            score = np.where((level > 0.0) & (level > p.escalation * episode_max), level, 0.0)
+        else:
+            score = level
+        return Batch(rows, valid, moved, novelty, raw, short_mean, level, score)
 
-    def learn(self, m: float, block: int, blocks: int) -> None:
-        self.mean = m
-        if m > self.cur_hi:
-            self.cur_hi = m
-        if m < self.cur_lo:
-            self.cur_lo = m
-        self.count += 1
-        if self.count >= block:
-            self.his.append(self.cur_hi)
-            self.los.append(self.cur_lo)
-            if len(self.his) > blocks:
-                del self.his[0], self.los[0]
-            self.ring_hi, self.ring_lo = max(self.his), min(self.los)
-            self.cur_hi, self.cur_lo, self.count = -math.inf, math.inf, 0
+    def commit(self, batch: Batch) -> None:
+        """Learn the sample ``batch`` was evaluated on (the state then moves on by one sample)."""
+        p = self.params
+        rows, valid = batch.rows, batch.valid
+        v3 = valid[:, :, None]
+        self.mean[rows] = np.where(v3, batch.moved, self.mean[rows])
+        self.cur_hi[rows] = np.where(v3, np.maximum(self.cur_hi[rows], batch.moved), self.cur_hi[rows])
+        self.cur_lo[rows] = np.where(v3, np.minimum(self.cur_lo[rows], batch.moved), self.cur_lo[rows])
+        self.count[rows] += valid
+        self.seen[rows] += valid
+        full_r, full_f = np.nonzero(self.count[rows] >= p.block)
+        if len(full_r):
+            r, f = rows[full_r], full_f
+            slot = self.head[r, f]
+            self.ring_hi[r, f, :, slot] = self.cur_hi[r, f]
+            self.ring_lo[r, f, :, slot] = self.cur_lo[r, f]
+            self.head[r, f] = (slot + 1) % p.blocks
+            self.ring_max[r, f] = self.ring_hi[r, f].max(axis=-1)
+            self.ring_min[r, f] = self.ring_lo[r, f].min(axis=-1)
+            self.cur_hi[r, f] = -np.inf
+            self.cur_lo[r, f] = np.inf
+            self.count[r, f] = 0
+        self.n[rows] += 1
+        self.recent[rows, self.recent_n[rows] % p.short] = batch.raw
+        self.recent_n[rows] += 1
+        lik = self.lik[rows]
+        lik[:, 0] += 1.0
+        a = np.maximum(p.fading, 1.0 / lik[:, 0])
+        d = batch.short_mean - lik[:, 1]
+        lik[:, 1] += a * d
+        lik[:, 2] = (1.0 - a) * (lik[:, 2] + a * d * d)
+        self.lik[rows] = lik
+        episode = self.episode[rows]
+        at_zero = batch.level <= 0.0
+        episode[:, 1] = np.where(at_zero, episode[:, 1] + 1.0, 0.0)
+        episode[:, 0] = np.where(batch.score > 0.0, batch.score,
+                                 np.where(at_zero & (episode[:, 1] >= p.rearm), 0.0, episode[:, 0]))
+        self.episode[rows] = episode
 
-    def to_list(self) -> list[Any]:
-        return [self.mean, _finite(self.cur_hi), _finite(self.cur_lo), self.count, list(self.his), list(self.los)]
+    def learn(self, rows: Ints, x: Floats) -> Floats:
+        """Score and learn one sample of each row; the scores."""
+        batch = self.evaluate(rows, x)
+        self.commit(batch)
+        return batch.score
 
-    @classmethod
-    def from_list(cls, data: list[Any]) -> _Range:
-        r = cls()
-        mean, cur_hi, cur_lo, count, his, los = data
-        r.mean = None if mean is None else float(mean)
-        r.cur_hi = -math.inf if cur_hi is None else float(cur_hi)
-        r.cur_lo = math.inf if cur_lo is None else float(cur_lo)
-        r.count = int(count)
-        r.his = [float(v) for v in his]
-        r.los = [float(v) for v in los]
-        if len(r.his) != len(r.los):
-            raise ValueError("novelty state: block extremes of different lengths")
-        if r.his:
-            r.ring_hi, r.ring_lo = max(r.his), min(r.los)
-        return r
+    # --- state
+
+    def row_state(self, row: int) -> dict[str, Any]:
+        """One row's whole state as plain JSON data (None for the infinities and NaN of "not yet")."""
+        return {
+            "n": int(self.n[row]),
+            "features": {
+                name: {
+                    "mean": _plain(self.mean[row, f]),
+                    "cur": [_plain(self.cur_hi[row, f]), _plain(self.cur_lo[row, f])],
+                    "ring": [_plain(self.ring_hi[row, f].ravel()), _plain(self.ring_lo[row, f].ravel())],
+                    "count": int(self.count[row, f]),
+                    "head": int(self.head[row, f]),
+                    "seen": int(self.seen[row, f]),
+                }
+                for f, name in enumerate(self.features)
+                if self.seen[row, f] or not np.isnan(self.mean[row, f]).all()
+            },
+            "recent": [float(v) for v in self.recent[row]],
+            "recent_n": int(self.recent_n[row]),
+            "lik": [float(v) for v in self.lik[row]],
+            "episode": [float(v) for v in self.episode[row]],
+        }
+
+    def load_row(self, row: int, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`row_state`'s output into ``row`` (features it names are added if new)."""
+        p = self.params
+        s, b = len(p.scales), p.blocks
+        features = state["features"]
+        self.add_features([str(name) for name in features])
+        for name, data in features.items():
+            f = self.features.index(str(name))
+            self.mean[row, f] = _floats(data["mean"], (s,), np.nan)
+            cur_hi, cur_lo = data["cur"]
+            self.cur_hi[row, f] = _floats(cur_hi, (s,), -np.inf)
+            self.cur_lo[row, f] = _floats(cur_lo, (s,), np.inf)
+            ring_hi, ring_lo = data["ring"]
+            self.ring_hi[row, f] = _floats(ring_hi, (s * b,), -np.inf).reshape(s, b)
+            self.ring_lo[row, f] = _floats(ring_lo, (s * b,), np.inf).reshape(s, b)
+            self.ring_max[row, f] = self.ring_hi[row, f].max(axis=-1)
+            self.ring_min[row, f] = self.ring_lo[row, f].min(axis=-1)
+            self.count[row, f] = int(data["count"])
+            self.head[row, f] = int(data["head"]) % b
+            self.seen[row, f] = int(data["seen"])
+        self.n[row] = int(state["n"])
+        self.recent[row] = _floats(state["recent"], (p.short,), 0.0)
+        self.recent_n[row] = int(state["recent_n"])
+        self.lik[row] = _floats(state["lik"], (3,), 0.0)
+        self.episode[row] = _floats(state["episode"], (2,), 0.0)
 
 
-def _finite(v: float) -> float | None:
-    return v if math.isfinite(v) else None
+def _plain(values: Floats) -> list[float | None]:
+    return [float(v) if math.isfinite(v) else None for v in values.ravel().tolist()]
+
+
+def _floats(values: Sequence[float | None], shape: tuple[int, ...], missing: float) -> Floats:
+    out = np.array([missing if v is None else float(v) for v in values], dtype=np.float64)
+    if out.shape != shape:
+        raise ValueError(f"novelty state: expected {shape[0]} numbers, got {len(values)}")
+    return out
+
+
+class _Feature:
+    """One feature of a one-stream scorer: a bank row's arrays for that feature, as Python lists."""
+
+    __slots__ = ("mean", "cur_hi", "cur_lo", "ring_hi", "ring_lo", "ring_max", "ring_min", "count", "head", "seen")
+
+    def __init__(self, scales: int, blocks: int) -> None:
+        self.mean = [math.nan] * scales
+        self.cur_hi = [-math.inf] * scales
+        self.cur_lo = [math.inf] * scales
+        self.ring_hi = [[-math.inf] * blocks for _ in range(scales)]
+        self.ring_lo = [[math.inf] * blocks for _ in range(scales)]
+        self.ring_max = [-math.inf] * scales
+        self.ring_min = [math.inf] * scales
+        self.count = 0
+        self.head = 0
+        self.seen = 0
 
 
 class NoveltyScorer(base.AnomalyDetector):
     """Multi-scale range novelty -> likelihood -> onsets; see the module docstring.
+
+    The same arithmetic as one :class:`NoveltyBank` row, in plain Python (a numpy call per value
+    would cost more than the arithmetic for one stream); its state is a bank row's state, and
+    ``tests/unit/test_novelty_scorer.py`` keeps the two equal, score for score.
 
     Parameters
     ----------
@@ -182,13 +410,7 @@ class NoveltyScorer(base.AnomalyDetector):
         rearm: int = 12,
         escalation: float = 2.0,
     ) -> None:
-        if not scales or any(int(k) < 1 for k in scales):
-            raise ValueError(f"scales must be >= 1 samples each, got {scales!r}")
-        if blocks < 1 or memory < blocks:
-            raise ValueError(f"need memory >= blocks >= 1, got memory={memory!r} blocks={blocks!r}")
-        if short < 1 or not 0.0 < fading < 1.0 or rearm < 1 or escalation < 1.0 or grace < 0 or warmup < 0:
-            raise ValueError("need short >= 1, 0 < fading < 1, rearm >= 1, escalation >= 1, grace and warmup >= 0")
-        self.scales = tuple(int(k) for k in scales)
+        self.scales = tuple(scales)
         self.memory = memory
         self.blocks = blocks
         self.grace = grace
@@ -198,158 +420,178 @@ class NoveltyScorer(base.AnomalyDetector):
         self.onset = onset
         self.rearm = rearm
         self.escalation = escalation
-        self._block = max(1, memory // blocks)
-        self._reset()
-
-    def _reset(self) -> None:
-        self._features: dict[Hashable, list[_Range]] = {}  # feature name -> one range per scale
-        self._seen: dict[Hashable, int] = {}  # samples learned per feature
-        self._n = 0  # samples learned
-        self._recent: list[float] = []  # the last `short` raw scores
-        self._lik_n = 0
-        self._lik_mean = 0.0
-        self._lik_var = 0.0
-        self._episode_max = 0.0  # highest score reported in the current episode
-        self._quiet = 0  # samples in a row at likelihood 0
+        self._params = NoveltyParams(tuple(int(k) for k in scales), memory, blocks, grace, short, fading, warmup,
+                                     onset, rearm, escalation)
+        self._k = [float(k) for k in self._params.scales]
+        self._features: dict[Hashable, _Feature] = {}
+        self._n = 0
+        self._recent = [0.0] * short  # the last `short` raw scores (a ring)
+        self._recent_n = 0
+        self._lik = [0.0, 0.0, 0.0]  # EW of the short mean: samples, mean, variance
+        self._episode = [0.0, 0.0]  # highest score reported in the episode, samples at level 0
 
     # --- river's interface
 
     def learn_one(self, x: dict[Hashable, Any]) -> None:
-        raw, moved = self._raw(x)
-        recent, short_mean = self._short(raw)
-        level = self._level(short_mean)
-        self._report(level, commit=True)
+        moved, novelty, raw, short_mean, level, score = self._evaluate(x)
+        p = self._params
         for name, means in moved.items():
-            ranges = self._features.get(name)
-            if ranges is None:
-                ranges = self._features[name] = [_Range() for _ in self.scales]
-            for r, m in zip(ranges, means, strict=True):
-                r.learn(m, self._block, self.blocks)
-            self._seen[name] = self._seen.get(name, 0) + 1
+            feature = self._features.get(name)
+            if feature is None:
+                feature = self._features[name] = _Feature(len(self._k), p.blocks)
+            for i, m in enumerate(means):
+                feature.mean[i] = m
+                if m > feature.cur_hi[i]:
+                    feature.cur_hi[i] = m
+                if m < feature.cur_lo[i]:
+                    feature.cur_lo[i] = m
+            feature.count += 1
+            feature.seen += 1
+            if feature.count >= p.block:
+                slot = feature.head
+                for i in range(len(means)):
+                    feature.ring_hi[i][slot] = feature.cur_hi[i]
+                    feature.ring_lo[i][slot] = feature.cur_lo[i]
+                    feature.ring_max[i] = max(feature.ring_hi[i])
+                    feature.ring_min[i] = min(feature.ring_lo[i])
+                    feature.cur_hi[i], feature.cur_lo[i] = -math.inf, math.inf
+                feature.head = (slot + 1) % p.blocks
+                feature.count = 0
         self._n += 1
-        self._recent = recent
-        # the long-run distribution of the short mean: EW mean and variance (1/n at first, so the
-        # first samples are not dominated by the zero start)
-        self._lik_n += 1
-        a = max(self.fading, 1.0 / self._lik_n)
-        d = short_mean - self._lik_mean
-        self._lik_mean += a * d
-        self._lik_var = (1.0 - a) * (self._lik_var + a * d * d)
+        self._recent[self._recent_n % p.short] = raw
+        self._recent_n += 1
+        lik = self._lik
+        lik[0] += 1.0
+        a = max(p.fading, 1.0 / lik[0])
+        d = short_mean - lik[1]
+        lik[1] += a * d
+        lik[2] = (1.0 - a) * (lik[2] + a * d * d)
+        episode = self._episode
+        at_zero = level <= 0.0
+        episode[1] = episode[1] + 1.0 if at_zero else 0.0
+        if score > 0.0:
+            episode[0] = score
+        elif at_zero and episode[1] >= p.rearm:
+            episode[0] = 0.0
 
     def score_one(self, x: dict[Hashable, Any]) -> float:
-        raw, _ = self._raw(x)
-        _, short_mean = self._short(raw)
-        return self._report(self._level(short_mean), commit=False)
+        return self._evaluate(x)[5]
 
     def novelty_one(self, x: dict[Hashable, Any]) -> dict[Hashable, float]:
-        """Each feature's range novelty for ``x`` (the most novel scale), before the likelihood."""
-        out: dict[Hashable, float] = {}
-        for name, value in x.items():
-            v = _number(value)
-            ranges = self._features.get(name)
-            if v is None or ranges is None:
-                continue
-            seen = self._seen.get(name, 0) >= self.grace
-            out[name] = max((r.novelty(r.moved(v, k)) for r, k in zip(ranges, self.scales, strict=True)),
-                            default=0.0) if seen else 0.0
-        return out
+        """Each known feature's range novelty for ``x`` (the most novel scale), before the likelihood."""
+        return self._evaluate(x)[1]
 
-    # --- the three layers
-
-    def _raw(self, x: Mapping[Hashable, Any]) -> tuple[float, dict[Hashable, list[float]]]:
+    def _evaluate(
+        self, x: Mapping[Hashable, Any]
+    ) -> tuple[dict[Hashable, list[float]], dict[Hashable, float], float, float, float, float]:
+        """(each valid feature's moved means, novelty of the known ones, raw, short mean, level, score)."""
+        p = self._params
+        ks = self._k
         best = 0.0
         moved: dict[Hashable, list[float]] = {}
+        novelty: dict[Hashable, float] = {}
         for name, value in x.items():
             v = _number(value)
             if v is None:  # missing or not a number: this feature sits the sample out
                 continue
-            ranges = self._features.get(name)
-            if ranges is None:
-                moved[name] = [v] * len(self.scales)
+            feature = self._features.get(name)
+            if feature is None:
+                moved[name] = [v] * len(ks)
                 continue
-            means = [r.moved(v, k) for r, k in zip(ranges, self.scales, strict=True)]
+            means = [v if math.isnan(m) else m + (v - m) / k for m, k in zip(feature.mean, ks, strict=True)]
             moved[name] = means
-            if self._seen.get(name, 0) >= self.grace:
-                for r, m in zip(ranges, means, strict=True):
-                    e = r.novelty(m)
-                    if e > best:
-                        best = e
-        return best / (1.0 + best), moved
-
-    def _short(self, raw: float) -> tuple[list[float], float]:
-        recent = self._recent[1:] + [raw] if len(self._recent) >= self.short else self._recent + [raw]
-        return recent, sum(recent) / len(recent)
-
-    def _level(self, short_mean: float) -> float:
-        if self._n < self.warmup or self._lik_n == 0:
-            return 0.0
-        sd = max(math.sqrt(self._lik_var), _SD_FLOOR)
-        z = (short_mean - self._lik_mean) / sd
-        if z <= 0.0:
-            return 0.0
-        return min(1.0, math.log(_tail(z) + 1e-10) / _LOG_EPS)
-
-    def _report(self, level: float, *, commit: bool) -> float:
-        if not self.onset:
-            return level
-        if level <= 0.0:
-            if commit:
-                self._quiet += 1
-                if self._quiet >= self.rearm:
-                    self._episode_max = 0.0
-            return 0.0
-        reported = level if level > self.escalation * self._episode_max else 0.0
-        if commit:
-            self._quiet = 0
-            if reported:
-                self._episode_max = reported
-        return reported
+            e_max = 0.0
+            if feature.seen >= p.grace:
+                for i, m in enumerate(means):
+                    hi = max(feature.ring_max[i], feature.cur_hi[i])
+                    lo = min(feature.ring_min[i], feature.cur_lo[i])
+                    span = hi - lo
+                    if span > 0.0 and span != math.inf:
+                        outside = max(m - hi, lo - m)
+                        if outside > 0.0 and outside / span > e_max:
+                            e_max = outside / span
+            novelty[name] = e_max
+            if e_max > best:
+                best = e_max
+        raw = best / (1.0 + best)
+        filled = min(self._recent_n, p.short)
+        if p.short > 1:
+            kept = sum(self._recent) - (self._recent[self._recent_n % p.short] if filled >= p.short else 0.0)
+        else:
+            kept = 0.0
+        short_mean = (kept + raw) / min(filled + 1, p.short)
+        n_lik, lik_mean, lik_var = self._lik
+        level = 0.0
+        if self._n >= p.warmup and n_lik > 0:
+            z = (short_mean - lik_mean) / max(math.sqrt(lik_var), _SD_FLOOR)
+            if z > 0.0:
+                level = min(1.0, math.log(0.5 * math.erfc(z / math.sqrt(2.0)) + 1e-10) / _LOG_EPS)
+        onset = level > 0.0 and level > p.escalation * self._episode[0]
+        score = level if not p.onset or onset else 0.0
+        return moved, novelty, raw, short_mean, level, score
 
     # --- state
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything learned, as plain JSON data (lists, floats, ints; None for "not yet"); feature
-        names become strings (JSON object keys)."""
+        """Everything learned, as plain JSON data: a :class:`NoveltyBank` row's state (``row_state``),
+        with the version and parameters; feature names become strings (JSON object keys)."""
         return {
             "v": STATE_VERSION,
-            "params": self._params_key(),
+            "params": self._params.key(),
             "n": self._n,
-            "features": {str(name): [r.to_list() for r in ranges] for name, ranges in self._features.items()},
-            "seen": {str(name): n for name, n in self._seen.items()},
+            "features": {
+                str(name): {
+                    "mean": _plain_list(f.mean),
+                    "cur": [_plain_list(f.cur_hi), _plain_list(f.cur_lo)],
+                    "ring": [_plain_list([v for ring in f.ring_hi for v in ring]),
+                             _plain_list([v for ring in f.ring_lo for v in ring])],
+                    "count": f.count,
+                    "head": f.head,
+                    "seen": f.seen,
+                }
+                for name, f in self._features.items()
+            },
             "recent": list(self._recent),
-            "lik": [self._lik_n, self._lik_mean, self._lik_var],
-            "episode": [self._episode_max, self._quiet],
+            "recent_n": self._recent_n,
+            "lik": list(self._lik),
+            "episode": list(self._episode),
         }
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output (ValueError if it is another version or configuration)."""
         if state.get("v") != STATE_VERSION:
             raise ValueError(f"novelty scorer state v{state.get('v')!r}, expected v{STATE_VERSION}")
-        if state.get("params") != self._params_key():
+        if state.get("params") != self._params.key():
             raise ValueError("novelty scorer state was learned with other parameters")
-        features: dict[Hashable, list[_Range]] = {
-            str(name): [_Range.from_list(r) for r in ranges] for name, ranges in state["features"].items()
-        }
-        if any(len(ranges) != len(self.scales) for ranges in features.values()):
-            raise ValueError("novelty scorer state: a feature has the wrong number of scales")
-        self._reset()
+        # read through a bank row: one reader and one set of checks for both forms
+        bank = NoveltyBank([], self._params)
+        bank.add_rows(1)
+        bank.load_row(0, state)
+        s, b = len(self._k), self._params.blocks
+        features: dict[Hashable, _Feature] = {}
+        for column, name in enumerate(bank.features):
+            f = features[name] = _Feature(s, b)
+            f.mean = bank.mean[0, column].tolist()
+            f.cur_hi, f.cur_lo = bank.cur_hi[0, column].tolist(), bank.cur_lo[0, column].tolist()
+            f.ring_hi, f.ring_lo = bank.ring_hi[0, column].tolist(), bank.ring_lo[0, column].tolist()
+            f.ring_max, f.ring_min = bank.ring_max[0, column].tolist(), bank.ring_min[0, column].tolist()
+            f.count, f.head, f.seen = (int(bank.count[0, column]), int(bank.head[0, column]),
+                                       int(bank.seen[0, column]))
         self._features = features
-        self._seen = {str(k): int(v) for k, v in state["seen"].items()}
-        self._n = int(state["n"])
-        self._recent = [float(v) for v in state["recent"]][-self.short:]
-        lik_n, lik_mean, lik_var = state["lik"]
-        self._lik_n, self._lik_mean, self._lik_var = int(lik_n), float(lik_mean), float(lik_var)
-        episode_max, quiet = state["episode"]
-        self._episode_max, self._quiet = float(episode_max), int(quiet)
-
-    def _params_key(self) -> list[Any]:
-        return [list(self.scales), self.memory, self.blocks, self.grace, self.short, self.fading, self.warmup,
-                self.onset, self.rearm, self.escalation]
+        self._n = int(bank.n[0])
+        self._recent = bank.recent[0].tolist()
+        self._recent_n = int(bank.recent_n[0])
+        self._lik = bank.lik[0].tolist()
+        self._episode = bank.episode[0].tolist()
 
     @property
     def samples(self) -> int:
         """Samples learned so far."""
         return self._n
+
+
+def _plain_list(values: Sequence[float]) -> list[float | None]:
+    return [v if math.isfinite(v) else None for v in values]
 
 
 def _number(value: Any) -> float | None:
@@ -364,5 +606,5 @@ def _number(value: Any) -> float | None:
 
 def make_scorer(**params: Any) -> NoveltyScorer:
     """A :class:`NoveltyScorer` with ``params`` (its defaults otherwise): the scorer the ``learned``
-    detector runs on each replica, and the one ``bench/nab`` evaluates."""
+    detector runs on each replica (as a :class:`NoveltyBank` row), and the one ``bench/nab`` evaluates."""
     return NoveltyScorer(**params)
