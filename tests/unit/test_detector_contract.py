@@ -92,6 +92,15 @@ def _context_burst(pattern: list[bool]) -> list[Inputs]:
     return [(base_fv(T0 + STEP * i, prompt_tokens_var=v), None) for i, v in enumerate(variances)]
 
 
+def _learned(pattern: list[bool]) -> list[Inputs]:
+    # 70 warm-up steps (the scorer's default warmup and grace are 60 samples) at the replica's usual
+    # TTFT (cycling over a small range), then each step at 5x that (holds) or back at it (does not)
+    warm = 70
+    steps = [False] * warm + pattern
+    return [(base_fv(T0 + STEP * i, ttft_p50=1000.0 if holds else 200.0 + 10.0 * (i % 3)), None)
+            for i, holds in enumerate(steps)]
+
+
 def _kv_tel(end: float, frag: float) -> TelemetrySample:
     # fragmentation = 1 - allocated / reserved
     return TelemetrySample(
@@ -136,6 +145,13 @@ SCENARIOS: dict[str, Scenario] = {
         action=None,
         open_after=1,
         clear_after=2,
+    ),
+    "learned": Scenario(
+        build=_learned,
+        severity=Severity.INFO,
+        action=None,
+        open_after=2,
+        clear_after=6,
     ),
     "gpu_health": Scenario(
         build=_simple(

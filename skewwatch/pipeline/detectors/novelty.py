@@ -241,12 +241,28 @@ class NoveltyBank:
             score = level
         return Batch(rows, valid, moved, novelty, raw, short_mean, level, score)
 
-    def commit(self, batch: Batch) -> None:
-        """Learn the sample ``batch`` was evaluated on (the state then moves on by one sample)."""
+    def commit(self, batch: Batch, hold_out: npt.NDArray[np.bool_] | None = None) -> None:
+        """Learn the sample ``batch`` was evaluated on (the state then moves on by one sample).
+
+        ``hold_out`` (per row of the batch): rows whose sample is an anomaly the caller does not want
+        learned as normal (yet): the sample is counted but changes nothing else (means, ranges, the
+        likelihood's distribution), so it stays novel while it lasts and leaves no trace once over.
+        """
+        if hold_out is not None and hold_out.any():
+            self.n[batch.rows[hold_out]] += 1
+            keep = ~hold_out
+            if keep.any():
+                self._learn(Batch(batch.rows[keep], batch.valid[keep], batch.moved[keep], batch.novelty[keep],
+                                  batch.raw[keep], batch.short_mean[keep], batch.level[keep], batch.score[keep]))
+            return
+        self._learn(batch)
+
+    def _learn(self, batch: Batch) -> None:
         p = self.params
         rows, valid = batch.rows, batch.valid
         v3 = valid[:, :, None]
         self.mean[rows] = np.where(v3, batch.moved, self.mean[rows])
+        self.n[rows] += 1
         self.cur_hi[rows] = np.where(v3, np.maximum(self.cur_hi[rows], batch.moved), self.cur_hi[rows])
         self.cur_lo[rows] = np.where(v3, np.minimum(self.cur_lo[rows], batch.moved), self.cur_lo[rows])
         self.count[rows] += valid
@@ -263,7 +279,6 @@ class NoveltyBank:
             self.cur_hi[r, f] = -np.inf
             self.cur_lo[r, f] = np.inf
             self.count[r, f] = 0
-        self.n[rows] += 1
         self.recent[rows, self.recent_n[rows] % p.short] = batch.raw
         self.recent_n[rows] += 1
         lik = self.lik[rows]
@@ -287,6 +302,27 @@ class NoveltyBank:
         return batch.score
 
     # --- state
+
+    def pack_rows(self) -> Floats:
+        """Every row's whole state as one float64 vector per row (the arrays' values, flattened in a
+        fixed order for these features and parameters; integers are exact in float64)."""
+        rows = len(self)
+        arrays = [getattr(self, name) for name in self._ROW_ARRAYS]
+        return np.concatenate([a.reshape(rows, int(np.prod(a.shape[1:], dtype=np.int64))).astype(np.float64)
+                               for a in arrays], axis=1)
+
+    def unpack_rows(self, rows: Ints, data: Floats) -> None:
+        """Restore rows from :meth:`pack_rows` vectors (of a bank with these features and parameters)."""
+        start = 0
+        for name in self._ROW_ARRAYS:
+            array = getattr(self, name)
+            width = int(np.prod(array.shape[1:], dtype=np.int64))
+            if data.shape[1] < start + width:
+                raise ValueError(f"novelty state: {data.shape[1]} numbers per row, the layout needs more")
+            array[rows] = data[:, start:start + width].reshape((len(rows), *array.shape[1:])).astype(array.dtype)
+            start += width
+        if data.shape[1] != start:
+            raise ValueError(f"novelty state: {data.shape[1]} numbers per row, the layout has {start}")
 
     def row_state(self, row: int) -> dict[str, Any]:
         """One row's whole state as plain JSON data (None for the infinities and NaN of "not yet")."""

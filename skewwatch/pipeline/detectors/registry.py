@@ -5,7 +5,7 @@ which ``gpu_health`` imports) can import ``detectors.alerts`` or ``detectors.ste
 without importing every detector.
 
 >>> sorted(DETECTORS)
-['batch_collapse', 'context_burst', 'gpu_health', 'kv_pressure', 'long_tail']
+['batch_collapse', 'context_burst', 'gpu_health', 'kv_pressure', 'learned', 'long_tail']
 >>> DETECTORS["long_tail"].Config.from_overrides({"ratio": "4"}).ratio
 4.0
 """
@@ -17,6 +17,7 @@ from skewwatch.pipeline.detectors.batch_collapse import BatchCollapseConfig, Bat
 from skewwatch.pipeline.detectors.context_burst import ContextBurstConfig, ContextBurstDetector
 from skewwatch.pipeline.detectors.gpu_health import GpuHealthDetector
 from skewwatch.pipeline.detectors.kv_pressure import KvPressureConfig, KvPressureDetector
+from skewwatch.pipeline.detectors.learned import LearnedConfig, LearnedDetector
 from skewwatch.pipeline.detectors.long_tail import LongTailConfig, LongTailDetector
 
 DETECTORS: dict[str, type[Detector]] = {
@@ -27,6 +28,7 @@ DETECTORS: dict[str, type[Detector]] = {
         ContextBurstDetector,
         KvPressureDetector,
         GpuHealthDetector,
+        LearnedDetector,
     )
 }
 
@@ -40,6 +42,8 @@ __all__ = [
     "GpuHealthDetector",
     "KvPressureConfig",
     "KvPressureDetector",
+    "LearnedConfig",
+    "LearnedDetector",
     "LongTailConfig",
     "LongTailDetector",
 ]

@@ -1,0 +1,338 @@
+"""Learned: a replica unlike its own past relative to its pool, for the shapes no rule names.
+
+The five rules each watch a shape someone wrote down. This detector watches what none of them
+names (a replica whose TTFT drifts up over ten minutes, tokens/s falling while latency holds, a mix
+shift on one replica) by learning each replica's normal, online, with the novelty scorer of
+:mod:`skewwatch.pipeline.detectors.novelty` (``make_scorer``: range novelty at several time scales,
+its likelihood; the one evaluated on NAB by ``bench/nab``).
+
+**What it sees.** Per replica and step, for each field in ``features``: the log of the replica's
+value over the pool's (the model's merged vector of the same step), so that a change of the whole
+pool (more traffic, longer prompts everywhere) moves no replica. Fields that add up over replicas
+(``tokens_per_s``, ``rps``) are compared with the pool's per-replica share. A step counts as a
+sample only when the replica's window holds ``min_count`` requests and the pool has ``min_replicas``
+replicas; each replica's scorer is one row of a :class:`~skewwatch.pipeline.detectors.novelty.NoveltyBank`.
+
+**When it fires.** The rule holds when the scorer's level (``onset=False``: the likelihood of the
+step's novelty, 0..1) is at or above ``threshold`` (river's ``ThresholdFilter`` semantics: ``score >=
+threshold``) and the most novel feature lies outside its range by at least ``min_novelty`` of that
+range (the likelihood alone would call a hair outside a quiet replica's range unusual). The alert
+opens after ``persistence`` holding samples and resolves after ``clear_steps`` that do not
+(hysteresis as every detector has, counted in samples). Nothing holds
+before a replica has given ``warmup`` samples (and each feature ``grace``): no alert on a replica it
+does not know yet. The alert is INFO and carries no action: it says *which* feature is unlike the
+replica's past and by how much, for a person to look at.
+
+**What it costs.** The scorers of a model's replicas are updated together, as numpy columns, once
+every ``cadence_steps`` steps (models take turns: a model's turn is fixed by its name, so every
+step carries about ``1 / cadence_steps`` of the fleet); ``bench/scale.py --learned both`` measures it.
+All lengths of the scorer (``scales``, ``memory``, ``grace``, ``warmup``) and the hysteresis are
+counted in samples, one per ``cadence_steps`` steps.
+
+``update`` (one vector alone: the per-model vector with ``[detectors.decider] model_level``, or a
+replica outside a step) judges the vector's own values (log), with no pool to relate them to.
+
+>>> from skewwatch.pipeline.features import FeatureVector
+>>> det = LearnedDetector(LearnedConfig(cadence_steps=1, warmup=20, grace=10, memory=60))
+>>> def fv(end, ttft):
+...     return FeatureVector(model="m", replica="r1", window_start=end - 60, window_end=end, count=100,
+...                          ttft_p50=ttft, latency_p50=900.0, tokens_per_s=50.0)
+>>> opened = []
+>>> for i in range(60):
+...     opened += det.update(fv(5.0 * i, 200.0 + 10 * (i % 3)), None, now=5.0 * i).alerts
+>>> for i in range(60, 66):
+...     opened += det.update(fv(5.0 * i, 800.0), None, now=5.0 * i).alerts
+>>> [(a.state, a.severity, a.evidence["feature"]) for a in opened]
+[('open', <Severity.INFO: 'INFO'>, 'ttft_p50')]
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from skewwatch.pipeline.detectors.base import (
+    Action,
+    Alert,
+    Detector,
+    DetectorConfig,
+    DetectorOutput,
+    Severity,
+    StepColumns,
+)
+from skewwatch.pipeline.detectors.novelty import NoveltyBank, NoveltyParams, make_scorer
+from skewwatch.pipeline.features import FeatureVector
+from skewwatch.pipeline.telemetry import TelemetrySample
+
+STATE_VERSION = 1
+STEP_S = 5.0  # the windows' step: a model's turn is counted in steps of event time
+
+# numeric FeatureVector fields the detector can judge; those that add up over replicas are compared
+# with the pool's per-replica share
+SHARE_FIELDS = frozenset({"tokens_per_s", "rps"})
+RATIO_FIELDS = frozenset({
+    "latency_p50", "latency_p95", "latency_p99", "latency_mean", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
+    "batch_size_mean", "prompt_tokens_mean", "completion_tokens_mean", "queue_length_mean",
+    "kv_cache_hit_rate_mean", "batch_fill_mean", "error_rate",
+})
+
+__all__ = ["LearnedConfig", "LearnedDetector", "make_scorer"]
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedConfig(DetectorConfig):
+    """``[detectors.learned]``: what is compared, when it holds, and the scorer's lengths (in samples)."""
+
+    features: tuple[str, ...] = ("ttft_p50", "latency_p50", "tpot_p50", "tokens_per_s", "completion_tokens_mean",
+                                 "prompt_tokens_mean")
+    threshold: float = 0.5  # the scorer's level (0..1) that holds the rule: a tail probability <= 1e-5
+    min_novelty: float = 0.25  # and the most novel feature outside its range by at least this share of it
+    min_count: int = 20  # requests in the replica's window for a step to be a sample
+    min_replicas: int = 2  # replicas in the pool for a ratio to mean anything
+    cadence_steps: int = 2  # a model's scorers learn and score once every this many steps
+    scales: tuple[int, ...] = (1, 6, 36)  # samples: the window itself, ~1 min and ~6 min at 10 s a sample
+    memory: int = 360  # samples a range remembers (1 h at 10 s a sample)
+    blocks: int = 4
+    grace: int = 60  # samples of a feature before its novelty counts (the longest scale settles first)
+    warmup: int = 60  # samples of a replica before anything holds
+    fading: float = 0.01  # the likelihood's memory: ~100 samples
+    adapt: int = 60  # holding samples after which a lasting change is learned as the new normal
+    persistence: int = 2  # holding samples before the alert opens
+    clear_steps: int = 6  # samples that do not hold before it resolves
+
+    section: ClassVar[str] = "learned"
+
+    def validate(self) -> None:
+        DetectorConfig.validate(self)
+        self._require(len(self.features) > 0, "features", "must name at least one field")
+        for name in self.features:
+            self._require(name in SHARE_FIELDS or name in RATIO_FIELDS, "features",
+                          f"names a field it cannot judge ({name!r}; known: "
+                          f"{', '.join(sorted(SHARE_FIELDS | RATIO_FIELDS))})")
+        self._require(len(set(self.features)) == len(self.features), "features", "must not repeat a field")
+        self._require(0.0 < self.threshold <= 1.0, "threshold", "must be in (0, 1]")
+        self._require(self.min_novelty >= 0.0, "min_novelty", "must be >= 0")
+        self._require(self.min_count >= 1, "min_count", "must be >= 1")
+        self._require(self.min_replicas >= 2, "min_replicas", "must be >= 2")
+        self._require(self.cadence_steps >= 1, "cadence_steps", "must be >= 1")
+        self._require(self.adapt >= 0, "adapt", "must be >= 0")
+        try:
+            self.scorer_params()
+        except ValueError as exc:
+            self._require(False, "scales", f"with memory, blocks, grace, warmup, fading: {exc}")
+
+    def scorer_params(self) -> NoveltyParams:
+        """The novelty scorer's parameters: a level (no onsets), the step's own novelty (short = 1)."""
+        return NoveltyParams(scales=tuple(self.scales), memory=self.memory, blocks=self.blocks, grace=self.grace,
+                             short=1, fading=self.fading, warmup=self.warmup, onset=False)
+
+
+class LearnedDetector(Detector):
+    """Per replica, a novelty scorer over its log ratios to the pool; INFO alerts with hysteresis."""
+
+    name: ClassVar[str] = "learned"
+    Config = LearnedConfig
+    config: LearnedConfig
+
+    def __init__(self, config: LearnedConfig | None = None) -> None:
+        super().__init__(config)
+        self._params = self.config.scorer_params()
+        self._bank = NoveltyBank(list(self.config.features), self._params)
+        self._row: dict[str, int] = {}  # key -> its row in the bank and the hysteresis arrays
+        self._keys: list[str] = []  # row -> key
+        self._hits = np.zeros(0, dtype=np.int64)  # hysteresis, one entry per row (see base.Hysteresis)
+        self._misses = np.zeros(0, dtype=np.int64)
+        self._open = np.zeros(0, dtype=bool)
+        self._opened: dict[str, dict[str, Any]] = {}  # key -> evidence of the step that opened its alert
+        self._share = np.array([name in SHARE_FIELDS for name in self.config.features])
+
+    # ------------------------------------------------------------------ rows
+
+    def _rows_for(self, keys: Sequence[str]) -> npt.NDArray[np.int64]:
+        """Each key's row, new keys given fresh rows."""
+        new = [key for key in dict.fromkeys(keys) if key not in self._row]
+        if new:
+            start = len(self._keys)
+            self._bank.add_rows(len(new))
+            for i, key in enumerate(new):
+                self._row[key] = start + i
+            self._keys.extend(new)
+            grow = len(new)
+            self._hits = np.concatenate((self._hits, np.zeros(grow, dtype=np.int64)))
+            self._misses = np.concatenate((self._misses, np.zeros(grow, dtype=np.int64)))
+            self._open = np.concatenate((self._open, np.zeros(grow, dtype=bool)))
+        row = self._row
+        return np.fromiter((row[key] for key in keys), np.int64, len(keys))
+
+    def forget(self, key: str) -> None:
+        row = self._row.pop(key, None)
+        self._opened.pop(key, None)
+        if row is None:
+            return
+        self._bank.drop_rows([row])
+        del self._keys[row]
+        self._hits = np.delete(self._hits, row)
+        self._misses = np.delete(self._misses, row)
+        self._open = np.delete(self._open, row)
+        for later in self._keys[row:]:
+            self._row[later] -= 1
+
+    # ------------------------------------------------------------------ the step
+
+    def _turn(self, model: str, now: float) -> bool:
+        """Is ``now`` this model's step to learn and score (models take turns, by name)?"""
+        cadence = self.config.cadence_steps
+        if cadence == 1:
+            return True
+        return (round(now / STEP_S) + zlib.crc32(model.encode())) % cadence == 0
+
+    def update_step(self, step: StepColumns, now: float, alerts: list[Alert], actions: list[Action]) -> None:
+        if not len(step) or not self._turn(step.vectors[0].model, now):
+            return
+        cfg = self.config
+        pool = step.pool
+        count = step.column("count")
+        x = np.full((len(step), len(cfg.features)), np.nan)
+        if pool is not None and (pool.replicas or 0) >= cfg.min_replicas:
+            for f, name in enumerate(cfg.features):
+                reference = getattr(pool, name)
+                if reference is None or not reference > 0.0:
+                    continue
+                if self._share[f]:
+                    reference = reference / (pool.replicas or 1)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    x[:, f] = np.log(step.column(name) / reference)
+        sampled = (count >= cfg.min_count) & np.isfinite(x).any(axis=1)
+        x[~sampled] = np.nan
+        self._judge(step.keys, step.vectors, x, sampled, now, alerts)
+
+    def update(self, fv: FeatureVector, telemetry: TelemetrySample | None, now: float) -> DetectorOutput:
+        out = DetectorOutput()
+        x = np.full((1, len(self.config.features)), np.nan)
+        for f, name in enumerate(self.config.features):
+            value = getattr(fv, name)
+            if value is not None and value > 0.0:
+                x[0, f] = math.log(value)
+        sampled = np.array([fv.count >= self.config.min_count and bool(np.isfinite(x).any())])
+        self._judge([fv.key], [fv], x, sampled, now, out.alerts)
+        return out
+
+    def _judge(self, keys: Sequence[str], vectors: Sequence[FeatureVector], x: npt.NDArray[np.float64],
+               sampled: npt.NDArray[np.bool_], now: float, alerts: list[Alert]) -> None:
+        """Score and learn the sampled rows; hysteresis on every row that has something to count."""
+        cfg = self.config
+        where = np.flatnonzero(sampled)
+        holds = np.zeros(len(keys), dtype=bool)
+        novelty = level = None
+        if len(where):
+            rows = self._rows_for([keys[i] for i in where.tolist()])
+            batch = self._bank.evaluate(rows, x[where])
+            # both: unusual for this replica (level) and material (outside its range by min_novelty of it)
+            holding = (batch.level >= cfg.threshold) & (batch.novelty.max(axis=1) >= cfg.min_novelty)
+            # an anomaly is not learned as the replica's normal until it has held `adapt` samples in a
+            # row: it stays novel (and the alert open) while it lasts, leaves no trace once over, and a
+            # lasting change becomes the new normal after that (the alert then resolves)
+            self._bank.commit(batch, hold_out=holding & (self._hits[rows] < cfg.adapt))
+            holds[where] = holding
+            novelty, level = batch.novelty, batch.level
+        # hysteresis: only rows that hold, count towards opening or are open change anything
+        known = np.fromiter((self._row.get(key, -1) for key in keys), np.int64, len(keys))
+        active = holds.copy()
+        has_row = known >= 0
+        active[has_row] |= (self._hits[known[has_row]] > 0) | self._open[known[has_row]]
+        if not active.any():
+            return
+        position = {int(i): j for j, i in enumerate(where.tolist())}  # step index -> batch index
+        for i in np.flatnonzero(active).tolist():
+            row = int(known[i])
+            key = keys[i]
+            if holds[i]:
+                self._misses[row] = 0
+                self._hits[row] += 1
+                if self._open[row] or self._hits[row] < cfg.persistence:
+                    continue
+                self._open[row] = True
+                assert novelty is not None and level is not None
+                j = position[i]
+                evidence = self._evidence(novelty[j], float(level[j]), x[i], int(self._bank.n[row]))
+                self._opened[key] = evidence
+                alerts.append(self._alert(vectors[i], now, "open", self._message(vectors[i], evidence), evidence))
+                continue
+            self._hits[row] = 0
+            if not self._open[row]:
+                continue
+            self._misses[row] += 1
+            if self._misses[row] < cfg.clear_steps:
+                continue
+            self._open[row] = False
+            self._misses[row] = 0
+            opened = self._opened.pop(key, {})
+            why = "condition cleared" if sampled[i] else "no sample (too few requests or no pool), not observed"
+            message = f"resolved ({why}): {self._message(vectors[i], opened)}" if opened else f"resolved ({why})"
+            alerts.append(self._alert(vectors[i], now, "resolved", message, dict(opened)))
+
+    def _evidence(self, novelty: npt.NDArray[np.float64], level: float, x: npt.NDArray[np.float64],
+                  samples: int) -> dict[str, Any]:
+        f = int(np.argmax(novelty))
+        log_ratio = float(x[f])
+        return {"feature": self.config.features[f], "ratio": round(math.exp(log_ratio), 4),
+                "novelty": round(float(novelty[f]), 4), "score": round(level, 4), "samples": samples}
+
+    def _message(self, fv: FeatureVector, evidence: Mapping[str, Any]) -> str:
+        return (f"{fv.key}: {evidence['feature']} at {evidence['ratio']:.2f}x the pool, outside its range of the "
+                f"last {self.config.memory} samples by {evidence['novelty']:.2f} of that range "
+                f"(score {evidence['score']:.2f})")
+
+    def _alert(self, fv: FeatureVector, now: float, state: str, message: str, evidence: dict[str, Any]) -> Alert:
+        return Alert(ts=now, model=fv.model, replica=fv.replica, detector=self.name, severity=Severity.INFO,
+                     state="open" if state == "open" else "resolved", message=message, evidence=evidence)
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        packed = self._bank.pack_rows()
+        keys = {}
+        for key, row in self._row.items():
+            entry: dict[str, Any] = {"s": base64.b64encode(packed[row].tobytes()).decode("ascii")}
+            if self._hits[row] or self._misses[row] or self._open[row]:
+                entry["h"] = [int(self._hits[row]), int(self._misses[row]), bool(self._open[row])]
+            if key in self._opened:
+                entry["opened"] = dict(self._opened[key])
+            keys[key] = entry
+        return {"v": STATE_VERSION, "detector": self.name, "layout": self._layout(), "keys": keys}
+
+    def _layout(self) -> list[Any]:
+        return [list(self.config.features), self._params.key()]
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        if state.get("v") != STATE_VERSION or state.get("detector") != self.name:
+            raise ValueError(f"{self.name}: cannot load state {state.get('detector')!r} v{state.get('v')!r}")
+        fresh = LearnedDetector(self.config)
+        entries = state.get("keys", {})
+        if state.get("layout") != self._layout():
+            # learned with other features or lengths: the scorers start over (the alerts' state is kept)
+            entries = {key: {k: v for k, v in entry.items() if k != "s"} for key, entry in entries.items()}
+        keys = list(entries)
+        rows = fresh._rows_for(keys)
+        packed = [entry.get("s") for entry in entries.values()]
+        if any(p is not None for p in packed):
+            have = [i for i, p in enumerate(packed) if p is not None]
+            data = np.stack([np.frombuffer(base64.b64decode(packed[i]), dtype=np.float64) for i in have])
+            fresh._bank.unpack_rows(rows[have], data)
+        for key, row, entry in zip(keys, rows.tolist(), entries.values(), strict=True):
+            hits, misses, is_open = entry.get("h", [0, 0, False])
+            fresh._hits[row], fresh._misses[row], fresh._open[row] = int(hits), int(misses), bool(is_open)
+            if "opened" in entry:
+                fresh._opened[key] = dict(entry["opened"])
+        self.__dict__.update(fresh.__dict__)
+
+    def open_alerts(self) -> dict[str, Severity]:
+        return {key: Severity.INFO for key, row in self._row.items() if self._open[row]}
+
