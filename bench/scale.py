@@ -13,7 +13,10 @@ Three parts, each selectable with ``--parts``:
     ``ModelDecider.step`` per model (every detector, health, weights, correction). The stage 1 -> 2
     hand-off the worker also pays per replica (one record per partition, model and step, encoded in
     stage 1 and decoded in stage 2: ``skewwatch.pipeline.handoff``) is timed separately.
-    Target: <= 250 ms at 10k, linear in replicas.
+    Target: <= 250 ms at 10k, linear in replicas. ``--learned both`` (the default) decides every
+    measured step twice, with the worker's default detectors (the ``learned`` detector on: the
+    totals and the targets) and without the learned detector, and prints the two side by side
+    (``--learned on`` / ``off``: one of them only).
 ``memory``
     Window state per active replica (tracemalloc: bytes still allocated after building 8
     partitions of full windows, and the checkpoint snapshot's bytes and CPU time), the same for the deciders'
@@ -137,12 +140,15 @@ class Fleet:
     rate: float
     settings: WindowSettings = dataclasses.field(default_factory=WindowSettings)
     seed: int = 1
+    variants: tuple[str, ...] = ("on",)  # decider variants fed the same steps: learned detector on / off
 
     def __post_init__(self) -> None:
         self.windows = [PartitionWindows(self.settings) for _ in range(PARTITIONS)]
         self.partition_of = np.arange(len(self.replicas)) % PARTITIONS  # the worker hashes keys; uniform here
         self.models = sorted({m for m, _ in self.replicas})
-        self.deciders = {m: ModelDecider(DetectorSettings(), model=m) for m in self.models}
+        self.decider_sets = {variant: {m: ModelDecider(variant_settings(variant), model=m) for m in self.models}
+                             for variant in self.variants}
+        self.deciders = self.decider_sets[self.variants[0]]
         self.rng = np.random.default_rng(self.seed)
         self.t = START
 
@@ -173,19 +179,36 @@ class Fleet:
         return [step for steps in closed for step in steps]
 
     def decide(self, steps: list[ReplicaStep]) -> dict[str, float]:
-        """Stage 2 for these steps; returns the seconds of its parts (merge, decide)."""
+        """Stage 2 for these steps, once per variant (the same merged inputs); returns the seconds of
+        its parts: merge, and decide (the first variant) and ``decide:<variant>`` for every variant."""
         by_model: dict[tuple[str, float], list[ReplicaStep]] = {}
         for step in steps:
             by_model.setdefault((step.summary.model, step.summary.window_end), []).append(step)
-        merge_s = decide_s = 0.0
+        merge_s = 0.0
+        decide_s = dict.fromkeys(self.variants, 0.0)
+        decide_cpu = dict.fromkeys(self.variants, 0.0)
         for (model, end), group in sorted(by_model.items(), key=lambda kv: kv[0][1]):
             t0 = time.perf_counter()
             model_fv = merge_model_features(model, end, [s.summary for s in group], self.settings)
-            t1 = time.perf_counter()
-            self.deciders[model].step(model, end, [s.features for s in group], model_fv, {})
-            decide_s += time.perf_counter() - t1
-            merge_s += t1 - t0
-        return {"merge": merge_s, "decide": decide_s}
+            merge_s += time.perf_counter() - t0
+            vectors = [s.features for s in group]
+            for variant, deciders in self.decider_sets.items():
+                c1, t1 = time.process_time(), time.perf_counter()
+                deciders[model].step(model, end, vectors, model_fv, {})
+                decide_s[variant] += time.perf_counter() - t1
+                decide_cpu[variant] += time.process_time() - c1
+        return {"merge": merge_s, "decide": decide_s[self.variants[0]],
+                **{f"decide:{v}": seconds for v, seconds in decide_s.items()},
+                **{f"decide_cpu:{v}": seconds for v, seconds in decide_cpu.items()}}
+
+
+def variant_settings(variant: str) -> DetectorSettings:
+    """The worker's default detectors (``on``), or without the learned detector (``off``)."""
+    if variant == "on":
+        return DetectorSettings()
+    if variant == "off":
+        return DetectorSettings.from_overrides({"decider": {"disabled": ["learned"]}})
+    raise ValueError(f"unknown variant {variant!r} (on, off)")
 
 
 def fleet_replicas(n: int, models: int) -> list[tuple[str, str]]:
@@ -209,15 +232,20 @@ def handoff_seconds(closed: list[ClosedSteps]) -> float:
     return time.perf_counter() - t0
 
 
-def measure_step_cost(n_replicas: int, models: int, rate: float, steps: int, warm: int) -> dict[str, Any]:
-    fleet = Fleet(fleet_replicas(n_replicas, models), rate)
+def measure_step_cost(n_replicas: int, models: int, rate: float, steps: int, warm: int,
+                      variants: tuple[str, ...] = ("on",)) -> dict[str, Any]:
+    """The step's cost with the worker's default detectors; with ``variants=("on", "off")`` also the
+    same steps decided without the learned detector (side by side: the same closed steps, one after the
+    other), ``learned`` = the two totals and the decide parts."""
+    fleet = Fleet(fleet_replicas(n_replicas, models), rate, variants=variants)
     for k in range(warm):  # fill every window (60 s = 12 buckets); the deciders' state in the last two
         fleet.feed()
         warm_columns = fleet.close()
         if k >= warm - 2:
             fleet.decide(fleet.build(warm_columns))
     parts: dict[str, list[float]] = {"close_steps": [], "build": [], "merge": [], "decide": [], "total": [],
-                                     "handoff": []}
+                                     "handoff": [], **{f"decide:{v}": [] for v in variants},
+                                     **{f"decide_cpu:{v}": [] for v in variants}}
     cpu: list[float] = []  # the step's CPU time: what the other jobs on a shared machine move least
     for _ in range(steps):
         fleet.feed()
@@ -229,8 +257,9 @@ def measure_step_cost(n_replicas: int, models: int, rate: float, steps: int, war
         closed = fleet.build(columns)
         t2 = time.perf_counter()
         stage2 = fleet.decide(closed)
-        total = time.perf_counter() - t0
-        cpu.append(time.process_time() - cpu0)
+        # the other variants' decide time is not part of this step: count the first variant's only
+        total = time.perf_counter() - t0 - sum(stage2[f"decide:{v}"] for v in variants[1:])
+        cpu.append(time.process_time() - cpu0 - sum(stage2[f"decide_cpu:{v}"] for v in variants[1:]))
         if len(closed) != n_replicas:
             raise AssertionError(f"{len(closed)} replica steps closed, expected {n_replicas}")
         parts["close_steps"].append(t1 - t0)
@@ -238,8 +267,19 @@ def measure_step_cost(n_replicas: int, models: int, rate: float, steps: int, war
         parts["merge"].append(stage2["merge"])
         parts["decide"].append(stage2["decide"])
         parts["total"].append(total)
+        for v in variants:
+            parts[f"decide:{v}"].append(stage2[f"decide:{v}"])
+            parts[f"decide_cpu:{v}"].append(stage2[f"decide_cpu:{v}"])
         parts["handoff"].append(handoff_seconds(columns))
     med = {k: statistics.median(v) for k, v in parts.items()}
+    learned: dict[str, Any] = {}
+    if len(variants) > 1:
+        shared = [t - d for t, d in zip(parts["total"], parts["decide"], strict=True)]
+        learned = {v: {"decide_ms": round(med[f"decide:{v}"] * 1000, 1),
+                       "decide_cpu_ms": spread([round(c * 1000, 1) for c in parts[f"decide_cpu:{v}"]]),
+                       "total_ms": spread([round((x + d) * 1000, 1)
+                                           for x, d in zip(shared, parts[f"decide:{v}"], strict=True)])}
+                   for v in variants}
     return {
         "replicas": n_replicas,
         "models": models,
@@ -251,6 +291,7 @@ def measure_step_cost(n_replicas: int, models: int, rate: float, steps: int, war
         "close_us_per_replica": round(med["close_steps"] / n_replicas * 1e6, 2),
         "build_us_per_replica": round(med["build"] / n_replicas * 1e6, 2),
         "handoff_us_per_replica": round(med["handoff"] / n_replicas * 1e6, 2),
+        **({"learned": learned} if learned else {}),
     }
 
 
@@ -579,6 +620,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", type=int, default=50)
     parser.add_argument("--rate", type=float, default=3.0, help="requests/s per replica (event time)")
     parser.add_argument("--steps", type=int, default=3, help="measured steps per replica count")
+    parser.add_argument("--learned", choices=("on", "off", "both"), default="both",
+                        help="step cost with the learned detector on (the default config), off, or both side by "
+                             "side (the same steps decided twice; the table's totals are 'on')")
     parser.add_argument("--memory-replicas", type=int, default=10_000)
     parser.add_argument("--rss-replicas", type=int, default=10_000, help="0: skip the real worker's RSS")
     parser.add_argument("--rss-rate", type=float, default=1.0)
@@ -601,8 +645,10 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"machine": machine_info(), "rate_per_replica": args.rate, "models": args.models}
     if "step" in parts:
         result["step_cost"] = []
+        variants = {"on": ("on",), "off": ("off",), "both": ("on", "off")}[args.learned]
+        result["learned"] = args.learned
         for n in counts:
-            row = measure_step_cost(n, args.models, args.rate, args.steps, warm)
+            row = measure_step_cost(n, args.models, args.rate, args.steps, warm, variants)
             result["step_cost"].append(row)
             print(f"step cost, {n:,} replicas: {row['ms']['total']:.1f} ms ({row['us_per_replica']:.2f} us/replica)",
                   flush=True)
@@ -627,6 +673,17 @@ def main(argv: list[str] | None = None) -> int:
         print("Step cost (one 5 s step: close_steps on 8 partitions (columns) + build per-replica objects + "
               "merge + ModelDecider.step per model)")
         print(step_table(result["step_cost"]))
+        side = [r for r in result["step_cost"] if "learned" in r]
+        if side:
+            print("\nThe learned detector, side by side (the same steps decided with it on and off):")
+            print(f"{'replicas':>9} {'on: total':>10} {'decide':>7} {'CPU':>6} {'off: total':>11} {'decide':>7} "
+                  f"{'CPU':>6} {'on - off: decide':>17} {'CPU':>6}")
+            for r in side:
+                on, off = r["learned"]["on"], r["learned"]["off"]
+                on_cpu, off_cpu = on["decide_cpu_ms"]["median"], off["decide_cpu_ms"]["median"]
+                print(f"{r['replicas']:>9,} {on['total_ms']['median']:>10.1f} {on['decide_ms']:>7.1f} {on_cpu:>6.1f} "
+                      f"{off['total_ms']['median']:>11.1f} {off['decide_ms']:>7.1f} {off_cpu:>6.1f} "
+                      f"{on['decide_ms'] - off['decide_ms']:>17.1f} {on_cpu - off_cpu:>6.1f}")
     if "memory" in result:
         m = result["memory"]
         print(f"\nWindow state: {m['window_bytes_per_replica']:,} B/replica (tracemalloc), "

@@ -7,11 +7,13 @@ shift on one replica) by learning each replica's normal, online, with the novelt
 its likelihood; the one evaluated on NAB by ``bench/nab``).
 
 **What it sees.** Per replica and step, for each field in ``features``: the log of the replica's
-value over the pool's (the model's merged vector of the same step), so that a change of the whole
-pool (more traffic, longer prompts everywhere) moves no replica. Fields that add up over replicas
-(``tokens_per_s``, ``rps``) are compared with the pool's per-replica share. A step counts as a
-sample only when the replica's window holds ``min_count`` requests and the pool has ``min_replicas``
-replicas; each replica's scorer is one row of a :class:`~skewwatch.pipeline.detectors.novelty.NoveltyBank`.
+value over the pool's typical replica (the median over the model's replicas of the same step), so
+that a change of the whole pool (more traffic, longer prompts everywhere) moves no replica. The
+median and not the model's merged vector: in a pool of four, one replica whose tokens/s fell 40 %
+moves the merged per-replica share by 10 %, which made its three healthy peers look shifted too;
+the median of the replicas does not move. A step counts as a sample only when the replica's window
+holds ``min_count`` requests, and a feature only when ``min_replicas`` replicas have it; each
+replica's scorer is one row of a :class:`~skewwatch.pipeline.detectors.novelty.NoveltyBank`.
 
 **When it fires.** The rule holds when the scorer's level (``onset=False``: the likelihood of the
 step's novelty, 0..1) is at or above ``threshold`` (river's ``ThresholdFilter`` semantics: ``score >=
@@ -74,13 +76,11 @@ from skewwatch.pipeline.telemetry import TelemetrySample
 STATE_VERSION = 1
 STEP_S = 5.0  # the windows' step: a model's turn is counted in steps of event time
 
-# numeric FeatureVector fields the detector can judge; those that add up over replicas are compared
-# with the pool's per-replica share
-SHARE_FIELDS = frozenset({"tokens_per_s", "rps"})
-RATIO_FIELDS = frozenset({
+# the positive numeric FeatureVector fields the detector can judge (as a log ratio to the pool's median)
+FIELDS = frozenset({
     "latency_p50", "latency_p95", "latency_p99", "latency_mean", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
     "batch_size_mean", "prompt_tokens_mean", "completion_tokens_mean", "queue_length_mean",
-    "kv_cache_hit_rate_mean", "batch_fill_mean", "error_rate",
+    "kv_cache_hit_rate_mean", "batch_fill_mean", "error_rate", "tokens_per_s", "rps",
 })
 
 __all__ = ["LearnedConfig", "LearnedDetector", "make_scorer"]
@@ -95,7 +95,7 @@ class LearnedConfig(DetectorConfig):
     threshold: float = 0.5  # the scorer's level (0..1) that holds the rule: a tail probability <= 1e-5
     min_novelty: float = 0.25  # and the most novel feature outside its range by at least this share of it
     min_count: int = 20  # requests in the replica's window for a step to be a sample
-    min_replicas: int = 2  # replicas in the pool for a ratio to mean anything
+    min_replicas: int = 3  # replicas with a sample for the pool's median to mean anything (2: which one moved?)
     cadence_steps: int = 2  # a model's scorers learn and score once every this many steps
     scales: tuple[int, ...] = (1, 6, 36)  # samples: the window itself, ~1 min and ~6 min at 10 s a sample
     memory: int = 360  # samples a range remembers (1 h at 10 s a sample)
@@ -113,9 +113,8 @@ class LearnedConfig(DetectorConfig):
         DetectorConfig.validate(self)
         self._require(len(self.features) > 0, "features", "must name at least one field")
         for name in self.features:
-            self._require(name in SHARE_FIELDS or name in RATIO_FIELDS, "features",
-                          f"names a field it cannot judge ({name!r}; known: "
-                          f"{', '.join(sorted(SHARE_FIELDS | RATIO_FIELDS))})")
+            self._require(name in FIELDS, "features",
+                          f"names a field it cannot judge ({name!r}; known: {', '.join(sorted(FIELDS))})")
         self._require(len(set(self.features)) == len(self.features), "features", "must not repeat a field")
         self._require(0.0 < self.threshold <= 1.0, "threshold", "must be in (0, 1]")
         self._require(self.min_novelty >= 0.0, "min_novelty", "must be >= 0")
@@ -135,7 +134,7 @@ class LearnedConfig(DetectorConfig):
 
 
 class LearnedDetector(Detector):
-    """Per replica, a novelty scorer over its log ratios to the pool; INFO alerts with hysteresis."""
+    """Per replica, a novelty scorer over its log ratios to the pool's median; INFO alerts with hysteresis."""
 
     name: ClassVar[str] = "learned"
     Config = LearnedConfig
@@ -151,7 +150,6 @@ class LearnedDetector(Detector):
         self._misses = np.zeros(0, dtype=np.int64)
         self._open = np.zeros(0, dtype=bool)
         self._opened: dict[str, dict[str, Any]] = {}  # key -> evidence of the step that opened its alert
-        self._share = np.array([name in SHARE_FIELDS for name in self.config.features])
 
     # ------------------------------------------------------------------ rows
 
@@ -197,20 +195,18 @@ class LearnedDetector(Detector):
         if not len(step) or not self._turn(step.vectors[0].model, now):
             return
         cfg = self.config
-        pool = step.pool
-        count = step.column("count")
-        x = np.full((len(step), len(cfg.features)), np.nan)
-        if pool is not None and (pool.replicas or 0) >= cfg.min_replicas:
-            for f, name in enumerate(cfg.features):
-                reference = getattr(pool, name)
-                if reference is None or not reference > 0.0:
-                    continue
-                if self._share[f]:
-                    reference = reference / (pool.replicas or 1)
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    x[:, f] = np.log(step.column(name) / reference)
-        sampled = (count >= cfg.min_count) & np.isfinite(x).any(axis=1)
-        x[~sampled] = np.nan
+        sampled = step.column("count") >= cfg.min_count
+        values = np.column_stack([step.column(name) for name in cfg.features])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logs = np.log(values)  # <= 0 and NaN (missing) become NaN or -inf: not a number to judge
+        logs[~np.isfinite(logs) | ~sampled[:, None]] = np.nan
+        # the pool's typical replica: the median over the replicas with a sample, per feature
+        x = np.full_like(logs, np.nan)
+        enough = np.isfinite(logs).sum(axis=0) >= cfg.min_replicas
+        if enough.any():
+            reference = np.nanmedian(logs[:, enough], axis=0)
+            x[:, enough] = logs[:, enough] - reference
+        sampled &= np.isfinite(x).any(axis=1)
         self._judge(step.keys, step.vectors, x, sampled, now, alerts)
 
     def update(self, fv: FeatureVector, telemetry: TelemetrySample | None, now: float) -> DetectorOutput:

@@ -1,0 +1,189 @@
+"""The learned detector: relative to the pool, warm-up aware, models taking turns, state that continues."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from typing import Any
+
+import pytest
+
+from skewwatch.config import ConfigError
+from skewwatch.pipeline.decide import DetectorSettings, ModelDecider
+from skewwatch.pipeline.detectors.base import Alert, StepColumns
+from skewwatch.pipeline.detectors.learned import LearnedConfig, LearnedDetector
+from skewwatch.pipeline.features import FeatureVector
+
+STEP = 5.0
+T0 = 1_000_000.0
+FAST = {"cadence_steps": 1, "warmup": 40, "grace": 40, "memory": 120}  # samples: a few minutes of steps
+
+
+def replica_fv(replica: str, end: float, rng: random.Random, ttft: float = 200.0, tps: float = 400.0,
+               count: int = 120) -> FeatureVector:
+    return FeatureVector(model="m", replica=replica, window_start=end - 60, window_end=end, count=count,
+                         ttft_p50=ttft * rng.uniform(0.95, 1.05), latency_p50=2000.0 * rng.uniform(0.95, 1.05),
+                         tpot_p50=20.0 * rng.uniform(0.95, 1.05), tokens_per_s=tps * rng.uniform(0.95, 1.05),
+                         completion_tokens_mean=200.0 * rng.uniform(0.95, 1.05),
+                         prompt_tokens_mean=1500.0 * rng.uniform(0.95, 1.05))
+
+
+def pool_fv(vectors: list[FeatureVector], end: float) -> FeatureVector:
+    """The model's vector, for the decider (the learned detector does not read it)."""
+    return FeatureVector(model="m", replica=None, window_start=end - 60, window_end=end,
+                         count=sum(fv.count for fv in vectors), replicas=len(vectors),
+                         ttft_p50=statistics.median(fv.ttft_p50 or 0.0 for fv in vectors))
+
+
+def run(detector: LearnedDetector, steps: int, make: Any, seed: int = 3, start: int = 0) -> list[Alert]:
+    """``make(i, replica, end, rng) -> FeatureVector`` for replicas r0..r3 at step i; the alerts. The draws
+    of step i depend on (seed, i) only, so a run split in two sees what one run sees."""
+    alerts: list[Alert] = []
+    for i in range(start, start + steps):
+        rng = random.Random(seed * 1_000_003 + i)
+        end = T0 + STEP * i
+        vectors = [make(i, f"r{k}", end, rng) for k in range(4)]
+        detector.update_step(StepColumns(vectors, [None] * 4), end, alerts, [])
+    return alerts
+
+
+def steady(i: int, replica: str, end: float, rng: random.Random) -> FeatureVector:
+    return replica_fv(replica, end, rng)
+
+
+def test_one_replica_unlike_its_pool_alerts_a_pool_wide_change_does_not() -> None:
+    detector = LearnedDetector(LearnedConfig(**FAST))
+    assert run(detector, 80, steady) == []
+
+    def pool_wide(i: int, replica: str, end: float, rng: random.Random) -> FeatureVector:
+        return replica_fv(replica, end, rng, ttft=600.0, tps=1200.0)  # every replica: 3x TTFT, 3x tokens/s
+
+    assert run(detector, 30, pool_wide, start=80) == []
+
+    def one_slow(i: int, replica: str, end: float, rng: random.Random) -> FeatureVector:
+        return replica_fv(replica, end, rng, ttft=1800.0 if replica == "r2" else 600.0, tps=1200.0)
+
+    alerts = run(detector, 10, one_slow, start=110)
+    assert [(a.replica, a.state, a.evidence["feature"]) for a in alerts] == [("r2", "open", "ttft_p50")]
+    assert alerts[0].evidence["ratio"] > 2.0 and alerts[0].ts == T0 + STEP * 111  # persistence 2
+
+
+def test_a_share_is_judged_against_the_pool_per_replica() -> None:
+    detector = LearnedDetector(LearnedConfig(**FAST))
+    run(detector, 80, steady)
+
+    def low_throughput(i: int, replica: str, end: float, rng: random.Random) -> FeatureVector:
+        return replica_fv(replica, end, rng, tps=240.0 if replica == "r1" else 400.0)  # -40 % tokens/s
+
+    alerts = run(detector, 10, low_throughput, start=80)
+    assert [(a.replica, a.evidence["feature"]) for a in alerts] == [("r1", "tokens_per_s")]
+    assert alerts[0].evidence["ratio"] == pytest.approx(0.6, rel=0.1)
+
+
+def test_no_alert_before_warmup_and_no_sample_below_min_count() -> None:
+    detector = LearnedDetector(LearnedConfig(**FAST))
+
+    def early_fault(i: int, replica: str, end: float, rng: random.Random) -> FeatureVector:
+        return replica_fv(replica, end, rng, ttft=2000.0 if replica == "r0" and 20 <= i < 30 else 200.0)
+
+    assert run(detector, 40, early_fault) == []  # warmup is 40 samples
+
+    def thin(i: int, replica: str, end: float, rng: random.Random) -> FeatureVector:
+        return replica_fv(replica, end, rng, count=5)
+
+    before = detector.state_dict()
+    run(detector, 5, thin, start=40)
+    assert detector.state_dict() == before  # 5 requests < min_count 20: not a sample, nothing learned
+
+
+def test_models_take_turns() -> None:
+    detector = LearnedDetector(LearnedConfig(cadence_steps=3))
+    rng = random.Random(1)
+    learned_at = []
+    for i in range(9):
+        end = T0 + STEP * i
+        vectors = [replica_fv(f"r{k}", end, rng) for k in range(4)]
+        before = detector.state_dict()
+        detector.update_step(StepColumns(vectors, [None] * 4), end, [], [])
+        if detector.state_dict() != before:
+            learned_at.append(i)
+    assert len(learned_at) == 3 and learned_at[1] - learned_at[0] == 3
+
+
+def test_a_lasting_change_becomes_the_new_normal() -> None:
+    detector = LearnedDetector(LearnedConfig(**FAST, adapt=20, clear_steps=3))
+    run(detector, 80, steady)
+
+    def shifted(i: int, replica: str, end: float, rng: random.Random) -> FeatureVector:
+        return replica_fv(replica, end, rng, ttft=800.0 if replica == "r3" else 200.0)
+
+    alerts = run(detector, 60, shifted, start=80)
+    assert [(a.replica, a.state) for a in alerts] == [("r3", "open"), ("r3", "resolved")]
+    assert alerts[1].ts - alerts[0].ts <= STEP * (20 + 3 + 2)
+
+
+@pytest.mark.parametrize("split", [50, 83, 95])
+def test_state_round_trips_through_json_and_continues_identically(split: int) -> None:
+    def story(i: int, replica: str, end: float, rng: random.Random) -> FeatureVector:
+        return replica_fv(replica, end, rng, ttft=900.0 if replica == "r1" and 82 <= i < 90 else 200.0)
+
+    reference = LearnedDetector(LearnedConfig(**FAST))
+    expected = run(reference, 110, story)
+    assert [a.state for a in expected] == ["open", "resolved"]
+    before = LearnedDetector(LearnedConfig(**FAST))
+    head = run(before, split, story)
+    restored = LearnedDetector(LearnedConfig(**FAST))
+    restored.load_state(json.loads(json.dumps(before.state_dict())))
+    assert restored.state_dict() == before.state_dict()
+    tail = run(restored, 110 - split, story, start=split)
+    assert [a.to_dict() for a in head + tail] == [a.to_dict() for a in expected]
+    assert restored.state_dict() == reference.state_dict()
+
+
+def test_state_of_other_features_restarts_the_scorers_and_keeps_the_alerts() -> None:
+    detector = LearnedDetector(LearnedConfig(**FAST))
+
+    def story(i: int, replica: str, end: float, rng: random.Random) -> FeatureVector:
+        return replica_fv(replica, end, rng, ttft=900.0 if replica == "r1" and i >= 82 else 200.0)
+
+    run(detector, 90, story)
+    assert detector.open_alerts() == {"m/r1": "INFO"}
+    other = LearnedDetector(LearnedConfig(**{**FAST, "features": ("ttft_p50",)}))
+    other.load_state(detector.state_dict())
+    assert other.open_alerts() == {"m/r1": "INFO"}
+    assert all(int(other._bank.n[row]) == 0 for row in other._row.values())
+
+
+def test_forget_keeps_the_other_replicas_state() -> None:
+    detector = LearnedDetector(LearnedConfig(**FAST))
+    run(detector, 60, steady)
+    keep = {k: v for k, v in detector.state_dict()["keys"].items() if k != "m/r1"}
+    detector.forget("m/r1")
+    assert detector.state_dict()["keys"] == keep
+    detector.forget("m/nobody")
+    assert list(detector._row.values()) == list(range(3))
+
+
+def test_in_the_decider() -> None:
+    """Through ModelDecider (the worker's stage 2 path), and its state through JSON."""
+    settings = DetectorSettings.from_overrides({"learned": {**FAST}, "decider": {"disabled": "long_tail"}})
+    decider = ModelDecider(settings)
+    rng = random.Random(2)
+    opened = []
+    for i in range(100):
+        end = T0 + STEP * i
+        vectors = [replica_fv(f"r{k}", end, rng, ttft=1500.0 if k == 0 and i >= 85 else 200.0) for k in range(4)]
+        opened += [a for a in decider.step("m", end, vectors, pool_fv(vectors, end), {}).alerts
+                   if a.detector == "learned"]
+    assert [(a.replica, a.state) for a in opened] == [("r0", "open")]
+    restored = ModelDecider.from_state(json.loads(json.dumps(decider.state_dict())), settings)
+    assert restored.state_dict() == decider.state_dict()
+
+
+@pytest.mark.parametrize("bad", [{"features": "ttft_p50,no_such_field"}, {"features": ""}, {"threshold": "0"},
+                                 {"min_replicas": "1"}, {"cadence_steps": "0"}, {"memory": "2", "blocks": "4"},
+                                 {"fading": "1.5"}])
+def test_bad_settings_are_refused_with_the_setting_named(bad: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match="learned"):
+        LearnedConfig.from_overrides(bad)
