@@ -24,6 +24,7 @@ from skewwatch.pipeline.detectors.base import Detector
 from skewwatch.pipeline.detectors.batch_collapse import BatchCollapseConfig
 from skewwatch.pipeline.detectors.context_burst import ContextBurstConfig
 from skewwatch.pipeline.detectors.kv_pressure import KvPressureConfig
+from skewwatch.pipeline.detectors.learned import LearnedConfig
 from skewwatch.pipeline.detectors.long_tail import LongTailConfig
 from skewwatch.pipeline.detectors.registry import DETECTORS
 from skewwatch.pipeline.health import HealthConfig
@@ -60,6 +61,7 @@ class DetectorSettings(FrozenConfigSection, frozen=True):
     context_burst: ContextBurstConfig = field(default_factory=ContextBurstConfig)
     kv_pressure: KvPressureConfig = field(default_factory=KvPressureConfig)
     gpu_health: HealthConfig = field(default_factory=HealthConfig)
+    learned: LearnedConfig = field(default_factory=LearnedConfig)
     weights: WeightConfig = field(default_factory=WeightConfig)
     corrections: CorrectionConfig = field(default_factory=CorrectionConfig)
     decider: DeciderConfig = field(default_factory=DeciderConfig)

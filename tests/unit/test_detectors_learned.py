@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
-from skewwatch.config import ConfigError
-from skewwatch.pipeline.decide import DetectorSettings, ModelDecider
-from skewwatch.pipeline.detectors.base import Alert, StepColumns
+from skewwatch.config_section import ConfigError
+from skewwatch.pipeline.decide import ModelDecider
+from skewwatch.pipeline.detector_settings import DetectorSettings
+from skewwatch.pipeline.detectors.alerts import Alert
 from skewwatch.pipeline.detectors.learned import LearnedConfig, LearnedDetector
+from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.features import FeatureVector
 
 STEP = 5.0

@@ -54,22 +54,18 @@ import base64
 import math
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
+from msgspec import Meta
 
-from skewwatch.pipeline.detectors.base import (
-    Action,
-    Alert,
-    Detector,
-    DetectorConfig,
-    DetectorOutput,
-    Severity,
-    StepColumns,
-)
+from skewwatch.config_section import Count, Fraction, NonNegative, NonNegativeInt
+from skewwatch.pipeline.detectors.alerts import Action, Alert, DetectorOutput, Severity
+from skewwatch.pipeline.detectors.base import Detector
 from skewwatch.pipeline.detectors.novelty import NoveltyBank, NoveltyParams, make_scorer
+from skewwatch.pipeline.detectors.step_columns import StepColumns
+from skewwatch.pipeline.detectors.threshold import DetectorConfig
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample
 
@@ -86,46 +82,38 @@ FIELDS = frozenset({
 __all__ = ["LearnedConfig", "LearnedDetector", "make_scorer"]
 
 
-@dataclass(frozen=True, slots=True)
-class LearnedConfig(DetectorConfig):
+class LearnedConfig(DetectorConfig, frozen=True):
     """``[detectors.learned]``: what is compared, when it holds, and the scorer's lengths (in samples)."""
 
-    features: tuple[str, ...] = ("ttft_p50", "latency_p50", "tpot_p50", "tokens_per_s", "completion_tokens_mean",
+    section = "detectors.learned"
+
+    # TTFT, time per output token and output length make up a request's latency (latency_p50 would
+    # repeat them); tokens/s is the replica's throughput; prompt length shows a mix shift
+    features: tuple[str, ...] = ("ttft_p50", "tpot_p50", "tokens_per_s", "completion_tokens_mean",
                                  "prompt_tokens_mean")
-    threshold: float = 0.5  # the scorer's level (0..1) that holds the rule: a tail probability <= 1e-5
-    min_novelty: float = 0.25  # and the most novel feature outside its range by at least this share of it
-    min_count: int = 20  # requests in the replica's window for a step to be a sample
-    min_replicas: int = 3  # replicas with a sample for the pool's median to mean anything (2: which one moved?)
-    cadence_steps: int = 2  # a model's scorers learn and score once every this many steps
-    scales: tuple[int, ...] = (1, 6, 36)  # samples: the window itself, ~1 min and ~6 min at 10 s a sample
-    memory: int = 360  # samples a range remembers (1 h at 10 s a sample)
-    blocks: int = 4
-    grace: int = 60  # samples of a feature before its novelty counts (the longest scale settles first)
-    warmup: int = 60  # samples of a replica before anything holds
-    fading: float = 0.01  # the likelihood's memory: ~100 samples
-    adapt: int = 60  # holding samples after which a lasting change is learned as the new normal
-    persistence: int = 2  # holding samples before the alert opens
-    clear_steps: int = 6  # samples that do not hold before it resolves
+    threshold: Fraction = 0.5  # the scorer's level (0..1) that holds the rule: a tail probability <= 1e-5
+    min_novelty: NonNegative = 0.25  # and the most novel feature outside its range by at least this share of it
+    min_count: Count = 20  # requests in the replica's window for a step to be a sample
+    min_replicas: Annotated[int, Meta(ge=2)] = 3  # replicas with a sample for the pool's median (2: which moved?)
+    cadence_steps: Count = 2  # a model's scorers learn and score once every this many steps
+    scales: tuple[Annotated[int, Meta(ge=1)], ...] = (1, 6, 36)  # samples: ~1 min, ~1 min EW, ~6 min EW
+    memory: Count = 360  # samples a range remembers (1 h at 10 s a sample)
+    blocks: Count = 4
+    grace: NonNegativeInt = 60  # samples of a feature before its novelty counts (the longest scale settles first)
+    warmup: NonNegativeInt = 60  # samples of a replica before anything holds
+    fading: Annotated[float, Meta(gt=0, lt=1)] = 0.01  # the likelihood's memory: ~100 samples
+    adapt: NonNegativeInt = 60  # holding samples after which a lasting change is learned as the new normal
+    persistence: Count = 2  # holding samples before the alert opens
+    clear_steps: Count = 6  # samples that do not hold before it resolves
 
-    section: ClassVar[str] = "learned"
-
-    def validate(self) -> None:
-        DetectorConfig.validate(self)
+    def __post_init__(self) -> None:
         self._require(len(self.features) > 0, "features", "must name at least one field")
         for name in self.features:
             self._require(name in FIELDS, "features",
                           f"names a field it cannot judge ({name!r}; known: {', '.join(sorted(FIELDS))})")
         self._require(len(set(self.features)) == len(self.features), "features", "must not repeat a field")
-        self._require(0.0 < self.threshold <= 1.0, "threshold", "must be in (0, 1]")
-        self._require(self.min_novelty >= 0.0, "min_novelty", "must be >= 0")
-        self._require(self.min_count >= 1, "min_count", "must be >= 1")
-        self._require(self.min_replicas >= 2, "min_replicas", "must be >= 2")
-        self._require(self.cadence_steps >= 1, "cadence_steps", "must be >= 1")
-        self._require(self.adapt >= 0, "adapt", "must be >= 0")
-        try:
-            self.scorer_params()
-        except ValueError as exc:
-            self._require(False, "scales", f"with memory, blocks, grace, warmup, fading: {exc}")
+        self._require(len(self.scales) > 0, "scales", "must name at least one scale")
+        self._require(self.memory >= self.blocks, "memory", f"must be >= blocks ({self.blocks})")
 
     def scorer_params(self) -> NoveltyParams:
         """The novelty scorer's parameters: a level (no onsets), the step's own novelty (short = 1)."""
@@ -155,7 +143,10 @@ class LearnedDetector(Detector):
 
     def _rows_for(self, keys: Sequence[str]) -> npt.NDArray[np.int64]:
         """Each key's row, new keys given fresh rows."""
-        new = [key for key in dict.fromkeys(keys) if key not in self._row]
+        row = self._row
+        if len(keys) == len(row) and keys == self._keys:  # the usual step: the same replicas as ever
+            return np.arange(len(keys), dtype=np.int64)
+        new = [key for key in dict.fromkeys(keys) if key not in row]
         if new:
             start = len(self._keys)
             self._bank.add_rows(len(new))
@@ -166,7 +157,6 @@ class LearnedDetector(Detector):
             self._hits = np.concatenate((self._hits, np.zeros(grow, dtype=np.int64)))
             self._misses = np.concatenate((self._misses, np.zeros(grow, dtype=np.int64)))
             self._open = np.concatenate((self._open, np.zeros(grow, dtype=bool)))
-        row = self._row
         return np.fromiter((row[key] for key in keys), np.int64, len(keys))
 
     def forget(self, key: str) -> None:
@@ -202,10 +192,10 @@ class LearnedDetector(Detector):
         logs[~np.isfinite(logs) | ~sampled[:, None]] = np.nan
         # the pool's typical replica: the median over the replicas with a sample, per feature
         x = np.full_like(logs, np.nan)
-        enough = np.isfinite(logs).sum(axis=0) >= cfg.min_replicas
+        have = np.isfinite(logs).sum(axis=0)
+        enough = have >= cfg.min_replicas
         if enough.any():
-            reference = np.nanmedian(logs[:, enough], axis=0)
-            x[:, enough] = logs[:, enough] - reference
+            x[:, enough] = logs[:, enough] - _median(logs[:, enough], have[enough])
         sampled &= np.isfinite(x).any(axis=1)
         self._judge(step.keys, step.vectors, x, sampled, now, alerts)
 
@@ -239,7 +229,10 @@ class LearnedDetector(Detector):
             holds[where] = holding
             novelty, level = batch.novelty, batch.level
         # hysteresis: only rows that hold, count towards opening or are open change anything
-        known = np.fromiter((self._row.get(key, -1) for key in keys), np.int64, len(keys))
+        if len(keys) == len(self._keys) and keys == self._keys:
+            known = np.arange(len(keys), dtype=np.int64)
+        else:
+            known = np.fromiter((self._row.get(key, -1) for key in keys), np.int64, len(keys))
         active = holds.copy()
         has_row = known >= 0
         active[has_row] |= (self._hits[known[has_row]] > 0) | self._open[known[has_row]]
@@ -332,3 +325,13 @@ class LearnedDetector(Detector):
     def open_alerts(self) -> dict[str, Severity]:
         return {key: Severity.INFO for key, row in self._row.items() if self._open[row]}
 
+
+def _median(values: npt.NDArray[np.float64], counts: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+    """Each column's median over its finite values (``counts`` of them, NaN elsewhere): NaN sorts last.
+
+    >>> _median(np.array([[1.0, 5.0], [3.0, np.nan], [2.0, 4.0], [9.0, np.nan]]), np.array([4, 2]))
+    array([2.5, 4.5])
+    """
+    ordered = np.sort(values, axis=0)
+    columns = np.arange(values.shape[1])
+    return 0.5 * (ordered[(counts - 1) // 2, columns] + ordered[counts // 2, columns])

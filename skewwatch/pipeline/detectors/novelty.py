@@ -207,35 +207,36 @@ class NoveltyBank:
     def evaluate(self, rows: Ints, x: Floats) -> Batch:
         """Score one sample ``x`` (shape (len(rows), len(features)), NaN = missing) of each row; pure."""
         p = self.params
+        ix = _index(rows)
         valid = np.isfinite(x)
         xs = x[:, :, None]
-        mean = self.mean[rows]
+        mean = self.mean[ix]
         moved = np.where(np.isnan(mean), xs, mean + (xs - mean) / self._k)
-        hi = np.maximum(self.ring_max[rows], self.cur_hi[rows])
-        lo = np.minimum(self.ring_min[rows], self.cur_lo[rows])
+        hi = np.maximum(self.ring_max[ix], self.cur_hi[ix])
+        lo = np.minimum(self.ring_min[ix], self.cur_lo[ix])
         span = hi - lo
         with np.errstate(invalid="ignore", divide="ignore"):
             outside = np.maximum(moved - hi, lo - moved)
             e = np.where((span > 0.0) & np.isfinite(span) & (outside > 0.0), outside / span, 0.0)
-        counts = valid & (self.seen[rows] >= p.grace)
+        counts = valid & (self.seen[ix] >= p.grace)
         novelty = np.where(counts, e.max(axis=2), 0.0)
         best = novelty.max(axis=1) if novelty.shape[1] else np.zeros(len(rows))
         raw = best / (1.0 + best)
-        filled = np.minimum(self.recent_n[rows], p.short)
+        filled = np.minimum(self.recent_n[ix], p.short)
         if p.short > 1:
-            slot = self.recent_n[rows] % p.short  # the oldest sample, which this one replaces when full
-            kept = self.recent[rows].sum(axis=1) - np.where(filled >= p.short, self.recent[rows, slot], 0.0)
+            slot = self.recent_n[ix] % p.short  # the oldest sample, which this one replaces when full
+            kept = self.recent[ix].sum(axis=1) - np.where(filled >= p.short, self.recent[rows, slot], 0.0)
         else:
             kept = np.zeros(len(rows))
         short_mean = (kept + raw) / np.minimum(filled + 1, p.short)
-        lik = self.lik[rows]
+        lik = self.lik[ix]
         sd = np.maximum(np.sqrt(lik[:, 2]), _SD_FLOOR)
         z = (short_mean - lik[:, 1]) / sd
-        ready = (self.n[rows] >= p.warmup) & (lik[:, 0] > 0) & (z > 0.0)
+        ready = (self.n[ix] >= p.warmup) & (lik[:, 0] > 0) & (z > 0.0)
         tail = 0.5 * erfc(np.where(ready, z, 0.0) / math.sqrt(2.0))
         level = np.where(ready, np.minimum(1.0, np.log(tail + 1e-10) / _LOG_EPS), 0.0)
         if p.onset:
-            episode_max = self.episode[rows, 0]
+            episode_max = self.episode[ix, 0]
             score = np.where((level > 0.0) & (level > p.escalation * episode_max), level, 0.0)
         else:
             score = level
@@ -260,14 +261,15 @@ class NoveltyBank:
     def _learn(self, batch: Batch) -> None:
         p = self.params
         rows, valid = batch.rows, batch.valid
+        ix = _index(rows)
         v3 = valid[:, :, None]
-        self.mean[rows] = np.where(v3, batch.moved, self.mean[rows])
-        self.n[rows] += 1
-        self.cur_hi[rows] = np.where(v3, np.maximum(self.cur_hi[rows], batch.moved), self.cur_hi[rows])
-        self.cur_lo[rows] = np.where(v3, np.minimum(self.cur_lo[rows], batch.moved), self.cur_lo[rows])
-        self.count[rows] += valid
-        self.seen[rows] += valid
-        full_r, full_f = np.nonzero(self.count[rows] >= p.block)
+        self.mean[ix] = np.where(v3, batch.moved, self.mean[ix])
+        self.n[ix] += 1
+        self.cur_hi[ix] = np.where(v3, np.maximum(self.cur_hi[ix], batch.moved), self.cur_hi[ix])
+        self.cur_lo[ix] = np.where(v3, np.minimum(self.cur_lo[ix], batch.moved), self.cur_lo[ix])
+        self.count[ix] += valid
+        self.seen[ix] += valid
+        full_r, full_f = np.nonzero(self.count[ix] >= p.block)
         if len(full_r):
             r, f = rows[full_r], full_f
             slot = self.head[r, f]
@@ -279,21 +281,21 @@ class NoveltyBank:
             self.cur_hi[r, f] = -np.inf
             self.cur_lo[r, f] = np.inf
             self.count[r, f] = 0
-        self.recent[rows, self.recent_n[rows] % p.short] = batch.raw
-        self.recent_n[rows] += 1
-        lik = self.lik[rows]
+        self.recent[rows, self.recent_n[ix] % p.short] = batch.raw
+        self.recent_n[ix] += 1
+        lik = self.lik[ix]
         lik[:, 0] += 1.0
         a = np.maximum(p.fading, 1.0 / lik[:, 0])
         d = batch.short_mean - lik[:, 1]
         lik[:, 1] += a * d
         lik[:, 2] = (1.0 - a) * (lik[:, 2] + a * d * d)
-        self.lik[rows] = lik
-        episode = self.episode[rows]
+        self.lik[ix] = lik
+        episode = self.episode[ix]
         at_zero = batch.level <= 0.0
         episode[:, 1] = np.where(at_zero, episode[:, 1] + 1.0, 0.0)
         episode[:, 0] = np.where(batch.score > 0.0, batch.score,
                                  np.where(at_zero & (episode[:, 1] >= p.rearm), 0.0, episode[:, 0]))
-        self.episode[rows] = episode
+        self.episode[ix] = episode
 
     def learn(self, rows: Ints, x: Floats) -> Floats:
         """Score and learn one sample of each row; the scores."""
@@ -371,6 +373,15 @@ class NoveltyBank:
         self.recent_n[row] = int(state["recent_n"])
         self.lik[row] = _floats(state["lik"], (3,), 0.0)
         self.episode[row] = _floats(state["episode"], (2,), 0.0)
+
+
+def _index(rows: Ints) -> Ints | slice:
+    """``rows`` as a slice when they are consecutive and in order (the usual batch: every row of the
+    bank): numpy then reads and writes views instead of gathering and scattering copies."""
+    n = len(rows)
+    if n and int(rows[-1]) - int(rows[0]) == n - 1 and (n < 3 or bool((np.diff(rows) == 1).all())):
+        return slice(int(rows[0]), int(rows[0]) + n)
+    return rows
 
 
 def _plain(values: Floats) -> list[float | None]:
