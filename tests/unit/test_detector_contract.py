@@ -93,9 +93,9 @@ def _context_burst(pattern: list[bool]) -> list[Inputs]:
 
 
 def _learned(pattern: list[bool]) -> list[Inputs]:
-    # 70 warm-up steps (the scorer's default warmup and grace are 60 samples) at the replica's usual
+    # 50 warm-up steps (the scorer's default warmup and grace are 40 samples) at the replica's usual
     # TTFT (cycling over a small range), then each step at 5x that (holds) or back at it (does not)
-    warm = 70
+    warm = 50
     steps = [False] * warm + pattern
     return [(base_fv(T0 + STEP * i, ttft_p50=1000.0 if holds else 200.0 + 10.0 * (i % 3)), None)
             for i, holds in enumerate(steps)]
@@ -151,7 +151,7 @@ SCENARIOS: dict[str, Scenario] = {
         severity=Severity.INFO,
         action=None,
         open_after=2,
-        clear_after=6,
+        clear_after=4,
     ),
     "gpu_health": Scenario(
         build=_simple(

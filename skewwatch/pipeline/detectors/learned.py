@@ -88,23 +88,22 @@ class LearnedConfig(DetectorConfig, frozen=True):
     section = "detectors.learned"
 
     # TTFT, time per output token and output length make up a request's latency (latency_p50 would
-    # repeat them); tokens/s is the replica's throughput; prompt length shows a mix shift
-    features: tuple[str, ...] = ("ttft_p50", "tpot_p50", "tokens_per_s", "completion_tokens_mean",
-                                 "prompt_tokens_mean")
+    # repeat them), tokens/s is the replica's throughput; each feature costs a column per step
+    features: tuple[str, ...] = ("ttft_p50", "tpot_p50", "tokens_per_s", "completion_tokens_mean")
     threshold: Fraction = 0.5  # the scorer's level (0..1) that holds the rule: a tail probability <= 1e-5
-    min_novelty: NonNegative = 0.25  # and the most novel feature outside its range by at least this share of it
+    min_novelty: NonNegative = 0.5  # and the most novel feature outside its range by at least half that range
     min_count: Count = 20  # requests in the replica's window for a step to be a sample
     min_replicas: Annotated[int, Meta(ge=2)] = 3  # replicas with a sample for the pool's median (2: which moved?)
-    cadence_steps: Count = 2  # a model's scorers learn and score once every this many steps
-    scales: tuple[Annotated[int, Meta(ge=1)], ...] = (1, 6, 36)  # samples: ~1 min, ~1 min EW, ~6 min EW
-    memory: Count = 360  # samples a range remembers (1 h at 10 s a sample)
-    blocks: Count = 4
-    grace: NonNegativeInt = 60  # samples of a feature before its novelty counts (the longest scale settles first)
-    warmup: NonNegativeInt = 60  # samples of a replica before anything holds
-    fading: Annotated[float, Meta(gt=0, lt=1)] = 0.01  # the likelihood's memory: ~100 samples
-    adapt: NonNegativeInt = 60  # holding samples after which a lasting change is learned as the new normal
-    persistence: Count = 2  # holding samples before the alert opens
-    clear_steps: Count = 6  # samples that do not hold before it resolves
+    cadence_steps: Count = 3  # a model's scorers learn and score once every this many steps: a sample per 15 s
+    scales: tuple[Annotated[int, Meta(ge=1)], ...] = (1, 4, 24)  # samples: the window, ~1 min and ~6 min EW
+    memory: Count = 240  # samples a range remembers (1 h)
+    blocks: Count = 4  # it forgets 15 min at a time
+    grace: NonNegativeInt = 40  # samples of a feature before its novelty counts (10 min: the longest scale settles)
+    warmup: NonNegativeInt = 40  # samples of a replica before anything holds (10 min)
+    fading: Annotated[float, Meta(gt=0, lt=1)] = 0.01  # the likelihood's memory: ~100 samples (25 min)
+    adapt: NonNegativeInt = 40  # holding samples (10 min) after which a lasting change is the new normal
+    persistence: Count = 2  # holding samples (30 s) before the alert opens
+    clear_steps: Count = 4  # samples (1 min) that do not hold before it resolves
 
     def __post_init__(self) -> None:
         self._require(len(self.features) > 0, "features", "must name at least one field")

@@ -211,24 +211,27 @@ class NoveltyBank:
         valid = np.isfinite(x)
         xs = x[:, :, None]
         mean = self.mean[ix]
-        moved = np.where(np.isnan(mean), xs, mean + (xs - mean) / self._k)
+        moved = mean + (xs - mean) / self._k
+        first = np.isnan(mean)  # a feature's first sample: its means start at it
+        if first.any():
+            moved = np.where(first, xs, moved)
         hi = np.maximum(self.ring_max[ix], self.cur_hi[ix])
         lo = np.minimum(self.ring_min[ix], self.cur_lo[ix])
-        span = hi - lo
-        with np.errstate(invalid="ignore", divide="ignore"):
-            outside = np.maximum(moved - hi, lo - moved)
-            e = np.where((span > 0.0) & np.isfinite(span) & (outside > 0.0), outside / span, 0.0)
-        counts = valid & (self.seen[ix] >= p.grace)
-        novelty = np.where(counts, e.max(axis=2), 0.0)
+        span = hi - lo  # -inf while nothing is in range (never inf - inf: no invalid operation)
+        outside = np.maximum(moved - hi, lo - moved)  # NaN where the sample has no value
+        e = np.zeros_like(outside)
+        np.divide(outside, span, out=e, where=(span > 0.0) & (outside > 0.0) & (span < np.inf))
+        novelty = e.max(axis=2)
+        novelty[~valid | (self.seen[ix] < p.grace)] = 0.0
         best = novelty.max(axis=1) if novelty.shape[1] else np.zeros(len(rows))
         raw = best / (1.0 + best)
-        filled = np.minimum(self.recent_n[ix], p.short)
         if p.short > 1:
+            filled = np.minimum(self.recent_n[ix], p.short)
             slot = self.recent_n[ix] % p.short  # the oldest sample, which this one replaces when full
             kept = self.recent[ix].sum(axis=1) - np.where(filled >= p.short, self.recent[rows, slot], 0.0)
+            short_mean = (kept + raw) / np.minimum(filled + 1, p.short)
         else:
-            kept = np.zeros(len(rows))
-        short_mean = (kept + raw) / np.minimum(filled + 1, p.short)
+            short_mean = raw
         lik = self.lik[ix]
         sd = np.maximum(np.sqrt(lik[:, 2]), _SD_FLOOR)
         z = (short_mean - lik[:, 1]) / sd
@@ -262,13 +265,21 @@ class NoveltyBank:
         p = self.params
         rows, valid = batch.rows, batch.valid
         ix = _index(rows)
-        v3 = valid[:, :, None]
-        self.mean[ix] = np.where(v3, batch.moved, self.mean[ix])
+        moved = batch.moved
+        if valid.all():  # the usual batch: every feature has a value
+            self.mean[ix] = moved
+            self.cur_hi[ix] = np.maximum(self.cur_hi[ix], moved)
+            self.cur_lo[ix] = np.minimum(self.cur_lo[ix], moved)
+            self.count[ix] += 1
+            self.seen[ix] += 1
+        else:
+            v3 = valid[:, :, None]
+            self.mean[ix] = np.where(v3, moved, self.mean[ix])
+            self.cur_hi[ix] = np.where(v3, np.maximum(self.cur_hi[ix], moved), self.cur_hi[ix])
+            self.cur_lo[ix] = np.where(v3, np.minimum(self.cur_lo[ix], moved), self.cur_lo[ix])
+            self.count[ix] += valid
+            self.seen[ix] += valid
         self.n[ix] += 1
-        self.cur_hi[ix] = np.where(v3, np.maximum(self.cur_hi[ix], batch.moved), self.cur_hi[ix])
-        self.cur_lo[ix] = np.where(v3, np.minimum(self.cur_lo[ix], batch.moved), self.cur_lo[ix])
-        self.count[ix] += valid
-        self.seen[ix] += valid
         full_r, full_f = np.nonzero(self.count[ix] >= p.block)
         if len(full_r):
             r, f = rows[full_r], full_f
@@ -281,7 +292,8 @@ class NoveltyBank:
             self.cur_hi[r, f] = -np.inf
             self.cur_lo[r, f] = np.inf
             self.count[r, f] = 0
-        self.recent[rows, self.recent_n[ix] % p.short] = batch.raw
+        if p.short > 1:  # (with one sample the short mean is the raw score itself)
+            self.recent[rows, self.recent_n[ix] % p.short] = batch.raw
         self.recent_n[ix] += 1
         lik = self.lik[ix]
         lik[:, 0] += 1.0
@@ -290,6 +302,8 @@ class NoveltyBank:
         lik[:, 1] += a * d
         lik[:, 2] = (1.0 - a) * (lik[:, 2] + a * d * d)
         self.lik[ix] = lik
+        if not p.onset:  # the episode only gates onsets
+            return
         episode = self.episode[ix]
         at_zero = batch.level <= 0.0
         episode[:, 1] = np.where(at_zero, episode[:, 1] + 1.0, 0.0)
@@ -505,7 +519,8 @@ class NoveltyScorer(base.AnomalyDetector):
                 feature.head = (slot + 1) % p.blocks
                 feature.count = 0
         self._n += 1
-        self._recent[self._recent_n % p.short] = raw
+        if p.short > 1:
+            self._recent[self._recent_n % p.short] = raw
         self._recent_n += 1
         lik = self._lik
         lik[0] += 1.0
@@ -513,6 +528,8 @@ class NoveltyScorer(base.AnomalyDetector):
         d = short_mean - lik[1]
         lik[1] += a * d
         lik[2] = (1.0 - a) * (lik[2] + a * d * d)
+        if not p.onset:  # the episode only gates onsets
+            return
         episode = self._episode
         at_zero = level <= 0.0
         episode[1] = episode[1] + 1.0 if at_zero else 0.0
