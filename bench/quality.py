@@ -74,7 +74,7 @@ from bench.common import (  # noqa: E402
     profile_settings,
     read_topics,
 )
-from bench.scenarios import CLEAN_POOLS, LOW_RATE_POOL, QUIET_POOL, START_TS, Scenario  # noqa: E402
+from bench.scenarios import LOW_RATE_POOL, QUIET_POOL, REPLICAS, START_TS, Scenario  # noqa: E402
 from bench.scoring import (  # noqa: E402
     DETECTOR_OF,
     DETECTORS,
@@ -129,8 +129,9 @@ class LoadMeter:
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
-        self.clean = {scenario.replica(p, i) for p in CLEAN_POOLS for i in range(4)}
-        self.low_rate = {scenario.replica(LOW_RATE_POOL, i) for i in range(4)}
+        self.clean = {scenario.replica(p, i) for p in scenario.clean for i in range(REPLICAS)}
+        self.low_rate = ({scenario.replica(LOW_RATE_POOL, i) for i in range(REPLICAS)} if scenario.low_rate
+                         else set())
         self.end = START_TS + scenario.run_s
         self.queue: list[float] = []
         self.util: list[float] = []
@@ -154,8 +155,8 @@ class LoadMeter:
         q = np.asarray(self.queue or [np.nan])
         zero_share = float((q == 0).mean()) if self.queue else None
         return {
-            "clean_rate_per_replica": self.requests["clean"] / (len(self.clean) * self.scenario.run_s),
-            "low_rate_per_replica": self.requests["low-rate"] / (len(self.low_rate) * self.scenario.run_s),
+            "clean_rate_per_replica": self.requests["clean"] / (max(len(self.clean), 1) * self.scenario.run_s),
+            "low_rate_per_replica": self.requests["low-rate"] / (max(len(self.low_rate), 1) * self.scenario.run_s),
             "clean_queue_mean": float(np.nanmean(q)) if self.queue else None,
             "clean_queue_p95": float(np.nanpercentile(q, 95)) if self.queue else None,
             "clean_queue_max": float(np.nanmax(q)) if self.queue else None,
@@ -293,9 +294,10 @@ def summarize(runs: Sequence[Run], persistence: Mapping[str, float | None]) -> d
         labels += [Label(f"{i}:{lb.model}", lb.replica, lb.kind, lb.start, lb.end) for lb in run_labels(run)]
         span_h = (run.scenario.scored[1] - run.scenario.scored[0]) / 3600.0
         clean_models += [f"{i}:{m}" for m in run.scenario.clean_pools()]
-        low_rate_models.append(f"{i}:{LOW_RATE_POOL}")
         clean_hours += span_h * len(run.scenario.clean_pools())
-        low_hours += span_h
+        if run.scenario.low_rate:
+            low_rate_models.append(f"{i}:{LOW_RATE_POOL}")
+            low_hours += span_h
         reports.append((i, run_corrections(run)))
     per = score(episodes, labels, clean_models, clean_hours)
     for detector, summary in per.items():

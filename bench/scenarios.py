@@ -59,11 +59,21 @@ TAIL_S = 30.0  # the run's last seconds are not scored (every pool's corrections
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
-    """One shape and seed; ``live_signals=False`` drops the engines' live gauges and histograms."""
+    """One shape and seed; ``live_signals=False`` drops the engines' live gauges and histograms.
+
+    The other fields shrink the run for tests (fewer pools, shorter faults); the benchmark uses
+    the defaults.
+    """
 
     shape: Shape
     seed: int
     live_signals: bool = True
+    replica_faults: tuple[str, ...] = REPLICA_FAULTS
+    quiet: bool = True
+    clean: tuple[str, ...] = CLEAN_POOLS
+    low_rate: bool = True
+    min_fault_s: float = FAULT_FOR_S
+    quiet_for_s: float = QUIET_FOR_S
 
     @property
     def name(self) -> str:
@@ -76,11 +86,11 @@ class Scenario:
     @property
     def fault_for_s(self) -> float:
         needed = MIN_FAULT_REQUESTS / self.shape.rate_per_replica
-        return float(max(FAULT_FOR_S, 5.0 * math.ceil(needed / 5.0)))
+        return float(max(self.min_fault_s, 5.0 * math.ceil(needed / 5.0)))
 
     @property
     def run_s(self) -> float:
-        return FAULT_AT_S + max(self.fault_for_s, QUIET_FOR_S) + GRACE_S + TAIL_S
+        return FAULT_AT_S + max(self.fault_for_s, self.quiet_for_s if self.quiet else 0.0) + GRACE_S + TAIL_S
 
     @property
     def scored(self) -> tuple[float, float]:
@@ -89,18 +99,20 @@ class Scenario:
 
     def pools(self) -> list[str]:
         """Model names of the run, in replica-numbering order."""
-        return [*REPLICA_FAULTS, QUIET_POOL, *CLEAN_POOLS, LOW_RATE_POOL]
+        return [*self.replica_faults, *([QUIET_POOL] if self.quiet else []), *self.clean,
+                *([LOW_RATE_POOL] if self.low_rate else [])]
 
     def clean_pools(self) -> list[str]:
-        return [*CLEAN_POOLS, LOW_RATE_POOL]
+        return [*self.clean, *([LOW_RATE_POOL] if self.low_rate else [])]
 
     def replica(self, pool: str, index: int) -> str:
         return f"r{self.pools().index(pool) * REPLICAS + index}"
 
     def injections(self) -> tuple[Injection, ...]:
         faults = [Injection(kind, self.replica(kind, self.faulty_index), FAULT_AT_S, self.fault_for_s)
-                  for kind in REPLICA_FAULTS]
-        return (*faults, Injection(QUIET_POOL, QUIET_POOL, FAULT_AT_S, QUIET_FOR_S))
+                  for kind in self.replica_faults]
+        quiet = [Injection(QUIET_POOL, QUIET_POOL, FAULT_AT_S, self.quiet_for_s)] if self.quiet else []
+        return (*faults, *quiet)
 
     def labels(self, start_ts: float = START_TS) -> list[dict[str, Any]]:
         """Ground truth: one label per injection (the quiet pool's with ``replica`` null)."""
@@ -118,5 +130,6 @@ class Scenario:
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "shape": self.shape.describe(), "seed": self.seed,
                 "live_signals": self.live_signals, "faulty_replica_index": self.faulty_index,
-                "fault_at_s": FAULT_AT_S, "fault_for_s": self.fault_for_s, "quiet_for_s": QUIET_FOR_S,
+                "fault_at_s": FAULT_AT_S, "fault_for_s": self.fault_for_s,
+                "quiet_for_s": self.quiet_for_s if self.quiet else None, "pools": self.pools(),
                 "run_s": self.run_s, "scored_s": list(self.scored), "low_rate_per_replica": LOW_RATE}

@@ -8,8 +8,8 @@ simulator's chunks, in the order the stages use them:
 
 1. the chunk's telemetry into a :class:`~skewwatch.pipeline.telemetry_join.TelemetryJoin`, its
    requests (batch sizes derived as stage 1 derives them) into one
-   :class:`~skewwatch.pipeline.window.PartitionWindows`, the watermark to the chunk's end, the
-   closed steps out;
+   :class:`~skewwatch.pipeline.window.PartitionWindows`, the watermark to the chunk's end minus the
+   allowed lateness (the worker's rule: its newest event time minus 5 s), the closed steps out;
 2. per model and step, the replicas' steps through the hand-off record itself
    (:func:`~skewwatch.pipeline.handoff.encode_model_step` / ``decode_model_step``: what stage 2
    reads is what it would read from the topic) with each replica's merged telemetry as of the
@@ -24,12 +24,17 @@ routing loop (``apply=True``): each step's correction reaches the router ``lag_s
 
 Why the result equals the worker's on the simulator's traffic: the simulator releases a chunk
 only when no later request can finish before its end, so every event of a step is in before the
-step closes (no event is late, whichever watermark rule closes it); the decider is a pure
-function of the steps in event-time order; telemetry is joined as of each step's end. One input
-partition here against the worker's several changes nothing a decider sees (windows are per
-replica; the stage 2 assembler waits for every replica of a model). What may differ: telemetry
-the worker has not read yet when a step closes (a poll that fetched requests ahead of the
-telemetry topic) is joined one sample older there.
+step closes (no event is late); the decider is a pure function of the steps in event-time order;
+telemetry is joined as of each step's end. One input partition here against the worker's
+several changes nothing a decider sees (windows are per replica; the stage 2 assembler waits for
+every replica of a model). What may differ: (1) the steps a replica gets *before its first
+event* (or its first after its window state was released): a replica is known from the moment
+its first event is applied, and the worker applies a poll's events in slices of up to 30 s of
+event time before closing the steps they complete, so it may report a replica with an empty
+step earlier than here, where a step closes as soon as the next 5 s are in; (2) telemetry the
+worker has not read yet when a step closes (a poll that fetched requests ahead of the telemetry
+topic) is joined one sample older there. Once every replica of a model has reported, both give
+the same records (``tests/integration/test_quality_modes.py``).
 
 >>> from skewwatch.sim.fleet import FleetConfig, FleetSimulator
 >>> from skewwatch.sim.faults import Injection
@@ -97,7 +102,7 @@ class LocalPipeline:
             self.telemetry.add(sample)
         if len(chunk.requests):
             self.windows.apply(self._derive_batch(chunk.requests))
-        self.windows.advance_watermark(chunk.end_ts)
+        self.windows.advance_watermark(chunk.end_ts - self.settings.window.allowed_lateness_s)
         by_model: dict[tuple[float, str], list[ReplicaStep]] = {}
         for step in self.windows.close_steps():
             by_model.setdefault((step.features.window_end, step.features.model), []).append(step)
