@@ -446,8 +446,11 @@ def live_table(groups: Mapping[str, Mapping[str, Any]], scope: str, profiles: Se
 
 def plot(groups: Mapping[str, Mapping[str, Any]], names: Sequence[str], path: Path) -> None:
     """Detection delay per detector, one panel per group, target marked."""
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError:  # the bench extra is not installed: the tables and JSON are the result
+        print(f"(no plot {path}: matplotlib is not installed; pip install -e '.[bench]')", file=sys.stderr)
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

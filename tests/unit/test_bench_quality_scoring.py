@@ -8,6 +8,7 @@ README's numbers, so a mistake here would misreport every run.
 from __future__ import annotations
 
 import doctest
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -324,3 +325,34 @@ def test_per_step_p99_spread_skips_replicas_with_too_few_requests() -> None:
     cols = RequestColumns.from_rows(rows("a", [100.0] * 80) + rows("b", [500.0] * 80) + rows("c", [9e6], t0=130.0))
     m = routing.routing_metrics(cols, [], t0=100.0, t1=180.0)
     assert m["p99_deviation_per_step_ms"]["mean"] == pytest.approx(200.0)
+
+
+# ------------------------------------------------------------------ the harness end to end (in-process)
+
+
+def test_quick_run_scores_a_fit_and_a_holdout_run(tmp_path: Path) -> None:
+    out = tmp_path / "quality.json"
+    assert quality.main(["--quick", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["mode"] == "fast" and set(data["split"]["runs"].values()) == {"FIT", "HOLDOUT"}
+    assert {"default|FIT", "default|HOLDOUT", "seed|FIT", "seed|HOLDOUT", "default|conv@1x",
+            "seed|mooncake@1x"} <= set(data["groups"])
+    for name, group in data["groups"].items():
+        assert group["detectors"]["gpu_health"]["labels"] == group["runs"], name  # one gpu fault per run
+        assert group["detectors"]["pool"]["labels"] == group["runs"]  # and one quiet pool
+        assert group["clean_pool_hours"] > 0 and group["corrections"]["corrections"] > 0
+    for run in data["runs"]:
+        load = run["stats"]["load"]
+        assert load["runaway"] is False and 0 < load["low_rate_per_replica"] <= 0.1
+        assert run["stats"]["quiet_dropped"] > 0 and run["scenario"]["shape"]["trace"] in ("conv", "mooncake")
+
+
+def test_routing_runs_both_traces_in_process() -> None:
+    scenario = routing.Scenario(trace="mooncake", run_s=150.0, warmup_s=30.0)
+    result = routing.run_trace(scenario, ["default"], None, Path("."))
+    rows = result["rows"]
+    assert set(rows) == {"round_robin", "least_connections", "dynamic (in-process)",
+                         "dynamic_least_request (in-process)"}
+    assert result["scenario"]["trace"] == "mooncake"
+    assert all(r["requests"] > 50 and r["dropped"] == 0 for r in rows.values())
+    assert set(result["target"]) == {"dynamic_least_request (in-process)"}
