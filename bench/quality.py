@@ -489,6 +489,24 @@ def plot(groups: Mapping[str, Mapping[str, Any]], names: Sequence[str], path: Pa
 # ----------------------------------------------------------------------------- main
 
 
+def run_record(run: Run, keep_episodes: bool) -> dict[str, Any]:
+    """What the JSON keeps of a run: its scenario, load check and counts (``keep_episodes``: everything)."""
+    episodes = run_episodes(run)
+    report = run_corrections(run)
+    record: dict[str, Any] = {
+        "profile": run.profile, "split": run.split, "mode": run.mode, "scenario": run.scenario.describe(),
+        "stats": run.stats,
+        "episodes_per_detector": {d: sum(e.detector == d for e in episodes) for d in DETECTORS},
+        "corrections": {"read": report["corrections"], "healthy_zero": len(report["healthy_zero"]),
+                        "healthy_zero_steps": report["healthy_zero_steps"], "all_zero_steps": len(report["all_zero"]),
+                        "panic": report["panic"], "below": report["below"]},
+    }
+    if keep_episodes:
+        record["episodes"] = [asdict(e) for e in episodes]
+        record["corrections"] = report
+    return record
+
+
 def scenarios_of(args: argparse.Namespace) -> list[Scenario]:
     lives = {"on": (True,), "off": (False,), "both": (True, False)}[args.live_signals]
     if args.quick and not args.shape:
@@ -526,6 +544,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the engines' live gauges and latency histograms in the simulated telemetry")
     parser.add_argument("--no-live-signals", dest="live_signals", action="store_const", const="off",
                         help="same as --live-signals off")
+    parser.add_argument("--keep-episodes", action="store_true",
+                        help="write every run's alert episodes and correction lists to the JSON (large)")
     parser.add_argument("--out", type=Path, default=RESULTS / "quality.json")
     parser.add_argument("--plot", type=Path, help="delay plot (default: next to --out, not in --quick runs)")
     args = parser.parse_args(argv)
@@ -608,9 +628,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "all_zero_pools": 0, "faulty_below_within_target": RECALL_TARGET}},
         "groups": groups,
         "failures": failures,
-        "runs": [{"profile": r.profile, "split": r.split, "mode": r.mode, "scenario": r.scenario.describe(),
-                  "stats": r.stats, "episodes": [asdict(e) for e in run_episodes(r)],
-                  "corrections": run_corrections(r)} for r in runs],
+        "runs": [run_record(r, args.keep_episodes) for r in runs],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1, default=str) + "\n")
