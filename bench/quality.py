@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import contextlib
 import json
 import shutil
 import statistics
@@ -204,6 +206,14 @@ def run_fast(scenario: Scenario, profiles: Sequence[str], split: str) -> list[Ru
             pipe.feed(chunk)
     stats = {"wall_s": round(time.monotonic() - began, 2), **_sim_stats(sim), "load": meter.report()}
     return [Run(scenario, p, split, "fast", pipe.alerts, pipe.corrections, stats) for p, pipe in pipes.items()]
+
+
+def _run_fast_job(job: tuple[Scenario, Sequence[str], str]) -> list[Run]:
+    """One scenario in fast mode, the profiles named as the report names them (a process pool's task)."""
+    made = run_fast(*job)
+    for run in made:
+        run.profile = parse_profile(run.profile)[0]
+    return made
 
 
 def _sim_stats(sim: Any) -> dict[str, Any]:
@@ -544,6 +554,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the engines' live gauges and latency histograms in the simulated telemetry")
     parser.add_argument("--no-live-signals", dest="live_signals", action="store_const", const="off",
                         help="same as --live-signals off")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="fast mode: scenarios simulated in parallel processes (default 1)")
     parser.add_argument("--keep-episodes", action="store_true",
                         help="write every run's alert episodes and correction lists to the JSON (large)")
     parser.add_argument("--out", type=Path, default=RESULTS / "quality.json")
@@ -572,13 +584,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
 
     if args.mode == "fast":
-        for scenario in scenarios:
-            split = split_of(scenario, args.fit_shapes, args.fit_seeds)
-            made = run_fast(scenario, profiles, split)
-            for run in made:
-                run.profile = parse_profile(run.profile)[0]
-            runs.extend(made)
-            report(made[-1])
+        jobs = [(scenario, profiles, split_of(scenario, args.fit_shapes, args.fit_seeds)) for scenario in scenarios]
+        with concurrent.futures.ProcessPoolExecutor(args.jobs) if args.jobs > 1 else contextlib.nullcontext() as pool:
+            results = pool.map(_run_fast_job, jobs) if pool is not None else map(_run_fast_job, jobs)
+            for made in results:
+                runs.extend(made)
+                report(made[-1])
     else:
         with kafka(workdir) as bootstrap:
             for scenario in scenarios:

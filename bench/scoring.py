@@ -383,5 +383,8 @@ def correction_report(corrections: Iterable[Mapping[str, Any]], labels: Sequence
     return {"corrections": len(records), "healthy_zero": healthy_zero, "healthy_zero_steps": steps,
             "all_zero": all_zero, "panic": panic,
             "below": [{"model": lb.model, "replica": lb.replica, "kind": lb.kind,
-                       "delay_s": None if below_since[lb] is None else round(float(below_since[lb]) - lb.start, 3)}
-                      for lb in faulty]}
+                       "delay_s": _delay(below_since[lb], lb.start)} for lb in faulty]}
+
+
+def _delay(at: float | None, start: float) -> float | None:
+    return None if at is None else round(at - start, 3)
