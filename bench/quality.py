@@ -6,6 +6,11 @@ independent 4-replica pools (one per fault kind, a quiet pool, two clean pools a
 pool). What the pipeline publishes (alerts, routing corrections) is scored against the labels by
 :mod:`bench.scoring`, per detector, per shape and per split, for each detector profile side by side.
 
+**Two families of runs** (``--family``): the rules' runs (faults from 2 min, ~7 min each), and the
+learned detector's (:meth:`~bench.scenarios.Scenario.learned`: its two faults, ``ttft_drift`` and
+``throughput_drop``, and every rule's fault, from 20 min, once it has learned the replicas; ~37 min
+each, so they also give the clean pools most of their hours). A shape's tables count both.
+
 **Modes.**
 
 - ``--mode fast`` (default): the worker's two stages in-process
@@ -24,8 +29,10 @@ configuration file (whatever the worker's defaults are), ``seed`` = ``bench/prof
 ``code@1x`` with seeds 1 and 2 (``--fit-shapes``, ``--fit-seeds``). Everything else (mooncake, every
 0.1x and 3x shape, seeds 3+) is HOLDOUT. The JSON and the printed tables keep them apart.
 
-**Targets** (✗ marks a miss): per detector recall >= 0.95, precision >= 0.95, median delay <=
-persistence + 10 s; <= 1 false alert per clean pool-hour over all detectors; corrections: no
+**Targets** (✗ marks a miss): per detector recall >= 0.95 (learned: >= 0.9), precision >= 0.95, median
+delay <= persistence + 10 s (learned: none; its faults unfold over minutes); <= 1 false alert per clean
+pool-hour over all detectors; the learned detector firing on a rule's fault is not a false alert (the
+confusion table reports it beside the rule's); corrections: no
 healthy replica at weight 0, no all-zero pool, and the faulty replica below every healthy one
 within its detector's delay target (>= 0.95 of the faults).
 
@@ -93,7 +100,6 @@ from bench.scoring import (  # noqa: E402
     score,
     weight_episodes,
 )
-from skewwatch.pipeline.decide import DetectorSettings  # noqa: E402
 from skewwatch.pipeline.telemetry import TelemetrySample  # noqa: E402
 from skewwatch.sim.generator import TrafficChunk  # noqa: E402
 from skewwatch.sim.shapes import SHAPES, make_shape  # noqa: E402
@@ -285,8 +291,9 @@ def run_corrections(run: Run) -> dict[str, Any]:
 
 def delay_targets(profile: str) -> dict[str, float | None]:
     """Per detector, the delay target (persistence + 10 s); the pool alert has none."""
-    settings = DetectorSettings.from_settings(profile_settings(profile))
-    return {d: (None if d == "pool" else persistence_s(settings, d)) for d in DETECTORS}
+    settings = profile_settings(profile).detectors
+    # the learned detector has no delay target: its faults unfold over minutes (a 10 min ramp)
+    return {d: (None if d in ("pool", "learned") else persistence_s(settings, d)) for d in DETECTORS}
 
 
 def summarize(runs: Sequence[Run], persistence: Mapping[str, float | None]) -> dict[str, Any]:
@@ -312,7 +319,7 @@ def summarize(runs: Sequence[Run], persistence: Mapping[str, float | None]) -> d
     per = score(episodes, labels, clean_models, clean_hours)
     for detector, summary in per.items():
         summary["persistence_s"] = persistence.get(detector)
-        summary["targets_met"] = judge(summary, summary["persistence_s"])
+        summary["targets_met"] = judge(summary, summary["persistence_s"], detector)
     false_total = sum(s["clean_false"] for s in per.values())
     low_false = sum(1 for e in episodes if e.model in low_rate_models)
     quiet_false = sum(1 for e in episodes if e.model.endswith(f":{QUIET_POOL}") and e.replica)
@@ -519,13 +526,23 @@ def run_record(run: Run, keep_episodes: bool) -> dict[str, Any]:
 
 def scenarios_of(args: argparse.Namespace) -> list[Scenario]:
     lives = {"on": (True,), "off": (False,), "both": (True, False)}[args.live_signals]
+    families = {"rules": ("rules",), "learned": ("learned",), "both": ("rules", "learned")}[
+        args.family or ("rules" if args.quick else "both")]
     if args.quick and not args.shape:
         pairs = list(QUICK)
     else:
         shapes = args.shape or list(SHAPES)
         seeds = args.seeds[:1] if args.quick else args.seeds
         pairs = [(s, seed) for s in shapes for seed in seeds]
-    return [Scenario(make_shape(shape), seed, live) for live in lives for shape, seed in pairs]
+    made = []
+    for family in families:
+        for live in lives:
+            for shape, seed in pairs:
+                if family == "learned":
+                    made.append(Scenario.learned(make_shape(shape), seed, live))
+                else:
+                    made.append(Scenario(make_shape(shape), seed, live))
+    return made
 
 
 def group_runs(runs: Sequence[Run]) -> dict[str, list[Run]]:
@@ -554,6 +571,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the engines' live gauges and latency histograms in the simulated telemetry")
     parser.add_argument("--no-live-signals", dest="live_signals", action="store_const", const="off",
                         help="same as --live-signals off")
+    parser.add_argument("--family", choices=["rules", "learned", "both"],
+                        help="rules: the rules' runs (faults at 2 min, ~7 min each); learned: the learned "
+                             "detector's runs (its two faults and the rules', at 20 min, ~37 min each); "
+                             "default both (--quick: rules)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="fast mode: scenarios simulated in parallel processes (default 1)")
     parser.add_argument("--keep-episodes", action="store_true",

@@ -42,6 +42,9 @@ from skewwatch.sim.shapes import Shape
 
 REPLICA_FAULTS: tuple[str, ...] = ("long_tail", "slow_replica", "batch_collapse", "context_burst", "gpu_fault",
                                    "kv_pressure", "replica_silence")
+# faults no rule is meant for, the learned detector's: in runs of their own (Scenario.learned), whose
+# faults start once it has learned the replicas
+LEARNED_FAULTS: tuple[str, ...] = ("ttft_drift", "throughput_drop")
 QUIET_POOL = "quiet_pool"
 CLEAN_POOLS: tuple[str, ...] = ("clean-a", "clean-b")
 LOW_RATE_POOL = "low-rate"
@@ -55,6 +58,8 @@ MIN_FAULT_REQUESTS = 30  # expected requests on the faulty replica during its fa
 QUIET_FOR_S = 180.0
 GRACE_S = 90.0  # after a fault's end, an alert still belongs to it
 TAIL_S = 30.0  # the run's last seconds are not scored (every pool's corrections reach the end before it)
+LEARNED_FAULT_AT_S = 1200.0  # the learned detector's 10 min warm-up and a first quarter hour of its ranges
+LEARNED_FAULT_FOR_S = 900.0  # ttft_drift's 10 min ramp, then 5 min at 2x
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +79,26 @@ class Scenario:
     low_rate: bool = True
     min_fault_s: float = FAULT_FOR_S
     quiet_for_s: float = QUIET_FOR_S
+    fault_at_s: float = FAULT_AT_S
+    family: str = ""  # "" (the rules' runs) or "learned"
+
+    @classmethod
+    def learned(cls, shape: Shape, seed: int, live_signals: bool = True) -> Scenario:
+        """The learned detector's run: its two faults and every rule's, from LEARNED_FAULT_AT_S (after
+        its warm-up) for LEARNED_FAULT_FOR_S, the clean pools (no quiet pool: it is the rules' case).
+
+        >>> from skewwatch.sim.shapes import SHAPES
+        >>> s = Scenario.learned(SHAPES["conv@1x"], seed=2)
+        >>> s.name, s.pools()[:3], s.run_s
+        ('conv@1x/seed=2/learned', ['ttft_drift', 'throughput_drop', 'long_tail'], 2220.0)
+        """
+        return cls(shape, seed, live_signals, replica_faults=(*LEARNED_FAULTS, *REPLICA_FAULTS), quiet=False,
+                   min_fault_s=LEARNED_FAULT_FOR_S, fault_at_s=LEARNED_FAULT_AT_S, family="learned")
 
     @property
     def name(self) -> str:
-        return f"{self.shape.name}/seed={self.seed}" + ("" if self.live_signals else "/no-live")
+        return (f"{self.shape.name}/seed={self.seed}" + ("" if self.live_signals else "/no-live")
+                + (f"/{self.family}" if self.family else ""))
 
     @property
     def faulty_index(self) -> int:
@@ -90,7 +111,7 @@ class Scenario:
 
     @property
     def run_s(self) -> float:
-        return FAULT_AT_S + max(self.fault_for_s, self.quiet_for_s if self.quiet else 0.0) + GRACE_S + TAIL_S
+        return self.fault_at_s + max(self.fault_for_s, self.quiet_for_s if self.quiet else 0.0) + GRACE_S + TAIL_S
 
     @property
     def scored(self) -> tuple[float, float]:
@@ -109,9 +130,9 @@ class Scenario:
         return f"r{self.pools().index(pool) * REPLICAS + index}"
 
     def injections(self) -> tuple[Injection, ...]:
-        faults = [Injection(kind, self.replica(kind, self.faulty_index), FAULT_AT_S, self.fault_for_s)
+        faults = [Injection(kind, self.replica(kind, self.faulty_index), self.fault_at_s, self.fault_for_s)
                   for kind in self.replica_faults]
-        quiet = [Injection(QUIET_POOL, QUIET_POOL, FAULT_AT_S, self.quiet_for_s)] if self.quiet else []
+        quiet = [Injection(QUIET_POOL, QUIET_POOL, self.fault_at_s, self.quiet_for_s)] if self.quiet else []
         return (*faults, *quiet)
 
     def labels(self, start_ts: float = START_TS) -> list[dict[str, Any]]:
@@ -130,6 +151,6 @@ class Scenario:
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "shape": self.shape.describe(), "seed": self.seed,
                 "live_signals": self.live_signals, "faulty_replica_index": self.faulty_index,
-                "fault_at_s": FAULT_AT_S, "fault_for_s": self.fault_for_s,
+                "family": self.family or "rules", "fault_at_s": self.fault_at_s, "fault_for_s": self.fault_for_s,
                 "quiet_for_s": self.quiet_for_s if self.quiet else None, "pools": self.pools(),
                 "run_s": self.run_s, "scored_s": list(self.scored), "low_rate_per_replica": LOW_RATE}

@@ -37,6 +37,11 @@ Kinds and their parameters (defaults in :data:`DEFAULT_PARAMS`):
 - ``kv_pressure``: ``mode=fragmentation`` (hit rate ``hit_rate``, fragmentation ``fragmentation``)
   or ``mode=underutilized`` (hit rate 0.95, completions cut to about ``tokens_per_s`` tokens/s).
 - ``replica_silence``: the replica reports nothing (no requests, no telemetry).
+- ``ttft_drift`` (no rule is meant for it): the replica's time to first token rises linearly from
+  its own usual to ``factor`` x that over ``ramp_s`` seconds, then stays there; decode is unchanged.
+- ``throughput_drop`` (no rule is meant for it): the replica's requests get ``drop`` shorter (their
+  output lengths) while their latency holds (each decode step slower by the same share): tokens/s
+  falls by ``drop``, latency does not move.
 - ``quiet_pool`` (pool level: ``--replica`` names the model, or any replica of it): no request
   arrives for any replica of the model, while other models keep event time moving. With
   ``telemetry=1`` (default) the idle engines keep publishing telemetry (alive, nothing running);
@@ -73,6 +78,8 @@ FAULT_KINDS: tuple[str, ...] = (
     "kv_pressure",
     "replica_silence",
     "quiet_pool",
+    "ttft_drift",
+    "throughput_drop",
 )
 POOL_KINDS: frozenset[str] = frozenset({"quiet_pool"})  # faults of a whole model pool, not one replica
 
@@ -87,6 +94,8 @@ DEFAULT_PARAMS: dict[str, dict[str, ParamValue]] = {
     "kv_pressure": {"mode": "fragmentation", "hit_rate": 0.3, "fragmentation": 0.6, "tokens_per_s": 60.0},
     "replica_silence": {},
     "quiet_pool": {"telemetry": 1.0},
+    "ttft_drift": {"factor": 2.0, "ramp_s": 600.0},
+    "throughput_drop": {"drop": 0.4},
 }
 
 # CUDA runtime `cudaError_t` names and their numbers (CUDA 12 driver_types.h), grouped by the
@@ -152,6 +161,10 @@ class Injection:
                 raise FaultError(f"gpu_fault.error: unknown {error!r} (known: {', '.join(CUDA_ERRORS)})")
             if not error and cls not in CUDA_ERROR_CLASSES:
                 raise FaultError(f"gpu_fault.class: {cls!r} (known: {', '.join(CUDA_ERROR_CLASSES)})")
+        if self.kind == "ttft_drift" and not (float(self.param("factor")) > 0 and float(self.param("ramp_s")) >= 0):
+            raise FaultError("ttft_drift: need factor > 0 and ramp_s >= 0")
+        if self.kind == "throughput_drop" and not 0.0 <= float(self.param("drop")) < 1.0:
+            raise FaultError(f"throughput_drop.drop: must be in [0, 1), got {self.param('drop')!r}")
         if self.kind == "kv_pressure" and self.param("mode") not in ("fragmentation", "underutilized"):
             raise FaultError(f"kv_pressure.mode: {self.param('mode')!r} "
                              "(known: fragmentation, underutilized)")
@@ -204,6 +217,18 @@ class Injection:
         return out
 
     # Derived values the generators share, so both realise a kind the same way.
+    def ttft_factor(self, t: float, start_ts: float) -> float:
+        """``ttft_drift``: the replica's TTFT at event time ``t`` as a multiple of its usual.
+
+        >>> inj = Injection("ttft_drift", "r0", 100, 900)
+        >>> [inj.ttft_factor(t, 0.0) for t in (100.0, 400.0, 700.0, 900.0)]
+        [1.0, 1.5, 2.0, 2.0]
+        """
+        start = self.window(start_ts)[0]
+        ramp = float(self.param("ramp_s"))
+        done = 1.0 if ramp <= 0 else min(max((t - start) / ramp, 0.0), 1.0)
+        return 1.0 + (float(self.param("factor")) - 1.0) * done
+
     def cuda_error_choices(self) -> tuple[str, ...]:
         error = str(self.param("error"))
         return (error,) if error else CUDA_ERROR_CLASSES[str(self.param("class"))]

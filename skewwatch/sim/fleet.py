@@ -180,7 +180,7 @@ def unloaded_latency_s(config: FleetConfig, prompt: float, completion: float) ->
 
 class _Request:
     __slots__ = ("rid", "model", "arrival", "prompt", "completion", "hit", "kv", "ctx",
-                 "first_token", "batch", "finish_iter", "stall_s")
+                 "first_token", "batch", "finish_iter", "stall_s", "ttft_extra_s")
 
     def __init__(self, rid: int, model: str, arrival: float, prompt: int, completion: int) -> None:
         self.rid = rid
@@ -195,6 +195,7 @@ class _Request:
         self.batch = 0
         self.finish_iter = 0
         self.stall_s = 0.0  # long_tail: how much later than its engine time this request finishes
+        self.ttft_extra_s = 0.0  # ttft_drift: how much later its first token (and so its end) comes
 
 
 class _Replica:
@@ -213,6 +214,7 @@ class _Replica:
         self.busy_carry_s = 0.0  # of an iteration that runs past the interval's end
         self.faults = [(inj, *inj.window(start_ts)) for inj in injections]
         self.recent_latency: deque[float] = deque(maxlen=MEDIAN_OVER)  # seconds, finished and not stalled
+        self.recent_ttft: deque[float] = deque(maxlen=MEDIAN_OVER)  # seconds, of the same requests
         self.stalled: dict[int, float] = {}  # rid -> extra seconds per output token, while running
         self.tpot = IntervalHistogram(TPOT_BUCKETS_S)  # this telemetry interval's live latencies
         self.ttft = IntervalHistogram(TTFT_BUCKETS_S)
@@ -277,6 +279,8 @@ class FleetSimulator:
         # long_tail before a replica has finished enough requests: the trace's median request, unloaded
         self._median_fallback_s = unloaded_latency_s(config, float(np.median(self.trace.prompt_tokens)),
                                                      float(np.median(self.trace.completion_tokens)))
+        # ttft_drift before the replica has finished MEDIAN_MIN requests: the median prompt's prefill
+        self._ttft_fallback_s = float(np.median(self.trace.prompt_tokens)) * config.prefill_ms_per_token / 1000.0
         self._arrival_rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(13,)))
         self._events: list[tuple[float, int, int, int]] = []  # (time, kind, seq, replica index or stream)
         self._seq = 0
@@ -362,6 +366,9 @@ class FleetSimulator:
         slow = r.active("slow_replica", t)
         if slow is not None:
             step_ms *= float(slow.param("factor"))
+        drop = r.active("throughput_drop", t)
+        if drop is not None:  # shorter requests (at arrival) that take as long: each step slower
+            step_ms /= 1.0 - float(drop.param("drop"))
         prefill_ms = prefill_tokens * cfg.prefill_ms_per_token
         duration_s = (prefill_ms + step_ms) / 1000.0
         r.busy = True
@@ -402,7 +409,7 @@ class FleetSimulator:
         r.iteration += 1
         self._observe_tokens(r, t)
         for req in r.prefilling:
-            req.first_token = t
+            req.first_token = t + req.ttft_extra_s
         r.prefilling.clear()
         while r.finishing and r.finishing[0][0] <= r.iteration:
             _, _, req = heapq.heappop(r.finishing)
@@ -412,7 +419,7 @@ class FleetSimulator:
             r.stalled.pop(req.rid, None)
             # long_tail: a stalled request finishes its stall later; the live histograms spread the
             # stall over its tokens (_observe_tokens), its batch slot and KV are freed at engine time
-            self._finish(r, req, t + req.stall_s)
+            self._finish(r, req, t + req.stall_s + req.ttft_extra_s)
         self._admit_and_run(r, t)
 
     def _observe_tokens(self, r: _Replica, t: float) -> None:
@@ -430,7 +437,7 @@ class FleetSimulator:
         else:
             r.tpot.observe(duration, decoding)
         for req in r.prefilling:
-            r.ttft.observe(t - req.arrival)
+            r.ttft.observe(t + req.ttft_extra_s - req.arrival)
 
     def _finish(self, r: _Replica, req: _Request, t: float, failed: bool = False) -> None:
         cfg = self.config
@@ -447,9 +454,10 @@ class FleetSimulator:
                 name = names[int(r.fault_rng.integers(0, len(names)))]
                 cuda_error = CUDA_ERRORS[name] if float(fault.param("codes")) else name
         latency_ms = max((t - req.arrival) * 1000.0, 0.001)
-        if status == "ok" and req.stall_s == 0.0:
-            r.recent_latency.append(latency_ms / 1000.0)
         ttft_ms = latency_ms if math.isnan(req.first_token) else (req.first_token - req.arrival) * 1000.0
+        if status == "ok" and req.stall_s == 0.0 and req.ttft_extra_s == 0.0:
+            r.recent_latency.append(latency_ms / 1000.0)
+            r.recent_ttft.append(min(ttft_ms, latency_ms) / 1000.0)
         row: dict[str, Any] = {
             "request_id": f"s{cfg.seed}-{r.name}-{req.rid}", "ts": round(t, 6), "model": r.model,
             "replica": r.name, "latency_ms": round(latency_ms, 3), "prompt_tokens": req.prompt,
@@ -505,6 +513,16 @@ class FleetSimulator:
             median = (float(np.median(r.recent_latency)) if len(r.recent_latency) >= MEDIAN_MIN
                       else self._median_fallback_s)
             req.stall_s = (k - 1.0) * median  # a request of median length then takes k x the median
+        drift = r.active("ttft_drift", t)
+        if drift is not None:  # its first token k x later than the replica's own median TTFT would have it
+            usual = (float(np.median(r.recent_ttft)) if len(r.recent_ttft) >= MEDIAN_MIN
+                     else self._ttft_fallback_s)
+            req.ttft_extra_s = (drift.ttft_factor(t, self.start_ts) - 1.0) * usual
+        drop = r.active("throughput_drop", t)
+        if drop is not None:
+            req.completion = max(int(round(req.completion * (1.0 - float(drop.param("drop"))))), 1)
+            req.kv = req.prompt + req.completion
+            req.ctx = req.prompt + req.completion // 2
         r.arrivals += 1
         r.waiting.append(req)
         if not r.busy:

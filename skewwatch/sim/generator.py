@@ -140,6 +140,7 @@ class _Drawn:
     latency_factor: FloatArray  # long_tail
     wait_ms: FloatArray  # batch_collapse queueing
     dropped: BoolArray  # replica_silence
+    ttft_factor: FloatArray  # ttft_drift
 
 
 class TrafficGenerator:
@@ -196,6 +197,7 @@ class TrafficGenerator:
             latency_factor=np.ones(n),
             wait_ms=np.zeros(n),
             dropped=np.zeros(n, dtype=bool),
+            ttft_factor=np.ones(n),
         )
 
     def _inject(self, i: int, d: _Drawn, inj: Injection) -> None:
@@ -247,6 +249,14 @@ class TrafficGenerator:
                 d.completion[hit] = rng.integers(1, top + 1, k)
             conc = cfg.kv_hit_rate_concentration
             d.hit_rate[hit] = rng.beta(target * conc, (1.0 - target) * conc, k)
+        elif inj.kind == "ttft_drift":
+            d.ttft_factor[hit] *= [inj.ttft_factor(t, self.start_ts) for t in d.arrival[hit].tolist()]
+        elif inj.kind == "throughput_drop":
+            # shorter outputs whose decode takes as long: decode time goes as completion ** exponent
+            before = np.maximum(d.completion[hit], 1)
+            after = np.maximum(np.round(before * (1.0 - float(inj.param("drop")))), 1).astype(np.int64)
+            d.completion[hit] = after
+            d.decode_factor[hit] *= (before / after) ** cfg.latency_token_exponent
         elif inj.kind in ("replica_silence", "quiet_pool"):
             d.dropped[hit] = True  # silence: served but not reported; quiet pool: never arrived
 
@@ -255,7 +265,7 @@ class TrafficGenerator:
         cfg = self.config
         model, replica = self.replicas[i]
         ttft = (cfg.ttft_median_ms * (np.maximum(d.prompt, 1) / self._prompt_ref) ** cfg.ttft_token_exponent
-                * np.exp(cfg.ttft_sigma * d.z_ttft))
+                * np.exp(cfg.ttft_sigma * d.z_ttft) * d.ttft_factor)
         decode = ((cfg.latency_median_ms - cfg.ttft_median_ms)
                   * (np.maximum(d.completion, 1) / self._completion_ref) ** cfg.latency_token_exponent
                   * np.exp(cfg.latency_sigma * d.z_latency) * d.decode_factor)

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 from skewwatch.config import Settings, load_settings
 from skewwatch.pipeline.assembler import ReplicaStepInput
-from skewwatch.pipeline.decide import DetectorSettings, ModelDecider
+from skewwatch.pipeline.decide import ModelDecider
 from skewwatch.pipeline.derived_batch import derive_batch
 from skewwatch.pipeline.events import RequestColumns
 from skewwatch.pipeline.model_merge import merge_model_features
@@ -83,7 +83,7 @@ class LocalPipeline:
 
     def __init__(self, settings: Settings | None = None, *, apply: bool = False, lag_steps: int = 0) -> None:
         self.settings = settings if settings is not None else load_settings(None, env=EVERY_STEP)
-        self.detector_settings = DetectorSettings.from_settings(self.settings)
+        self.detector_settings = self.settings.detectors
         self.windows = PartitionWindows(self.settings.window)
         self.telemetry = TelemetryJoin(history=history_for(self.settings.window))
         self.telemetry_stale_s = self.detector_settings.weights.telemetry_max_age_s

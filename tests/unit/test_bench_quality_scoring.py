@@ -192,7 +192,10 @@ def test_every_fault_kind_has_a_pool_a_label_and_a_detector() -> None:
     assert set(scoring.DETECTOR_OF) == set(FAULT_KINDS)
     sc = scenarios.Scenario(SHAPES["code@1x"], seed=3)
     labels = sc.labels()
-    assert {lb["kind"] for lb in labels} == set(FAULT_KINDS)
+    learned = scenarios.Scenario.learned(SHAPES["code@1x"], seed=3).labels()
+    assert {lb["kind"] for lb in labels} == set(FAULT_KINDS) - set(scenarios.LEARNED_FAULTS)
+    assert {lb["kind"] for lb in learned} == set(FAULT_KINDS) - {"quiet_pool"}
+    assert all(lb["start"] == scenarios.START_TS + scenarios.LEARNED_FAULT_AT_S for lb in learned)
     replica_labels = [lb for lb in labels if lb["kind"] != "quiet_pool"]
     # seed 3 -> replica index 3 of each pool, the pool named after its fault
     assert all(lb["model"] == lb["kind"] and int(lb["replica"][1:]) % 4 == 3 for lb in replica_labels)

@@ -185,3 +185,34 @@ def test_cli_pairs_repeated_inject_options() -> None:
         build_injections(("long_tail",), (), (), (), ())
     with pytest.raises(click.UsageError, match="no --inject kind takes it"):
         build_injections(("long_tail",), ("r0",), (), (), ("class=hardware",))
+
+
+def test_ttft_drift_ramps_ttft_to_factor_and_leaves_decode_alone() -> None:
+    """The generator: TTFT x1 at the fault's start, x2 from ramp_s on; decode time unchanged."""
+    cols, _ = run("ttft_drift", params={"factor": 2.0, "ramp_s": 60.0})
+    clean = window(cols, "r0", T0 + AT + FOR)
+    late = window(cols, "r1", T0 + AT + FOR)  # the fault's last minute: the ramp is over
+    before = window(cols, "r1", T0 + AT)
+    ratio = float(np.median(late.ttft_ms) / np.median(before.ttft_ms))
+    assert 1.7 < ratio < 2.4
+    assert 0.8 < float(np.median(clean.ttft_ms) / np.median(before.ttft_ms)) < 1.25
+    decode = float(np.median(late.latency_ms - late.ttft_ms) / np.median(before.latency_ms - before.ttft_ms))
+    assert 0.75 < decode < 1.35
+    for end in AFTER:
+        w = window(cols, "r1", end)
+        assert float(np.median(w.ttft_ms) / np.median(before.ttft_ms)) < 1.3
+
+
+def test_throughput_drop_cuts_tokens_per_s_and_keeps_latency() -> None:
+    cols, _ = run("throughput_drop", params={"drop": 0.4})
+    for end in INSIDE:
+        w, before = window(cols, "r1", end), window(cols, "r1", T0 + AT)
+        tokens = (w.completion_tokens.sum() / len(w)) / (before.completion_tokens.sum() / len(before))
+        assert 0.45 < tokens < 0.75  # 40 % fewer tokens per request: tokens/s at the same rate
+        assert 0.75 < float(np.median(w.latency_ms) / np.median(before.latency_ms)) < 1.3
+
+
+@pytest.mark.parametrize("bad", [{"drop": 1.0}, {"drop": -0.1}])
+def test_throughput_drop_needs_a_drop_in_0_1(bad: dict[str, float]) -> None:
+    with pytest.raises(FaultError, match="throughput_drop"):
+        Injection("throughput_drop", "r1", 0, 10, bad)

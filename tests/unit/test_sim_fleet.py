@@ -176,3 +176,29 @@ def test_batch_collapse_holds_the_running_batch_at_1_2_while_the_queue_grows() -
     assert np.median(admitted) <= 2
     other = [s for s in telemetry if s.replica == "r1" and T0 + 90 <= s.ts <= T0 + 150]
     assert max(s.queue_length or 0 for s in other) < 8  # only the faulty replica
+
+
+def test_learned_faults_in_the_fleet_simulator() -> None:
+    """ttft_drift: TTFT twice the replica's own by the ramp's end, others unchanged; throughput_drop:
+    tokens/s down by the drop while latency stays with the pool's."""
+    from skewwatch.sim.faults import Injection
+
+    start = 1_700_000_000.0
+    config = FleetConfig(replicas=4, load=0.5, seed=3, policy="round_robin",
+                         injections=(Injection("ttft_drift", "r1", 300, 600, {"ramp_s": 300.0}),
+                                     Injection("throughput_drop", "r2", 300, 600)))
+    rows: dict[str, list[tuple[float, float, float, float]]] = {}
+    for chunk in FleetSimulator(config, start, 900).chunks():
+        c = chunk.requests
+        for r, ts, ttft, lat, tok in zip(c.replica.tolist(), c.ts.tolist(), c.ttft_ms.tolist(),
+                                         c.latency_ms.tolist(), c.completion_tokens.tolist(), strict=True):
+            rows.setdefault(r, []).append((ts - start, ttft, lat, tok))
+
+    def stat(replica: str, lo: float, hi: float, column: int) -> float:
+        values = np.array([row[column] for row in rows[replica] if lo <= row[0] < hi])
+        return float(values.sum() / (hi - lo)) if column == 3 else float(np.median(values))
+
+    assert 1.6 < stat("r1", 700, 900, 1) / stat("r1", 0, 300, 1) < 2.6  # TTFT
+    assert 0.7 < stat("r0", 700, 900, 1) / stat("r0", 0, 300, 1) < 1.4
+    assert 0.45 < stat("r2", 400, 900, 3) / stat("r2", 0, 300, 3) < 0.75  # tokens per second
+    assert 0.7 < stat("r2", 400, 900, 2) / stat("r3", 400, 900, 2) < 1.4  # latency like a healthy peer's
