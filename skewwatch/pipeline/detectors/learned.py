@@ -101,6 +101,8 @@ class LearnedConfig(DetectorConfig, frozen=True):
     grace: NonNegativeInt = 40  # samples of a feature before its novelty counts (10 min: the longest scale settles)
     warmup: NonNegativeInt = 40  # samples of a replica before anything holds (10 min)
     fading: Annotated[float, Meta(gt=0, lt=1)] = 0.01  # the likelihood's memory: ~100 samples (25 min)
+    settle: Count = 4  # a scale of k samples counts after settle x k (the 6 min mean after 24 min)
+    span_floor: NonNegative = 0.2  # a range narrower than this (log ratio: +-10 %) counts as this wide
     adapt: NonNegativeInt = 40  # holding samples (10 min) after which a lasting change is the new normal
     persistence: Count = 2  # holding samples (30 s) before the alert opens
     clear_steps: Count = 4  # samples (1 min) that do not hold before it resolves
@@ -115,9 +117,11 @@ class LearnedConfig(DetectorConfig, frozen=True):
         self._require(self.memory >= self.blocks, "memory", f"must be >= blocks ({self.blocks})")
 
     def scorer_params(self) -> NoveltyParams:
-        """The novelty scorer's parameters: a level (no onsets), the step's own novelty (short = 1)."""
+        """The novelty scorer's parameters: a level (no onsets), the step's own novelty (short = 1), each
+        scale in its range once settled (a replica's first minutes would widen its ranges for an hour)."""
         return NoveltyParams(scales=tuple(self.scales), memory=self.memory, blocks=self.blocks, grace=self.grace,
-                             short=1, fading=self.fading, warmup=self.warmup, onset=False)
+                             short=1, fading=self.fading, warmup=self.warmup, onset=False, settle=self.settle, drift=True,
+                             span_floor=self.span_floor)
 
 
 class LearnedDetector(Detector):
@@ -196,7 +200,7 @@ class LearnedDetector(Detector):
         if enough.any():
             x[:, enough] = logs[:, enough] - _median(logs[:, enough], have[enough])
         sampled &= np.isfinite(x).any(axis=1)
-        self._judge(step.keys, step.vectors, x, sampled, now, alerts)
+        self._judge(step.keys, step.vectors, x, sampled, now, alerts, pool=True)
 
     def update(self, fv: FeatureVector, telemetry: TelemetrySample | None, now: float) -> DetectorOutput:
         out = DetectorOutput()
@@ -210,8 +214,13 @@ class LearnedDetector(Detector):
         return out
 
     def _judge(self, keys: Sequence[str], vectors: Sequence[FeatureVector], x: npt.NDArray[np.float64],
-               sampled: npt.NDArray[np.bool_], now: float, alerts: list[Alert]) -> None:
-        """Score and learn the sampled rows; hysteresis on every row that has something to count."""
+               sampled: npt.NDArray[np.bool_], now: float, alerts: list[Alert], pool: bool = False) -> None:
+        """Score and learn the sampled rows; hysteresis on every row that has something to count.
+
+        ``pool``: the rows are one pool's replicas, judged against its median. When one replica moves,
+        the median moves a little with it and its peers' ratios move the other way, steadily (in a
+        pool of four, by a fifth of the spread between replicas): on a feature, only the pool's most
+        novel replica can hold."""
         cfg = self.config
         where = np.flatnonzero(sampled)
         holds = np.zeros(len(keys), dtype=bool)
@@ -219,14 +228,17 @@ class LearnedDetector(Detector):
         if len(where):
             rows = self._rows_for([keys[i] for i in where.tolist()])
             batch = self._bank.evaluate(rows, x[where])
+            novelty = batch.novelty
+            if pool and len(where) > 1:
+                novelty = np.where(novelty >= novelty.max(axis=0), novelty, 0.0)
             # both: unusual for this replica (level) and material (outside its range by min_novelty of it)
-            holding = (batch.level >= cfg.threshold) & (batch.novelty.max(axis=1) >= cfg.min_novelty)
+            holding = (batch.level >= cfg.threshold) & (novelty.max(axis=1) >= cfg.min_novelty)
             # an anomaly is not learned as the replica's normal until it has held `adapt` samples in a
             # row: it stays novel (and the alert open) while it lasts, leaves no trace once over, and a
             # lasting change becomes the new normal after that (the alert then resolves)
             self._bank.commit(batch, hold_out=holding & (self._hits[rows] < cfg.adapt))
             holds[where] = holding
-            novelty, level = batch.novelty, batch.level
+            level = batch.level
         # hysteresis: only rows that hold, count towards opening or are open change anything
         if len(keys) == len(self._keys) and keys == self._keys:
             known = np.arange(len(keys), dtype=np.int64)

@@ -92,6 +92,9 @@ class NoveltyParams:
     onset: bool = True
     rearm: int = 12
     escalation: float = 2.0
+    settle: int = 0
+    drift: bool = False
+    span_floor: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.scales or any(int(k) < 1 for k in self.scales):
@@ -100,8 +103,8 @@ class NoveltyParams:
             raise ValueError(f"need memory >= blocks >= 1, got memory={self.memory!r} blocks={self.blocks!r}")
         if self.short < 1 or not 0.0 < self.fading < 1.0 or self.rearm < 1 or self.escalation < 1.0:
             raise ValueError("need short >= 1, 0 < fading < 1, rearm >= 1, escalation >= 1")
-        if self.grace < 0 or self.warmup < 0:
-            raise ValueError("need grace >= 0 and warmup >= 0")
+        if self.grace < 0 or self.warmup < 0 or self.settle < 0 or self.span_floor < 0:
+            raise ValueError("need grace >= 0, warmup >= 0, settle >= 0 and span_floor >= 0")
 
     @property
     def block(self) -> int:
@@ -111,7 +114,7 @@ class NoveltyParams:
     def key(self) -> list[Any]:
         """What a saved state must have been learned with."""
         return [list(self.scales), self.memory, self.blocks, self.grace, self.short, self.fading, self.warmup,
-                self.onset, self.rearm, self.escalation]
+                self.onset, self.rearm, self.escalation, self.settle, self.drift, self.span_floor]
 
 
 @dataclass(slots=True)
@@ -144,6 +147,7 @@ class NoveltyBank:
         self.params = params or NoveltyParams()
         self.features: list[str] = list(features)
         self._k = np.asarray(self.params.scales, dtype=np.float64)
+        self._k_max = int(max(self.params.scales))
         self._alloc(0, len(self.features))
 
     # --- storage
@@ -215,12 +219,19 @@ class NoveltyBank:
         first = np.isnan(mean)  # a feature's first sample: its means start at it
         if first.any():
             moved = np.where(first, xs, moved)
-        hi = np.maximum(self.ring_max[ix], self.cur_hi[ix])
-        lo = np.minimum(self.ring_min[ix], self.cur_lo[ix])
+        if p.drift:  # the past blocks only: a slow drift cannot drag the range along with it
+            hi, lo = self.ring_max[ix], self.ring_min[ix]
+        else:
+            hi = np.maximum(self.ring_max[ix], self.cur_hi[ix])
+            lo = np.minimum(self.ring_min[ix], self.cur_lo[ix])
         span = hi - lo  # -inf while nothing is in range (never inf - inf: no invalid operation)
+        if p.span_floor:
+            span = np.where(span > 0.0, np.maximum(span, p.span_floor), span)
         outside = np.maximum(moved - hi, lo - moved)  # NaN where the sample has no value
         e = np.zeros_like(outside)
         np.divide(outside, span, out=e, where=(span > 0.0) & (outside > 0.0) & (span < np.inf))
+        if p.settle:  # a scale's novelty counts once it has settle x k samples
+            e[self.seen[ix][:, :, None] < p.settle * self._k] = 0.0
         novelty = e.max(axis=2)
         novelty[~valid | (self.seen[ix] < p.grace)] = 0.0
         best = novelty.max(axis=1) if novelty.shape[1] else np.zeros(len(rows))
@@ -266,7 +277,11 @@ class NoveltyBank:
         rows, valid = batch.rows, batch.valid
         ix = _index(rows)
         moved = batch.moved
-        if valid.all():  # the usual batch: every feature has a value
+        # with `settle`, a scale's mean joins its range once it has settled: after k samples of the
+        # feature (before, it still leans on its first value, and a range that remembers for `memory`
+        # samples would keep those first swings)
+        settled_all = not p.settle or bool((self.seen[ix] + 1 >= self._k_max).all())
+        if valid.all() and settled_all:  # the usual batch: every feature has a value, every scale settled
             self.mean[ix] = moved
             self.cur_hi[ix] = np.maximum(self.cur_hi[ix], moved)
             self.cur_lo[ix] = np.minimum(self.cur_lo[ix], moved)
@@ -275,10 +290,11 @@ class NoveltyBank:
         else:
             v3 = valid[:, :, None]
             self.mean[ix] = np.where(v3, moved, self.mean[ix])
-            self.cur_hi[ix] = np.where(v3, np.maximum(self.cur_hi[ix], moved), self.cur_hi[ix])
-            self.cur_lo[ix] = np.where(v3, np.minimum(self.cur_lo[ix], moved), self.cur_lo[ix])
-            self.count[ix] += valid
             self.seen[ix] += valid
+            joins = v3 & (self.seen[ix][:, :, None] >= self._k) if p.settle else v3
+            self.cur_hi[ix] = np.where(joins, np.maximum(self.cur_hi[ix], moved), self.cur_hi[ix])
+            self.cur_lo[ix] = np.where(joins, np.minimum(self.cur_lo[ix], moved), self.cur_lo[ix])
+            self.count[ix] += valid
         self.n[ix] += 1
         full_r, full_f = np.nonzero(self.count[ix] >= p.block)
         if len(full_r):
@@ -456,6 +472,16 @@ class NoveltyScorer(base.AnomalyDetector):
         Samples at likelihood 0 that end an episode.
     escalation
         Within an episode a sample scores again only above this multiple of its highest score.
+    settle
+        0: off. Else a scale's mean joins its range only after ``k`` samples of the feature (its first
+        values lean on the first sample, and a long memory would keep their swings), and its novelty
+        counts only after ``settle x k`` (a range of few independent values is too narrow).
+    drift
+        Compare with the range of the past blocks only, not the block being filled: a slow drift
+        then stays novel (the default follows a new level at once: each sample extends the range).
+    span_floor
+        A range narrower than this counts as this wide (in the features' units): a feature that
+        hardly moves, or moves in quantised steps, is not novel by one step.
     """
 
     def __init__(
@@ -470,6 +496,9 @@ class NoveltyScorer(base.AnomalyDetector):
         onset: bool = True,
         rearm: int = 12,
         escalation: float = 2.0,
+        settle: int = 0,
+        drift: bool = False,
+        span_floor: float = 0.0,
     ) -> None:
         self.scales = tuple(scales)
         self.memory = memory
@@ -481,8 +510,11 @@ class NoveltyScorer(base.AnomalyDetector):
         self.onset = onset
         self.rearm = rearm
         self.escalation = escalation
+        self.settle = settle
+        self.drift = drift
+        self.span_floor = span_floor
         self._params = NoveltyParams(tuple(int(k) for k in scales), memory, blocks, grace, short, fading, warmup,
-                                     onset, rearm, escalation)
+                                     onset, rearm, escalation, settle, drift, span_floor)
         self._k = [float(k) for k in self._params.scales]
         self._features: dict[Hashable, _Feature] = {}
         self._n = 0
@@ -496,18 +528,21 @@ class NoveltyScorer(base.AnomalyDetector):
     def learn_one(self, x: dict[Hashable, Any]) -> None:
         moved, novelty, raw, short_mean, level, score = self._evaluate(x)
         p = self._params
+        ks = self._k
         for name, means in moved.items():
             feature = self._features.get(name)
             if feature is None:
                 feature = self._features[name] = _Feature(len(self._k), p.blocks)
+            feature.seen += 1
             for i, m in enumerate(means):
                 feature.mean[i] = m
+                if p.settle and feature.seen < ks[i]:  # the scale has not settled: not in its range yet
+                    continue
                 if m > feature.cur_hi[i]:
                     feature.cur_hi[i] = m
                 if m < feature.cur_lo[i]:
                     feature.cur_lo[i] = m
             feature.count += 1
-            feature.seen += 1
             if feature.count >= p.block:
                 slot = feature.head
                 for i in range(len(means)):
@@ -567,9 +602,16 @@ class NoveltyScorer(base.AnomalyDetector):
             e_max = 0.0
             if feature.seen >= p.grace:
                 for i, m in enumerate(means):
-                    hi = max(feature.ring_max[i], feature.cur_hi[i])
-                    lo = min(feature.ring_min[i], feature.cur_lo[i])
+                    if feature.seen < p.settle * ks[i]:
+                        continue
+                    if p.drift:
+                        hi, lo = feature.ring_max[i], feature.ring_min[i]
+                    else:
+                        hi = max(feature.ring_max[i], feature.cur_hi[i])
+                        lo = min(feature.ring_min[i], feature.cur_lo[i])
                     span = hi - lo
+                    if span > 0.0:
+                        span = max(span, p.span_floor)
                     if span > 0.0 and span != math.inf:
                         outside = max(m - hi, lo - m)
                         if outside > 0.0 and outside / span > e_max:
