@@ -122,7 +122,9 @@ def test_a_lasting_change_becomes_the_new_normal() -> None:
 
     alerts = run(detector, 60, shifted, start=80)
     assert [(a.replica, a.state) for a in alerts] == [("r3", "open"), ("r3", "resolved")]
-    assert alerts[1].ts - alerts[0].ts <= STEP * (20 + 3 + 2)
+    # adapt 20 + persistence 2 + clear_steps 3, and up to 4 samples for the level to fall below the
+    # threshold once the new normal is learned (the range, past blocks only, still holds the old level)
+    assert STEP * (20 + 3) <= alerts[1].ts - alerts[0].ts <= STEP * (20 + 3 + 2 + 4)
 
 
 @pytest.mark.parametrize("split", [50, 83, 95])

@@ -151,7 +151,9 @@ def _bank_sample(bank: NoveltyBank, xs: list[dict[str, Any]]) -> np.ndarray:
 
 @pytest.mark.parametrize("params", [{}, {"memory": 100, "warmup": 20, "grace": 10, "short": 3},
                                     {"onset": False, "scales": (1, 4)}, {"short": 1, "blocks": 1},
-                                    {"settle": 2, "scales": (1, 16), "memory": 300}, {"drift": True, "memory": 200, "grace": 60, "span_floor": 0.5}])
+                                    {"settle": 2, "scales": (1, 16), "memory": 300},
+                                    {"drift": True, "memory": 200, "grace": 60, "span_floor": 0.5},
+                                    {"drift": True, "memory": 200, "grace": 10}])  # before the first block
 def test_the_bank_and_the_scorer_are_the_same_scorer(params: dict[str, Any]) -> None:
     """Three streams, as three NoveltyScorers and as three rows of one NoveltyBank: the same scores,
     and a state moves from one form to the other and goes on identically."""

@@ -120,8 +120,8 @@ class LearnedConfig(DetectorConfig, frozen=True):
         """The novelty scorer's parameters: a level (no onsets), the step's own novelty (short = 1), each
         scale in its range once settled (a replica's first minutes would widen its ranges for an hour)."""
         return NoveltyParams(scales=tuple(self.scales), memory=self.memory, blocks=self.blocks, grace=self.grace,
-                             short=1, fading=self.fading, warmup=self.warmup, onset=False, settle=self.settle, drift=True,
-                             span_floor=self.span_floor)
+                             short=1, fading=self.fading, warmup=self.warmup, onset=False, settle=self.settle,
+                             drift=True, span_floor=self.span_floor)
 
 
 class LearnedDetector(Detector):

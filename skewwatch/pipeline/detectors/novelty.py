@@ -220,7 +220,10 @@ class NoveltyBank:
         if first.any():
             moved = np.where(first, xs, moved)
         if p.drift:  # the past blocks only: a slow drift cannot drag the range along with it
-            hi, lo = self.ring_max[ix], self.ring_min[ix]
+            # (until the first block is complete, the block being filled: warm-up is not prolonged)
+            past = self.ring_max[ix] > -np.inf
+            hi = np.where(past, self.ring_max[ix], self.cur_hi[ix])
+            lo = np.where(past, self.ring_min[ix], self.cur_lo[ix])
         else:
             hi = np.maximum(self.ring_max[ix], self.cur_hi[ix])
             lo = np.minimum(self.ring_min[ix], self.cur_lo[ix])
@@ -479,6 +482,7 @@ class NoveltyScorer(base.AnomalyDetector):
     drift
         Compare with the range of the past blocks only, not the block being filled: a slow drift
         then stays novel (the default follows a new level at once: each sample extends the range).
+        Until the first block is complete, the block being filled (the warm-up is not prolonged).
     span_floor
         A range narrower than this counts as this wide (in the features' units): a feature that
         hardly moves, or moves in quantised steps, is not novel by one step.
@@ -604,7 +608,7 @@ class NoveltyScorer(base.AnomalyDetector):
                 for i, m in enumerate(means):
                     if feature.seen < p.settle * ks[i]:
                         continue
-                    if p.drift:
+                    if p.drift and feature.ring_max[i] > -math.inf:
                         hi, lo = feature.ring_max[i], feature.ring_min[i]
                     else:
                         hi = max(feature.ring_max[i], feature.cur_hi[i])
