@@ -28,6 +28,10 @@ from typing import Any
 import click
 
 from skewwatch.cli import command_settings
+from skewwatch.errors import ConfigProblem, KafkaUnreachable
+from skewwatch.kafka_client import check_kafka, require_bootstrap
+from skewwatch.kafka_security import client_options
+from skewwatch.logs import logging_options, setup_logging
 from skewwatch.sim.faults import DEFAULT_PARAMS, FAULT_KINDS, FaultError, Injection, write_labels
 from skewwatch.sim.trace import ColumnMapping, TraceError, load_trace
 
@@ -136,23 +140,25 @@ def build_injections(kinds: Sequence[str], replicas: Sequence[str], at: Sequence
 @click.option("--labels", "labels_path", type=click.Path(dir_okay=False),
               help="Write the injected faults' ground truth here (JSON list of {replica, kind, start, end}).")
 @click.option("--quiet", is_flag=True, help="No summary line.")
+@logging_options
 def generate_command(bootstrap: str | None, config_path: str | None, topic: str | None,
                      telemetry_topic: str | None, no_telemetry: bool, models: str, replicas: int,
                      rate: float, duration: float | None, speed: str, batch: int, seed: int, start_ts: str,
                      trace_name: str, columns: str | None, batch_capacity: int, latency_median_ms: float,
                      latency_sigma: float, inject_kinds: tuple[str, ...], inject_replicas: tuple[str, ...],
                      inject_at: tuple[float, ...], inject_for: tuple[float, ...],
-                     inject_params: tuple[str, ...], labels_path: str | None, quiet: bool) -> None:
+                     inject_params: tuple[str, ...], labels_path: str | None, quiet: bool, loglevel: str,
+                     log_format: str) -> None:
     """Produce synthetic LLM request events (and GPU telemetry) to Kafka, paced by event time."""
+    from aiokafka.errors import KafkaError
+
+    from skewwatch.kafka_client import describe_exception
     from skewwatch.sim.emit import ProduceStats, TopicMissingError, produce_traffic
     from skewwatch.sim.generator import GeneratorConfig, generate_chunks, labels
 
+    setup_logging(loglevel, log_format)
     settings = command_settings(config_path)
-    bootstrap = bootstrap or settings.kafka.bootstrap
-    if not bootstrap:
-        raise click.ClickException(
-            "no Kafka to produce to: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP "
-            "(start a local broker with `skewwatch broker`)")
+    bootstrap = require_bootstrap(bootstrap, settings, "to produce to")
     model_names = tuple(m.strip() for m in models.split(",") if m.strip())
     if not 1 <= len(model_names) <= 2:
         raise click.BadParameter("give one or two model names", param_hint="--models")
@@ -166,7 +172,8 @@ def generate_command(bootstrap: str | None, config_path: str | None, topic: str 
                                  latency_sigma=latency_sigma, injections=tuple(injections),
                                  telemetry=not no_telemetry)
     except (TraceError, FaultError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise ConfigProblem(str(exc)) from exc
+    check_kafka(bootstrap, settings)  # after the options: a bad --inject is reported without Kafka
     if labels_path:
         write_labels(labels_path, labels(config, start))
     stats = ProduceStats()
@@ -184,12 +191,14 @@ def generate_command(bootstrap: str | None, config_path: str | None, topic: str 
                 bootstrap, generate_chunks(config, start, duration),
                 requests_topic=topic or settings.topics.requests,
                 telemetry_topic=None if no_telemetry else (telemetry_topic or settings.topics.gpu_telemetry),
-                batch=batch, speed=pace, stats=stats)
+                batch=batch, speed=pace, stats=stats, client_options=client_options(settings.kafka))
 
     try:
         asyncio.run(run())
     except TopicMissingError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise ConfigProblem(str(exc)) from exc
+    except KafkaError as exc:  # the broker went away after the first connection
+        raise KafkaUnreachable(f"Kafka at {bootstrap} failed during the run: {describe_exception(exc)}") from None
     except KeyboardInterrupt:
         pass  # Ctrl-C: the summary below still tells what went out
     if not quiet:

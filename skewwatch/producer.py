@@ -38,7 +38,8 @@ from types import TracebackType
 from typing import Any
 
 from skewwatch.bounded_producer import BoundedProducer
-from skewwatch.config import LimitSettings
+from skewwatch.config import KafkaSettings, LimitSettings
+from skewwatch.kafka_security import client_options
 from skewwatch.schemas.requests import check_request_event, encode_request_events
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class RequestEventProducer:
         send_timeout_s: float = 10.0,
         close_timeout_s: float = 10.0,
         limits: LimitSettings | None = None,
+        kafka: KafkaSettings | None = None,
         start: bool = True,
     ) -> None:
         if not replica or not model:
@@ -82,6 +84,8 @@ class RequestEventProducer:
         self.send_timeout_s = send_timeout_s
         self.close_timeout_s = close_timeout_s  # flush budget of close() / the context manager
         self._limits = limits or LimitSettings()
+        # TLS / SASL as the [kafka] section says (skewwatch.kafka_security); checked here, at the call site
+        self._client_options = client_options(kafka) if kafka is not None else {}
         self._key = replica.encode()
 
         self.sent_total = 0
@@ -237,7 +241,8 @@ class RequestEventProducer:
         # One message at a time in the broker producer: back-pressure stays in our event buffer.
         broker = BoundedProducer(self.bootstrap, self.topic, max_buffered=1, max_batch=1,
                                  send_timeout_s=self.send_timeout_s,
-                                 client_id=f"skewwatch-producer-{self.replica}")
+                                 client_id=f"skewwatch-producer-{self.replica}",
+                                 producer_options=self._client_options)
         await broker.start()
         try:
             while True:

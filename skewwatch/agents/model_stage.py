@@ -13,10 +13,11 @@ The consumer, the poll loop and the checkpoint restore are
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -210,17 +211,36 @@ class ModelStage(CheckpointedStage[PartitionModels]):
         for (detector, severity), n in counts.items():
             self.metrics.open_alerts.labels(detector, severity).set(n)
 
-    async def force_update(self) -> dict[str, int]:
-        """POST /api/v1/update_weights: recompute every owned model's weights now and publish."""
-        published: dict[str, int] = {}
+    async def force_update(self, models: Collection[str] | None = None,
+                           allow: Callable[[str], bool] = lambda model: True) -> ForcedUpdate:
+        """POST /api/v1/update_weights: recompute the weights of ``models`` (None: every model this worker
+        owns) now and publish them; ``allow(model)`` False skips a model (the per-model rate limit).
+        Returns at once; the caller waits for :attr:`ForcedUpdate.acks` as long as it likes."""
+        update = ForcedUpdate()
+        wanted = None if models is None else set(models)
         async with self._lock:
-            sends = []
             for state in self.partitions.values():
                 for model, decider in state.deciders.items():
+                    if wanted is not None and model not in wanted:
+                        continue
+                    update.found.add(model)
+                    if not allow(model):
+                        update.throttled.append(model)
+                        continue
                     correction = decider.force_publish(time.time())
                     if correction is None:
                         continue
-                    sends.append(await self._publish_correction(correction))
-                    published[model] = correction.seq
-            await asyncio.gather(*sends)
-        return published
+                    update.acks.append(await self._publish_correction(correction))
+                    update.published[model] = correction.seq
+        return update
+
+
+@dataclass
+class ForcedUpdate:
+    """What :meth:`ModelStage.force_update` did: corrections published (model -> seq), models skipped by
+    the rate limit, models found at all, and the broker acknowledgements still to come."""
+
+    published: dict[str, int] = field(default_factory=dict)
+    throttled: list[str] = field(default_factory=list)
+    found: set[str] = field(default_factory=set)
+    acks: list[Any] = field(default_factory=list)

@@ -117,6 +117,7 @@ class ReplicaStage(CheckpointedStage[PartitionState]):
         self.telemetry_flow = TelemetryFlow[TelemetrySample](settings.window.telemetry_ahead_s)
         self._telemetry_released_at: float | None = None  # watermark of the last release_idle
         self.features_publisher = KeyedPublisher(producer)  # llm.features: one batch per partition and step
+        self.lag_records = 0  # request records behind the end of the assigned partitions, summed
 
     # -- partitions ------------------------------------------------------------------------
     @property
@@ -365,9 +366,13 @@ class ReplicaStage(CheckpointedStage[PartitionState]):
     def _update_lag(self) -> None:
         if self.consumer is None:
             return
+        total = 0
         for tp in self.consumer.assignment():
             high = self.consumer.highwater(tp)
             state = self.partitions.get(tp.partition) if tp.topic == self.settings.topics.requests else None
             position = state.next_offset if state is not None else None
             if high is not None and position is not None:
-                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(high - position, 0))
+                lag = max(high - position, 0)
+                total += lag
+                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
+        self.lag_records = total  # /readyz: ready while this stays under [health] max_lag_records

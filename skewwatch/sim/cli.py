@@ -33,7 +33,7 @@ import contextlib
 import signal
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -42,7 +42,11 @@ import numpy as np
 import orjson
 
 from skewwatch.cli import command_settings
+from skewwatch.errors import ConfigProblem, KafkaUnreachable
 from skewwatch.generate import build_injections, parse_speed, parse_start_ts
+from skewwatch.kafka_client import check_kafka, require_bootstrap
+from skewwatch.kafka_security import client_options
+from skewwatch.logs import logging_options, quiet_libraries, setup_logging
 from skewwatch.pipeline.events import RequestColumns
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.sim.faults import FAULT_KINDS, FaultError, write_labels
@@ -144,6 +148,7 @@ def _jsonl_lines(chunk: TrafficChunk, requests_topic: str, telemetry_topic: str)
 @click.option("--lockstep-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Wall seconds to wait for a correction before going on (counted as a miss).")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), help="Also write the summary here.")
+@logging_options
 def simulate_command(models: str, replicas: int, policy: str, load: float, rate: float | None, duration: float,
                      seed: int, start_ts: str, trace_name: str, columns: str | None, max_batch: int,
                      kv_capacity_tokens: int, inject_kinds: tuple[str, ...], inject_replicas: tuple[str, ...],
@@ -151,8 +156,10 @@ def simulate_command(models: str, replicas: int, policy: str, load: float, rate:
                      labels_path: str | None, bootstrap: str | None, config_path: str | None, topic: str | None,
                      telemetry_topic: str | None, no_telemetry: bool, batch: int, speed: str,
                      output_path: str | None, weights_source: str, corrections_topic: str | None,
-                     lockstep_lag: int, lockstep_timeout: float, summary_path: str | None) -> None:
+                     lockstep_lag: int, lockstep_timeout: float, summary_path: str | None, loglevel: str,
+                     log_format: str) -> None:
     """Simulate an inference fleet (continuous batching, a router, faults) and emit what it reports."""
+    setup_logging(loglevel, log_format)
     settings = command_settings(config_path)
     start = parse_start_ts(start_ts)
     pace = parse_speed(speed)
@@ -164,7 +171,12 @@ def simulate_command(models: str, replicas: int, policy: str, load: float, rate:
                              kv_capacity_tokens=kv_capacity_tokens, injections=tuple(injections),
                              telemetry=not no_telemetry)
     except (TraceError, FaultError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise ConfigProblem(str(exc)) from exc
+    to_kafka = bool(not output_path and (bootstrap or settings.kafka.bootstrap))
+    if to_kafka:  # one line (exit 3 or 4) before anything is simulated
+        quiet_libraries(loglevel)
+        check_kafka(require_bootstrap(bootstrap, settings, "to produce to"), settings)
+    options = client_options(settings.kafka)
     if labels_path:
         model_of = {r: m for m, r in fleet_replicas(config)}
         write_labels(labels_path, [inj.label(start, model_of[inj.replica]) for inj in config.injections])
@@ -194,12 +206,14 @@ def simulate_command(models: str, replicas: int, policy: str, load: float, rate:
                                   telemetry_seen=kept_telemetry, requests_topic=requests_topic,
                                   telemetry_topic=None if no_telemetry else tel_topic,
                                   corrections_topic=corrections_topic or settings.topics.routing_corrections,
-                                  batch=batch, lag=lockstep_lag, timeout=lockstep_timeout)
+                                  batch=batch, lag=lockstep_lag, timeout=lockstep_timeout,
+                                  client_options=options)
         elif output_path:
             with Path(output_path).open("wb") as out:
                 _write_jsonl(out, chunks(), requests_topic, tel_topic)
         elif target:
-            _produce(str(target), chunks(), requests_topic, None if no_telemetry else tel_topic, batch, pace)
+            _produce(str(target), chunks(), requests_topic, None if no_telemetry else tel_topic, batch, pace,
+                     options)
         else:
             click.echo("no --output and no Kafka bootstrap: simulating for the summary only", err=True)
             for _ in chunks():
@@ -223,8 +237,8 @@ def _write_jsonl(out: IO[bytes], chunks: Iterable[TrafficChunk], requests_topic:
 
 
 def _produce(bootstrap: str, chunks: Iterable[TrafficChunk], requests_topic: str, telemetry_topic: str | None,
-             batch: int, speed: float | None) -> None:
-    from skewwatch.sim.emit import TopicMissingError, produce_traffic
+             batch: int, speed: float | None, client_options: Mapping[str, Any]) -> None:
+    from skewwatch.sim.emit import produce_traffic
 
     async def run() -> None:
         task = asyncio.current_task()
@@ -233,22 +247,21 @@ def _produce(bootstrap: str, chunks: Iterable[TrafficChunk], requests_topic: str
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):
             await produce_traffic(bootstrap, chunks, requests_topic=requests_topic,
-                                  telemetry_topic=telemetry_topic, batch=batch, speed=speed)
+                                  telemetry_topic=telemetry_topic, batch=batch, speed=speed,
+                                  client_options=client_options)
 
-    try:
-        asyncio.run(run())
-    except TopicMissingError as exc:
-        raise click.ClickException(str(exc)) from exc
+    _run_to_kafka(run(), bootstrap)
 
 
 def _closed_loop(bootstrap: str, sim: FleetSimulator, *, chunks_seen: list[RequestColumns],
                  telemetry_seen: list[TelemetrySample], requests_topic: str, telemetry_topic: str | None,
-                 corrections_topic: str, batch: int, lag: int, timeout: float) -> int:
+                 corrections_topic: str, batch: int, lag: int, timeout: float,
+                 client_options: Mapping[str, Any]) -> int:
     """A dynamic policy through the real worker; returns the number of lockstep misses."""
-    from skewwatch.sim.emit import TopicMissingError, TrafficProducer
+    from skewwatch.sim.emit import TrafficProducer
     from skewwatch.sim.loop import KafkaCorrections, run_kafka_loop
 
-    corrections = KafkaCorrections(bootstrap, corrections_topic)
+    corrections = KafkaCorrections(bootstrap, corrections_topic, client_options)
     original_on_step = sim.on_step
 
     def keep(s: FleetSimulator, chunk: TrafficChunk) -> None:
@@ -263,16 +276,28 @@ def _closed_loop(bootstrap: str, sim: FleetSimulator, *, chunks_seen: list[Reque
         await corrections.start()
         try:
             async with TrafficProducer(bootstrap, requests_topic=requests_topic, telemetry_topic=telemetry_topic,
-                                       batch=batch) as producer:
+                                       batch=batch, client_options=client_options) as producer:
                 await run_kafka_loop(sim, producer, corrections, lag_steps=lag, timeout_s=timeout)
         finally:
             await corrections.stop()
 
-    try:
-        asyncio.run(run())
-    except TopicMissingError as exc:
-        raise click.ClickException(str(exc)) from exc
+    _run_to_kafka(run(), bootstrap)
     if corrections.missed_steps:
         click.echo(f"lockstep: no correction within {timeout:g} s for steps ending at "
                    f"{', '.join(f'{t:.0f}' for t in corrections.missed_steps[:10])}", err=True)
     return corrections.misses
+
+
+def _run_to_kafka(coroutine: Coroutine[Any, Any, None], bootstrap: str) -> None:
+    """Run a produce loop; a missing topic or a broker lost mid-run is one line (exit 2 or 3)."""
+    from aiokafka.errors import KafkaError
+
+    from skewwatch.kafka_client import describe_exception
+    from skewwatch.sim.emit import TopicMissingError
+
+    try:
+        asyncio.run(coroutine)
+    except TopicMissingError as exc:
+        raise ConfigProblem(str(exc)) from None
+    except KafkaError as exc:
+        raise KafkaUnreachable(f"Kafka at {bootstrap} failed during the run: {describe_exception(exc)}") from None

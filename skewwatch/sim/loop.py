@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -87,9 +88,10 @@ class KafkaCorrections:
     (``seq`` not above the last seen) is dropped, as the contract says.
     """
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, client_options: Mapping[str, Any] | None = None) -> None:
         self.topic = topic
         self._bootstrap = bootstrap
+        self._client_options = dict(client_options or {})  # TLS / SASL (skewwatch.kafka_security)
         self._consumer: AIOKafkaConsumer | None = None  # created in start(): aiokafka wants a running loop
         self._latest: dict[str, dict[str, Any]] = {}  # model -> newest record
         self.misses = 0  # waits that timed out (the run is then no longer lockstep-deterministic)
@@ -98,7 +100,7 @@ class KafkaCorrections:
     async def start(self) -> None:
         self._consumer = consumer = AIOKafkaConsumer(**client_kwargs(bootstrap=self._bootstrap),
                                                      enable_auto_commit=False, group_id=None,
-                                                     auto_offset_reset="latest")
+                                                     auto_offset_reset="latest", **self._client_options)
         await consumer.start()
         try:
             # aiokafka's consumer has no public "wait for this topic's metadata" (the producer's

@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,9 +41,13 @@ import click
 
 from skewwatch.bounded_producer import BoundedProducer
 from skewwatch.cli import command_settings
+from skewwatch.config import KafkaSettings
+from skewwatch.kafka_client import require_bootstrap
+from skewwatch.kafka_security import client_options, describe_listener
+from skewwatch.logs import logging_options, setup_logging, skewwatch_version
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.telemetry.engine_maps import ENGINE_MAPS, CounterTracker, EngineMap, map_exposition
-from skewwatch.telemetry.publish import encode_sample, publish_sample, stop_on_signals
+from skewwatch.telemetry.publish import encode_sample, publish_sample, require_delivered, stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -175,14 +178,18 @@ async def _scrape_once(scraper: Scraper) -> list[TelemetrySample]:
 
 
 async def _publish_loop(scraper: Scraper, bootstrap: str, topic: str, interval_s: float, max_buffered: int,
-                        max_rounds: int | None) -> None:
+                        max_rounds: int | None, kafka: KafkaSettings) -> None:
     stop = asyncio.Event()
     stop_on_signals(stop)
+    log.info("skewwatch scrape %s: %s (%s) every %g s -> %s at %s", skewwatch_version(), scraper.url, scraper.kind,
+             interval_s, topic, describe_listener(bootstrap, kafka))
     async with BoundedProducer(bootstrap, topic, max_buffered=max_buffered,
-                               client_id=f"skewwatch-scrape-{scraper.kind}") as producer:
+                               client_id=f"skewwatch-scrape-{scraper.kind}",
+                               producer_options=client_options(kafka)) as producer:
         rounds = await run_bridge(scraper, lambda s: publish_sample(producer, s), interval_s=interval_s,
                                   stop=stop, max_rounds=max_rounds)
     log.info("scrape %s: %d rounds, %s", scraper.url, rounds, producer.stats())
+    require_delivered(producer, bootstrap)  # a bounded run that delivered nothing: exit 7
 
 
 @click.command("scrape")
@@ -204,6 +211,7 @@ async def _publish_loop(scraper: Scraper, bootstrap: str, topic: str, interval_s
 @click.option("--topic", help="Topic (default: settings topics.gpu_telemetry, llm.gpu-telemetry).")
 @click.option("--max-buffered", type=click.IntRange(min=1), default=10_000, show_default=True)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@logging_options
 def scrape_command(
     target: str,
     kind: str,
@@ -217,10 +225,11 @@ def scrape_command(
     topic: str | None,
     max_buffered: int,
     config_path: Path | None,
+    loglevel: str,
+    log_format: str,
 ) -> None:
     """Bridge a vLLM / SGLang / TGI / DCGM Prometheus endpoint onto llm.gpu-telemetry (issue 4)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    setup_logging(loglevel, log_format)
     if replica is None and kind != "dcgm":
         raise click.UsageError(f"--replica is required for --kind {kind}")
     if batch_capacity is not None and kind not in ENGINE_KINDS:
@@ -236,9 +245,7 @@ def scrape_command(
         for sample in samples:
             click.echo(encode_sample(sample).decode())
         return
-    servers = bootstrap or settings.kafka.bootstrap
-    if not servers:
-        raise click.ClickException("no Kafka broker: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP")
+    servers = require_bootstrap(bootstrap, settings, "to publish to")
     interval = interval_s if interval_s is not None else settings.window.step_s
     asyncio.run(_publish_loop(scraper, servers, topic or settings.topics.gpu_telemetry, interval, max_buffered,
-                              max_rounds))
+                              max_rounds, settings.kafka))

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,9 +37,14 @@ import click
 
 from skewwatch.bounded_producer import BoundedProducer
 from skewwatch.cli import command_settings
+from skewwatch.config import KafkaSettings
+from skewwatch.errors import ConfigProblem
+from skewwatch.kafka_client import require_bootstrap
+from skewwatch.kafka_security import client_options, describe_listener
+from skewwatch.logs import logging_options, setup_logging, skewwatch_version
 from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.telemetry.nvml_collector import GpuReader, NvmlReader, NvmlUnavailable, SimulatedReader
-from skewwatch.telemetry.publish import encode_sample, publish_sample, stop_on_signals
+from skewwatch.telemetry.publish import encode_sample, publish_sample, require_delivered, stop_on_signals
 from skewwatch.telemetry.replica_map import ReplicaMapError, load_replica_map
 
 log = logging.getLogger(__name__)
@@ -96,10 +100,13 @@ async def run_collector(
 
 
 async def _publish_loop(reader: GpuReader, bootstrap: str, topic: str, interval_s: float,
-                        max_buffered: int, max_rounds: int | None) -> None:
+                        max_buffered: int, max_rounds: int | None, kafka: KafkaSettings) -> None:
     stop = asyncio.Event()
     stop_on_signals(stop)
-    producer = BoundedProducer(bootstrap, topic, max_buffered=max_buffered, client_id="skewwatch-collect-gpu")
+    producer = BoundedProducer(bootstrap, topic, max_buffered=max_buffered, client_id="skewwatch-collect-gpu",
+                               producer_options=client_options(kafka))
+    log.info("skewwatch collect-gpu %s: GPU telemetry every %g s -> %s at %s", skewwatch_version(), interval_s,
+             topic, describe_listener(bootstrap, kafka))
     await producer.start()
 
     async def report() -> None:
@@ -118,6 +125,7 @@ async def _publish_loop(reader: GpuReader, bootstrap: str, topic: str, interval_
         reporter.cancel()
         await producer.close(timeout=5.0)
     log.info("collect-gpu: %d rounds, %s", rounds, producer.stats())
+    require_delivered(producer, bootstrap)
 
 
 @click.command("collect-gpu")
@@ -138,6 +146,7 @@ async def _publish_loop(reader: GpuReader, bootstrap: str, topic: str, interval_
               help="Samples kept while the broker is unreachable; the oldest are dropped beyond this.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="skewwatch TOML config file.")
+@logging_options
 def collect_gpu_command(
     interval_s: float | None,
     replica_map_path: Path | None,
@@ -151,15 +160,16 @@ def collect_gpu_command(
     node: str | None,
     max_buffered: int,
     config_path: Path | None,
+    loglevel: str,
+    log_format: str,
 ) -> None:
     """Publish one GPU telemetry sample per GPU per interval from NVML (issue 4)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    setup_logging(loglevel, log_format)
     settings = command_settings(config_path)
     try:
         replica_map = load_replica_map(replica_map_path) if replica_map_path else {}
     except ReplicaMapError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise ConfigProblem(str(exc)) from None
     interval = interval_s if interval_s is not None else settings.window.step_s
     reader: GpuReader
     if simulate:
@@ -175,10 +185,8 @@ def collect_gpu_command(
             for sample in reader.read(time.time()):
                 click.echo(encode_sample(sample).decode())
             return
-        servers = bootstrap or settings.kafka.bootstrap
-        if not servers:
-            raise click.ClickException("no Kafka broker: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP")
+        servers = require_bootstrap(bootstrap, settings, "to publish to")
         topic = topic or settings.topics.gpu_telemetry
-        asyncio.run(_publish_loop(reader, servers, topic, interval, max_buffered, max_rounds))
+        asyncio.run(_publish_loop(reader, servers, topic, interval, max_buffered, max_rounds, settings.kafka))
     finally:
         reader.close()

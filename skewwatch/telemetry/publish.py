@@ -26,6 +26,7 @@ from collections.abc import Callable
 import orjson
 
 from skewwatch.bounded_producer import BoundedProducer
+from skewwatch.errors import NothingSent
 from skewwatch.pipeline.telemetry import TelemetrySample
 
 Encoder = Callable[[TelemetrySample], bytes]
@@ -53,6 +54,14 @@ def encode_sample(sample: TelemetrySample) -> bytes:
 def publish_sample(producer: BoundedProducer, sample: TelemetrySample) -> None:
     """Offer one sample, keyed by its replica; never blocks."""
     producer.offer(sample.replica.encode(), encode_sample(sample))
+
+
+def require_delivered(producer: BoundedProducer, bootstrap: str) -> None:
+    """After a bounded run (``--rounds``): NothingSent (exit 7) when samples were offered and the broker
+    acknowledged none of them."""
+    if producer.sent_total == 0 and producer.dropped_total > 0:
+        reason = f" (last error: {producer.last_error})" if producer.last_error else ""
+        raise NothingSent(f"none of {producer.dropped_total} samples reached Kafka at {bootstrap}{reason}")
 
 
 def stop_on_signals(stop: asyncio.Event) -> None:
