@@ -26,8 +26,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from skewwatch.broker import EmbeddedBroker, free_port
+from skewwatch.broker import EmbeddedBroker
 from skewwatch.config import KafkaSettings
+from skewwatch.ports import free_port
 
 USERS = {"worker": "worker-secret", "producer": "producer-secret"}
 ADVERTISED_HOST = "localhost"  # the name in the broker's certificate

@@ -21,7 +21,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from skewwatch.broker import EmbeddedBroker, run_blocking
+from skewwatch.broker import EmbeddedBroker
+from skewwatch.kafka_client import run_blocking
 from skewwatch.producer import RequestEventProducer
 from skewwatch.topics import ensure_topics
 from tests.conftest import unique_settings

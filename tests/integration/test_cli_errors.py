@@ -22,9 +22,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from skewwatch.broker import EmbeddedBroker, free_port
+from skewwatch.broker import EmbeddedBroker
 from skewwatch.config import Settings
 from skewwatch.errors import AddressInUse, ConfigProblem, DataDirLocked, KafkaUnreachable, NothingSent
+from skewwatch.ports import free_port
 from tests.integration.listening import listening_addresses
 from tests.integration.test_telemetry_publish import _Exposition
 from tests.integration.worker_proc import WorkerProcess

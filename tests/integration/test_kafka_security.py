@@ -27,8 +27,8 @@ import msgspec
 import orjson
 import pytest
 
-from skewwatch.broker import run_blocking
 from skewwatch.config import KafkaSettings, Settings
+from skewwatch.kafka_client import run_blocking
 from skewwatch.kafka_security import client_options
 from skewwatch.producer import RequestEventProducer
 from skewwatch.topics import ensure_topics
