@@ -3,7 +3,7 @@
 Faust gives the process its lifecycle (signals, graceful stop) and its conventions; it runs no
 Kafka client and no web server of its own (:class:`LifecycleOnly`). The per-request hot path does
 *not* go through a Faust stream: each stage owns an aiokafka consumer (see
-:mod:`skewwatch.agents.stage1`) because Faust's per-message cost caps a stream at ~9k events/s while
+:mod:`skewwatch.agents.stage`) because Faust's per-message cost caps a stream at ~9k events/s while
 the pipeline must keep up with a fleet. Its state is checkpointed with the offset it covers
 (:mod:`skewwatch.agents.checkpoint`) instead of a Faust table, which would write a changelog entry
 per event and ack offsets independently.

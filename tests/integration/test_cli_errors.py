@@ -26,7 +26,7 @@ from skewwatch.broker import EmbeddedBroker
 from skewwatch.config import Settings
 from skewwatch.errors import AddressInUse, ConfigProblem, DataDirLocked, KafkaUnreachable, NothingSent
 from skewwatch.ports import free_port
-from tests.integration.listening import listening_addresses
+from tests.integration.commands import one_line_error, wait_listening
 from tests.integration.test_telemetry_publish import _Exposition
 from tests.integration.worker_proc import WorkerProcess
 
@@ -42,17 +42,6 @@ def env_without_kafka(**extra: str) -> dict[str, str]:
 def run(*args: str, env: dict[str, str] | None = None, timeout: float = 90) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "skewwatch", *args], capture_output=True, text=True,
                           timeout=timeout, env=env if env is not None else env_without_kafka(), cwd=REPO)
-
-
-def one_line(done: subprocess.CompletedProcess[str], code: int, *words: str) -> str:
-    """The whole of stderr is one ``Error: ...`` line with these words; the exit code is ``code``."""
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert done.returncode == code, done.stderr
-    assert len(lines) == 1 and lines[0].startswith("Error: "), done.stderr
-    assert "Traceback" not in done.stderr and "Unclosed" not in done.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture
@@ -77,12 +66,12 @@ def bad_config(tmp_path: Path) -> Path:
                                      ["collect-gpu", "--simulate"], ["scrape", "--kind", "dcgm", "--target", "x"]])
 def test_a_bad_setting_is_one_line_and_exit_2(command: list[str], bad_config: Path) -> None:
     done = run(*command, "--config", str(bad_config), "--bootstrap", NOWHERE)
-    one_line(done, ConfigProblem.exit_code, "window.step_s")
+    one_line_error(done, ConfigProblem.exit_code, "window.step_s")
 
 
 def test_a_bad_kafka_security_setting_is_one_line_and_exit_2() -> None:
     env = env_without_kafka(SKEWWATCH_KAFKA__SECURITY_PROTOCOL="TLS")
-    one_line(run("worker", "--bootstrap", NOWHERE, env=env), 2, "kafka.security_protocol", "SASL_SSL")
+    one_line_error(run("worker", "--bootstrap", NOWHERE, env=env), 2, "kafka.security_protocol", "SASL_SSL")
 
 
 # ------------------------------------------------------------------------------------------ ports
@@ -90,12 +79,12 @@ def test_a_bad_kafka_security_setting_is_one_line_and_exit_2() -> None:
 
 def test_the_worker_on_a_busy_port_is_one_line_and_exit_5(busy_port: int) -> None:
     done = run("worker", "--bootstrap", NOWHERE, "--web-port", str(busy_port))
-    one_line(done, AddressInUse.exit_code, f"127.0.0.1:{busy_port}", "already in use")
+    one_line_error(done, AddressInUse.exit_code, f"127.0.0.1:{busy_port}", "already in use")
 
 
 def test_the_receiver_on_a_busy_port_is_one_line_and_exit_5(busy_port: int) -> None:
     done = run("otlp-receiver", "--bootstrap", NOWHERE, "--port", str(busy_port))
-    one_line(done, AddressInUse.exit_code, f"127.0.0.1:{busy_port}", "already in use")
+    one_line_error(done, AddressInUse.exit_code, f"127.0.0.1:{busy_port}", "already in use")
 
 
 # ------------------------------------------------------------------------------------------ the broker
@@ -108,7 +97,7 @@ def test_the_receiver_on_a_busy_port_is_one_line_and_exit_5(busy_port: int) -> N
 ])
 def test_one_shot_commands_without_kafka_are_one_line_and_exit_3(command: list[str]) -> None:
     started = time.monotonic()
-    one_line(run(*command, "--bootstrap", NOWHERE), KafkaUnreachable.exit_code, NOWHERE, "no Kafka answers")
+    one_line_error(run(*command, "--bootstrap", NOWHERE), KafkaUnreachable.exit_code, NOWHERE, "no Kafka answers")
     assert time.monotonic() - started < 30
 
 
@@ -116,20 +105,20 @@ def test_a_second_broker_on_a_locked_data_directory_names_the_lock(embedded_brok
     if embedded_broker is None:
         pytest.skip("KAFKA_BOOTSTRAP points at another cluster: no local data directory")
     done = run("broker", "--data-dir", str(embedded_broker.data_dir), "--port", str(free_port()), "--no-topics")
-    one_line(done, DataDirLocked.exit_code, str(embedded_broker.kafka_data_dir / ".lock"), "another broker")
+    one_line_error(done, DataDirLocked.exit_code, str(embedded_broker.kafka_data_dir / ".lock"), "another broker")
 
 
 def test_the_broker_on_a_busy_port_is_exit_5(tmp_path: Path, busy_port: int) -> None:
-    one_line(run("broker", "--data-dir", str(tmp_path / "kafka"), "--port", str(busy_port)), 5, str(busy_port))
+    one_line_error(run("broker", "--data-dir", str(tmp_path / "kafka"), "--port", str(busy_port)), 5, str(busy_port))
 
 
 def test_a_bad_inject_is_refused_before_anything_starts(tmp_path: Path) -> None:
     started = time.monotonic()
     done = run("demo", "--inject", "nonsense", "--data-dir", str(tmp_path / "demo-kafka"))
-    one_line(done, ConfigProblem.exit_code, "nonsense", "unknown fault kind")
+    one_line_error(done, ConfigProblem.exit_code, "nonsense", "unknown fault kind")
     assert time.monotonic() - started < 30
     assert not (tmp_path / "demo-kafka").exists()  # no broker was started
-    one_line(run("demo", "--inject", "long_tail --replica r1 --at soon"), 2, "--at")
+    one_line_error(run("demo", "--inject", "long_tail --replica r1 --at soon"), 2, "--at")
 
 
 def test_scrape_that_sends_nothing_exits_7() -> None:
@@ -156,10 +145,7 @@ def test_a_worker_without_its_broker_waits_and_says_why(tmp_path: Path) -> None:
                                str(port), "--log-format", "json"], env=env_without_kafka(), cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
-        while not listening_addresses(port):
-            assert worker.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_listening(worker, port)
         time.sleep(4)  # a few probes and back-offs
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as alive:
             assert alive.status == 200
@@ -182,6 +168,33 @@ def test_a_worker_without_its_broker_waits_and_says_why(tmp_path: Path) -> None:
         assert part in start["message"], start["message"]
     assert len(records) < 15  # one start line, one "waiting for Kafka", the client's own errors once per 30 s
     assert "Traceback" not in stderr.decode()
+
+
+def test_a_receiver_without_its_broker_waits_and_answers_503() -> None:
+    port = free_port()
+    receiver = subprocess.Popen([sys.executable, "-m", "skewwatch", "otlp-receiver", "--bootstrap", NOWHERE,
+                                 "--port", str(port)], env=env_without_kafka(), cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_listening(receiver, port)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as alive:
+            assert alive.status == 200
+        with pytest.raises(urllib.error.HTTPError) as not_ready:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5)
+        assert not_ready.value.code == 503
+        export = urllib.request.Request(f"http://127.0.0.1:{port}/v1/traces", data=b"", method="POST",
+                                        headers={"Content-Type": "application/x-protobuf"})
+        started = time.monotonic()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(export, timeout=5)
+        assert refused.value.code == 503 and refused.value.headers["Retry-After"]  # the exporter retries
+        assert time.monotonic() - started < 2
+        assert receiver.poll() is None  # still running: it waits for its broker
+    finally:
+        receiver.terminate()
+        _, stderr = receiver.communicate(timeout=30)
+    assert receiver.returncode == 0, stderr
+    assert b"Traceback" not in stderr and b"Unclosed" not in stderr and b"\x1b" not in stderr
 
 
 def test_a_fresh_worker_logs_no_error_while_its_group_coordinator_is_elected(kafka_settings: Settings,

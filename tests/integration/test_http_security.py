@@ -27,6 +27,7 @@ from skewwatch.config import Settings
 from skewwatch.kafka_security import Secret
 from skewwatch.otlp.receiver import ListPublisher, OtlpReceiver, serve, server_tls_context
 from skewwatch.web_auth import AccessPolicy
+from tests.integration.commands import one_line_error, wait_listening
 from tests.integration.listening import listening_addresses
 from tests.integration.secure_broker import make_certificates
 from tests.integration.test_worker import T0, advance_events, as_messages, make_events, wait_for_windows
@@ -77,6 +78,7 @@ def test_the_worker_listens_on_loopback_and_guards_its_post(kafka_settings: Sett
         assert status == 400, (bad, body)
     status, body = call(base + "/api/v1/update_weights", "POST", b'{"models": ["nobody"]}', token=worker.token)
     assert status == 200 and orjson.loads(body)["unknown"] == ["nobody"]
+    assert worker.token not in worker.log_path.read_text()  # never logged
 
 
 def test_post_publishes_a_model_at_most_once_a_second(kafka_settings: Settings, worker: WorkerProcess) -> None:
@@ -115,15 +117,6 @@ def test_beyond_loopback_everything_but_healthz_needs_the_token(kafka_settings: 
             assert call(base + path, token=worker.token)[0] == 200, path
 
 
-def one_line_error(done: subprocess.CompletedProcess[str], code: int, *words: str) -> str:
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert done.returncode == code, done.stderr
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in done.stderr, done.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
-    return lines[0]
-
-
 @pytest.mark.parametrize("command", ["worker", "otlp-receiver"])
 def test_beyond_loopback_without_a_token_refuses_to_start(kafka_settings: Settings, command: str) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP", "SKEWWATCH_WEB_TOKEN",
@@ -139,10 +132,7 @@ def test_beyond_loopback_without_a_token_refuses_to_start(kafka_settings: Settin
                                      str(port), "--insecure-no-auth"], env=env, cwd=REPO,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while listening_addresses(port) != {"0.0.0.0"}:
-            assert open_service.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_listening(open_service, port, "0.0.0.0")
         assert call(f"http://127.0.0.1:{port}/healthz")[0] == 200
     finally:
         open_service.terminate()

@@ -33,6 +33,7 @@ from skewwatch.kafka_security import client_options
 from skewwatch.producer import RequestEventProducer
 from skewwatch.topics import ensure_topics
 from tests.conftest import unique_settings
+from tests.integration.commands import one_line_error
 from tests.integration.secure_broker import USERS, SecureBroker
 from tests.integration.test_telemetry_publish import _Exposition
 from tests.integration.worker_proc import WorkerProcess, consume_until, free_port, produce, settings_env
@@ -81,16 +82,6 @@ def command_env(settings: Settings, **extra: str) -> dict[str, str]:
 def skewwatch(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "skewwatch", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=REPO)
-
-
-def assert_one_line_error(done: subprocess.CompletedProcess[str], code: int, *words: str) -> str:
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert done.returncode == code, done.stderr
-    assert len(lines) == 1 and lines[0].startswith("Error: "), done.stderr
-    assert "Traceback" not in done.stderr and "Unclosed" not in done.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.mark.parametrize(("listener", "mechanism"), MATRIX)
@@ -197,26 +188,26 @@ def test_a_wrong_password_is_one_line_naming_the_listener_and_mechanism(secure: 
     settings = unique_settings(secure.bootstrap("SASL_SSL"))
     settings.kafka = secure.kafka("SCRAM-SHA-512", password_file=secrets["wrong"])
     env = command_env(settings)
-    line = assert_one_line_error(skewwatch("topics", "create", env=env), 4, "SASL_SSL", "SCRAM-SHA-512",
+    line = one_line_error(skewwatch("topics", "create", env=env), 4, "SASL_SSL", "SCRAM-SHA-512",
                                  "refused the login")
     assert USERS["worker"] not in line and "not-the-password" not in line  # never a secret
     started = time.monotonic()
     worker = skewwatch("worker", "--web-port", str(free_port()), env=env, timeout=60)
-    assert_one_line_error(worker, 4, "SASL_SSL", "SCRAM-SHA-512")  # a service too: waiting would not help
+    one_line_error(worker, 4, "SASL_SSL", "SCRAM-SHA-512")  # a service too: waiting would not help
     assert time.monotonic() - started < 30  # one attempt, no retry loop
     plain = secure.kafka("PLAIN", password_file=secrets["wrong"])
     settings.kafka = plain
-    assert_one_line_error(skewwatch("generate", "--duration", "5", env=command_env(settings)), 4, "SASL_SSL",
+    one_line_error(skewwatch("generate", "--duration", "5", env=command_env(settings)), 4, "SASL_SSL",
                           "PLAIN", "refused the login")
 
 
 def test_an_untrusted_broker_certificate_is_one_line(secure: SecureBroker, secrets: dict[str, Path]) -> None:
     settings = unique_settings(secure.bootstrap("SASL_SSL"))
     settings.kafka = secure.kafka("SCRAM-SHA-256", password_file=secrets["worker"], cafile=secure.certs.other_ca)
-    assert_one_line_error(skewwatch("topics", "create", env=command_env(settings)), 4, "SASL_SSL", "SCRAM-SHA-256",
+    one_line_error(skewwatch("topics", "create", env=command_env(settings)), 4, "SASL_SSL", "SCRAM-SHA-256",
                           "certificate is not trusted")
     settings.kafka = secure.kafka("MTLS", cafile=secure.certs.other_ca)
-    assert_one_line_error(skewwatch("simulate", "--duration", "5", env=command_env(settings)), 4,
+    one_line_error(skewwatch("simulate", "--duration", "5", env=command_env(settings)), 4,
                           "(SSL, client certificate)", "not trusted")
 
 
@@ -225,7 +216,7 @@ def test_hostname_verification_is_on_by_default(secure: SecureBroker, secrets: d
     settings = unique_settings(secure.bootstrap("SASL_SSL", host="127.0.0.1"))
     settings.kafka = secure.kafka("PLAIN", password_file=secrets["worker"])
     settings.kafka.bootstrap = secure.bootstrap("SASL_SSL", host="127.0.0.1")
-    assert_one_line_error(skewwatch("topics", "create", env=command_env(settings)), 4, "127.0.0.1", "SASL_SSL",
+    one_line_error(skewwatch("topics", "create", env=command_env(settings)), 4, "127.0.0.1", "SASL_SSL",
                           "not trusted")
     settings.kafka.ssl_check_hostname = False
     settings.kafka.partitions = 1
@@ -237,22 +228,22 @@ def test_the_mtls_listener_refuses_clients_without_a_trusted_certificate(secure:
     settings = unique_settings(secure.bootstrap("SSL"))
     settings.kafka = secure.kafka("MTLS")
     settings.kafka.ssl_certfile = settings.kafka.ssl_keyfile = None  # no client certificate
-    assert_one_line_error(skewwatch("topics", "create", env=command_env(settings)), 4, "SSL")
+    one_line_error(skewwatch("topics", "create", env=command_env(settings)), 4, "SSL")
     settings.kafka = secure.kafka("MTLS")
     settings.kafka.ssl_certfile = str(secure.certs.stranger_cert)
     settings.kafka.ssl_keyfile = str(secure.certs.stranger_key)
-    assert_one_line_error(skewwatch("topics", "create", env=command_env(settings)), 4, "SSL")
+    one_line_error(skewwatch("topics", "create", env=command_env(settings)), 4, "SSL")
 
 
 def test_a_missing_password_is_a_config_error(secure: SecureBroker, tmp_path: Path) -> None:
     settings = unique_settings(secure.bootstrap("SASL_SSL"))
     settings.kafka = secure.kafka("SCRAM-SHA-256", password_file=tmp_path / "absent")
-    assert_one_line_error(skewwatch("topics", "create", env=command_env(settings)), 2,
+    one_line_error(skewwatch("topics", "create", env=command_env(settings)), 2,
                           "kafka.sasl_password_file")
     settings.kafka.sasl_password_file = None
     env = command_env(settings)
     env.pop("SKEWWATCH_KAFKA_PASSWORD", None)
-    assert_one_line_error(skewwatch("topics", "create", env=env), 2, "SKEWWATCH_KAFKA_PASSWORD")
+    one_line_error(skewwatch("topics", "create", env=env), 2, "SKEWWATCH_KAFKA_PASSWORD")
     env["SKEWWATCH_KAFKA_PASSWORD"] = USERS["worker"]  # the environment is the other way to give it
     done = skewwatch("topics", "create", env=env)
     assert done.returncode == 0, done.stderr
