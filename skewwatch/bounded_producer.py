@@ -231,6 +231,10 @@ class BoundedProducer:
                 continue
             ok = await self._send_batch(self._producer, batch)
             if ok:
+                if self.last_error is not None:  # the recovery, logged once
+                    log.info("bounded producer: delivering to %s again (buffered %d, dropped %d)", self.topic,
+                             self.buffered, self.dropped_total)
+                    self.last_error = None
                 backoff = self._backoff_initial_s
             else:
                 await asyncio.sleep(backoff)
