@@ -29,7 +29,7 @@ from tests.conftest import unique_settings
 from tests.integration.worker_proc import WorkerProcess, consume_until
 
 RATE = 100.0  # events per second, one replica (one producer: its events reach the worker in order)
-OUTAGE_S = 20.0
+OUTAGE_S = 15.0
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_a_broker_outage_under_load(own_broker: EmbeddedBroker, tmp_path: Path) 
                                     max_buffer=50_000, linger_ms=100)
     try:
         with Load(producer) as load:
-            time.sleep(15)  # the worker windows a steady stream
+            time.sleep(8)  # the worker windows a steady stream
             quiet_before = len(log_lines(log))
             own_broker.stop()
             stopped = time.monotonic()
@@ -111,7 +111,7 @@ def test_a_broker_outage_under_load(own_broker: EmbeddedBroker, tmp_path: Path) 
             while status_of(base + "/readyz")[0] != 200:
                 assert time.monotonic() - back < 90, worker.log_tail()
                 time.sleep(0.5)
-            time.sleep(10)  # load after the recovery too
+            time.sleep(5)  # load after the recovery too
         last = max(load.recorded)
         for offset in (70.0, 71.0):  # close every window that holds a recorded event
             producer.record(latency_ms=1.0, prompt_tokens=1, completion_tokens=1, batch_size=1, batch_capacity=16,
