@@ -43,11 +43,11 @@ if str(REPO) not in sys.path or os.environ.get("DECIDE_BENCH_PACKAGE"):
     sys.path.insert(0, os.environ.get("DECIDE_BENCH_PACKAGE") or str(REPO))
 
 import numpy as np  # noqa: E402
+from skewwatch.pipeline.features import FeatureVector  # noqa: E402
+from skewwatch.pipeline.telemetry import TelemetrySample  # noqa: E402
 
 from skewwatch.pipeline.decide import ModelDecider  # noqa: E402
 from skewwatch.pipeline.detector_settings import DetectorSettings  # noqa: E402
-from skewwatch.pipeline.features import FeatureVector  # noqa: E402
-from skewwatch.pipeline.telemetry import TelemetrySample  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 STEP_S = 5.0

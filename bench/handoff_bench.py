@@ -47,9 +47,9 @@ from skewwatch.pipeline.handoff import (  # noqa: E402
     read_step_header,
     step_header,
 )
-from skewwatch.pipeline.telemetry import TelemetrySample  # noqa: E402
 from skewwatch.pipeline.window import ReplicaStep  # noqa: E402
 from skewwatch.schemas.features import encode_features  # noqa: E402
+from skewwatch.schemas.telemetry_sample import TelemetrySample  # noqa: E402
 
 PARTITIONS = 8
 

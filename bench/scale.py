@@ -77,7 +77,6 @@ from bench.throughput.common import (  # noqa: E402
 from skewwatch.config import WindowSettings  # noqa: E402
 from skewwatch.pipeline.decide import ModelDecider  # noqa: E402
 from skewwatch.pipeline.detector_settings import DetectorSettings  # noqa: E402
-from skewwatch.pipeline.events import RequestColumns  # noqa: E402
 from skewwatch.pipeline.handoff import (  # noqa: E402
     decode_model_step,
     encode_model_step,
@@ -86,6 +85,7 @@ from skewwatch.pipeline.handoff import (  # noqa: E402
 )
 from skewwatch.pipeline.model_merge import merge_model_features  # noqa: E402
 from skewwatch.pipeline.window import ClosedSteps, PartitionWindows, ReplicaStep  # noqa: E402
+from skewwatch.schemas.request_columns import RequestColumns  # noqa: E402
 
 PARTITIONS = 8
 STEP_S = 5.0

@@ -33,8 +33,8 @@ from skewwatch.pipeline.decide import ModelDecider
 from skewwatch.pipeline.detector_settings import DetectorSettings
 from skewwatch.pipeline.handoff import model_step_inputs, read_step_header
 from skewwatch.pipeline.model_merge import merge_model_features
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.schemas.features import encode_features
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 log = logging.getLogger(__name__)
 

@@ -47,16 +47,16 @@ from skewwatch.agents.publish import KeyedPublisher
 from skewwatch.agents.stage import CheckpointedStage
 from skewwatch.config import Settings
 from skewwatch.pipeline.derived_batch import derive_batch
-from skewwatch.pipeline.events import RequestColumns
 from skewwatch.pipeline.handoff import MAX_REPLICAS_PER_RECORD, encode_model_step, step_header
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.telemetry_flow import TelemetryFlow
 from skewwatch.pipeline.telemetry_join import TelemetryJoin, history_for
 from skewwatch.pipeline.window import ClosedSteps, PartitionWindows, ReplicaStep
 from skewwatch.schemas.dead_letter import dead_letter_record
 from skewwatch.schemas.features import encode_features
+from skewwatch.schemas.request_columns import RequestColumns
 from skewwatch.schemas.requests import Rejection, decode_request_messages
 from skewwatch.schemas.telemetry import decode_telemetry
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 log = logging.getLogger(__name__)
 

@@ -51,9 +51,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.window import WindowSummary
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 # Replica steps held per assembler before the oldest pending steps are released incomplete:
 # the worker holds them as the records' bytes (~2 KB each), so about 40 MB; live operation holds one

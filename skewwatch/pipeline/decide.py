@@ -29,7 +29,7 @@ Configuration: ``Settings.detectors`` (``[detectors.<name>]`` in TOML,
 ``weights``, ``corrections`` and ``decider``:
 :class:`~skewwatch.pipeline.detector_settings.DetectorSettings`.
 
->>> from skewwatch.pipeline.features import FeatureVector
+>>> from skewwatch.schemas.feature_vector import FeatureVector
 >>> decider = ModelDecider()
 >>> def fv(r, end, p99=300.0):
 ...     return FeatureVector(model="m", replica=r, window_start=end - 60, window_end=end, count=100,
@@ -50,6 +50,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
+from skewwatch.gc_pause import gc_paused
 from skewwatch.pipeline.corrections import (
     RoutingCorrection,
     forced_seq,
@@ -60,11 +61,10 @@ from skewwatch.pipeline.detector_settings import DetectorSettings
 from skewwatch.pipeline.detectors.alerts import Action, Alert
 from skewwatch.pipeline.detectors.gpu_health import GpuHealthDetector
 from skewwatch.pipeline.detectors.step_columns import StepColumns
-from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.gc_pause import gc_paused
 from skewwatch.pipeline.health import HEALTHY
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.weights import ReplicaWeight, pool_weights
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 DECIDER_STATE_VERSION = 1
 

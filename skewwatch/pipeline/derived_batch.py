@@ -23,8 +23,8 @@ Rules, per row:
 Rows are looked up per (replica, whole second of ``ts``) — the telemetry interval is seconds, so
 this changes nothing about which sample is used and keeps lookups to a few per replica per poll.
 
->>> from skewwatch.pipeline.events import RequestColumns
->>> from skewwatch.pipeline.telemetry import TelemetrySample
+>>> from skewwatch.schemas.request_columns import RequestColumns
+>>> from skewwatch.schemas.telemetry_sample import TelemetrySample
 >>> row = {"request_id": "a", "ts": 100.5, "model": "m", "latency_ms": 9.0, "prompt_tokens": 1,
 ...        "completion_tokens": 1}
 >>> cols = RequestColumns.from_rows([dict(row, replica="r1"), dict(row, replica="r2"),
@@ -44,8 +44,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from skewwatch.pipeline.events import BATCH_DERIVED, RequestColumns
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.request_columns import BATCH_DERIVED, RequestColumns
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 TelemetryLookup = Callable[[str, float], TelemetrySample | None]  # (replica, event time) -> fresh sample
 CapacityForModel = Callable[[str], int | None]  # configured capacity of a model, None/0 = unknown

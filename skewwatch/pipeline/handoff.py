@@ -24,7 +24,7 @@ Routing needs no JSON: the Kafka header ``skewwatch-step`` holds ``[window_end, 
 replicas]`` (:func:`step_header`, :func:`read_step_header`).
 
 >>> from skewwatch.config import WindowSettings
->>> from skewwatch.pipeline.events import RequestColumns
+>>> from skewwatch.schemas.request_columns import RequestColumns
 >>> from skewwatch.pipeline.window import PartitionWindows
 >>> ev = dict(model="m", prompt_tokens=10, completion_tokens=20, batch_size=4, batch_capacity=16)
 >>> windows = PartitionWindows(WindowSettings())
@@ -50,11 +50,11 @@ import numpy as np
 import orjson
 
 from skewwatch.pipeline.assembler import ModelStep, ReplicaStepInput
-from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.sketch import log_bins
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.window import ReplicaStep, WindowSummary
 from skewwatch.pipeline.window.summary import SUMMARY_VERSION
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 HANDOFF_VERSION = 2  # 1: one record per replica step (still read: ReplicaStepInput.from_body)
 STEP_HEADER = "skewwatch-step"  # Kafka header of a format-2 record: [window_end, source, replicas, part]

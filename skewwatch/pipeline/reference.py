@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from skewwatch.config import WindowSettings
-from skewwatch.pipeline.events import BATCH_DERIVED
-from skewwatch.pipeline.features import RECENT_S, FeatureVector
+from skewwatch.schemas.feature_vector import RECENT_S, FeatureVector
+from skewwatch.schemas.request_columns import BATCH_DERIVED
 
 
 def _exact_quantiles(values: list[float], qs: Sequence[float]) -> list[float | None]:

@@ -39,7 +39,7 @@ asks (:meth:`TelemetryJoin.view`), field by field:
    in :data:`SOURCE_PRIORITY` that has them, so a counter never alternates between two
    producers' slightly different readings.
 
-The merged :class:`~skewwatch.pipeline.telemetry.TelemetrySample` has ``ts`` = the oldest
+The merged :class:`~skewwatch.schemas.telemetry_sample.TelemetrySample` has ``ts`` = the oldest
 timestamp among the fields it carries (so its age bounds every field's age, and every field is
 fresh when the sample is), ``source`` = the best engine source that contributed (so "a fresh
 engine sample" still means the engine answered), else the best GPU source; ``gpu_index`` /
@@ -85,8 +85,8 @@ from sys import intern
 from typing import Any, Literal
 
 from skewwatch.config import WindowSettings
-from skewwatch.pipeline.telemetry import TELEMETRY_SOURCES, TelemetrySample
 from skewwatch.pipeline.weights import ENGINE_SOURCES
+from skewwatch.schemas.telemetry_sample import TELEMETRY_SOURCES, TelemetrySample
 
 # Which producer's reading wins when two give the same counter (and which names the merged sample).
 SOURCE_PRIORITY: tuple[str, ...] = ("nvml", "dcgm", "vllm", "sglang", "tgi", "simulated")

@@ -40,8 +40,8 @@ router probes it (its own health checks) or traffic is sent to it otherwise; set
 simulator: the engine process answering) as "alive" so an idle replica of a quiet model is
 not dropped. Default off: the issue's rule, exactly.
 
->>> from skewwatch.pipeline.features import FeatureVector
->>> from skewwatch.pipeline.telemetry import TelemetrySample
+>>> from skewwatch.schemas.feature_vector import FeatureVector
+>>> from skewwatch.schemas.telemetry_sample import TelemetrySample
 >>> fv = FeatureVector(model="m", replica="a", window_start=0.0, window_end=60.0, count=10,
 ...                    step_count=2, latency_mean=1000.0, queue_length_mean=16.0)
 >>> tel = TelemetrySample(ts=59.0, replica="a", source="nvml", memory_used_bytes=40e9,
@@ -66,8 +66,8 @@ import numpy.typing as npt
 
 from skewwatch.config_section import Count, FrozenConfigSection, NonNegative, Positive
 from skewwatch.pipeline.detectors.step_columns import StepColumns
-from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 ENGINE_SOURCES = ("vllm", "sglang", "tgi", "simulated")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import orjson
 
-from skewwatch.pipeline.features import FeatureVector
+from skewwatch.schemas.feature_vector import FeatureVector
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS  # numpy scalars; int cuda codes as keys
 

@@ -41,14 +41,14 @@ Contract decisions (docs/contracts.md says the same):
   ≥ 1 when present); ``batch_over_capacity`` applies only when both are present. In the columns an
   absent batch field is 0 and ``batch_source`` says whether the row's batch size is known.
 
->>> from skewwatch.config import LimitSettings
+>>> from skewwatch.schemas.limits import DEFAULT_LIMITS
 >>> ok = {"request_id": "a", "ts": 1.7e9, "model": "m", "replica": "r1", "latency_ms": 120.0,
 ...       "prompt_tokens": 10, "completion_tokens": 20, "batch_size": 4, "batch_capacity": 16}
 >>> bad = dict(ok, latency_ms=-3)
->>> out = decode_request_message(encode_request_events([ok, bad]), LimitSettings())
+>>> out = decode_request_message(encode_request_events([ok, bad]), DEFAULT_LIMITS)
 >>> len(out.columns), [(r.reason_code, r.reason) for r in out.rejects]
 (1, [('out_of_range', 'events[1].latency_ms: must be ≥ 0, got -3')])
->>> decode_request_message(b"{oops", LimitSettings()).rejects[0].reason_code
+>>> decode_request_message(b"{oops", DEFAULT_LIMITS).rejects[0].reason_code
 'malformed_json'
 """
 
@@ -69,9 +69,7 @@ import msgspec
 import numpy as np
 import orjson
 
-from skewwatch.config import LimitSettings
-from skewwatch.pipeline.events import BoolArray, FloatArray, IntArray, ObjArray, RequestColumns
-from skewwatch.pipeline.gc_pause import gc_paused
+from skewwatch.gc_pause import gc_paused
 from skewwatch.schemas.fields import (
     INT64_LIMIT,
     TS_MAX_S,
@@ -84,7 +82,9 @@ from skewwatch.schemas.fields import (
     missing_problem,
     parse_json,
 )
+from skewwatch.schemas.limits import DEFAULT_LIMITS, InputLimits
 from skewwatch.schemas.rejection import Rejection, show_value
+from skewwatch.schemas.request_columns import BoolArray, FloatArray, IntArray, ObjArray, RequestColumns
 
 REQUEST_SCHEMA_VERSION: Final = 1
 SCALAR_MAX_EVENTS: Final = 8  # up to this many events per decode, per-row Python beats numpy's fixed costs
@@ -262,7 +262,7 @@ def event_problems(event: Mapping[str, Any], max_tokens: int) -> list[Problem]:
     return problems
 
 
-def check_request_event(event: Mapping[str, Any], limits: LimitSettings | None = None) -> Rejection | None:
+def check_request_event(event: Mapping[str, Any], limits: InputLimits | None = None) -> Rejection | None:
     """Validate one event as the worker will (for producers: learn about bad fields at the call site).
 
     >>> check_request_event({"request_id": "a", "ts": 1.7e9, "model": "m", "replica": "r", "latency_ms": 5,
@@ -273,7 +273,7 @@ def check_request_event(event: Mapping[str, Any], limits: LimitSettings | None =
     """
     if not isinstance(event, Mapping):
         return Rejection("not_an_object", f"event must be a JSON object, got {show_value(event)}", 0)
-    problems = event_problems(event, (limits or LimitSettings()).max_tokens)
+    problems = event_problems(event, (limits or DEFAULT_LIMITS).max_tokens)
     return _rejection(problems, "", 0) if problems else None
 
 
@@ -946,7 +946,7 @@ def _numbers_out_of_range_scalar(columns: RequestColumns) -> BoolArray | None:
     return bad
 
 
-def _finish_typed(events: list[Any], message_index: IntArray, batch_form: BoolArray, limits: LimitSettings
+def _finish_typed(events: list[Any], message_index: IntArray, batch_form: BoolArray, limits: InputLimits
                   ) -> tuple[RequestColumns, IntArray, list[tuple[int, Rejection]], list[int]]:
     """Columns of typed events (``message_index`` sorted: row -> message), less the rows the typed
     decoder could not judge:
@@ -991,7 +991,7 @@ class TypedRuns:
     maps: int  # C-level passes made: 1 for a clean poll, one more after each refused message
 
 
-def decode_typed_runs(values: Sequence[bytes | None], limits: LimitSettings) -> TypedRuns:
+def decode_typed_runs(values: Sequence[bytes | None], limits: InputLimits) -> TypedRuns:
     """The poll through msgspec in runs of consecutive messages, each run one C-level ``map`` with
     no per-message Python. A message msgspec refuses ends a run: it is tried alone with the other
     form's decoder, else left to the per-message paths (which word its reasons), and the next run
@@ -1079,7 +1079,7 @@ def _json_kind(doc: Any) -> str:
     return names.get(type(doc), type(doc).__name__)
 
 
-def _decode_dicts(values: Sequence[bytes | None], message_ids: Sequence[int], limits: LimitSettings,
+def _decode_dicts(values: Sequence[bytes | None], message_ids: Sequence[int], limits: InputLimits,
                   rejects: defaultdict[int, list[Rejection]]) -> tuple[RequestColumns, IntArray]:
     """The general path: orjson (stdlib for NaN/inf) to dicts, then the column checks; appends each
     message's rejections to ``rejects[m]``; returns the valid events and their message index."""
@@ -1167,7 +1167,7 @@ def _decode_dicts(values: Sequence[bytes | None], message_ids: Sequence[int], li
     return columns, message_index
 
 
-def decode_request_messages(values: Sequence[bytes | None], limits: LimitSettings, *,
+def decode_request_messages(values: Sequence[bytes | None], limits: InputLimits, *,
                             typed_fast_path: bool = True) -> DecodedMessages:
     """Decode many ``llm.requests`` values (e.g. one poll of a partition) in one vectorised pass.
 
@@ -1217,7 +1217,7 @@ def decode_request_messages(values: Sequence[bytes | None], limits: LimitSetting
     return DecodedMessages(columns.take(order), message_index[order], by_message)
 
 
-def decode_request_message(value: bytes | None, limits: LimitSettings) -> DecodedMessage:
+def decode_request_message(value: bytes | None, limits: InputLimits) -> DecodedMessage:
     """Decode one ``llm.requests`` value: the valid events as columns plus every rejection.
 
     Never raises. A message-level rejection (event_index None) means no event was decoded.

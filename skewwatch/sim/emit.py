@@ -37,8 +37,8 @@ import orjson
 from aiokafka import AIOKafkaProducer
 
 from skewwatch.kafka_client import client_kwargs
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.schemas.requests import encode_request_event, encode_request_events
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.generator import TrafficChunk, event_rows
 
 Event = Mapping[str, Any]

@@ -58,8 +58,8 @@ from typing import Any
 
 import numpy as np
 
-from skewwatch.pipeline.events import RequestColumns
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.request_columns import RequestColumns
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.faults import CUDA_ERRORS, Injection
 from skewwatch.sim.generator import STEP_S, TrafficChunk
 from skewwatch.sim.router import POLICIES, DynamicWeightRouter, make_router

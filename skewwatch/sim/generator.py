@@ -6,7 +6,7 @@ Azure LLM inference trace by default), and log-normal latencies that grow gently
 token counts. Each finished request becomes one event of contract v1 (see the README and
 ``skewwatch/schemas``): ``ts`` is the finish time in event-time epoch seconds, and events come
 out in nondecreasing ``ts``. Every 5 s of event time each replica also yields one simulated
-``gpu-telemetry.v1`` sample (:class:`~skewwatch.pipeline.telemetry.TelemetrySample`).
+``gpu-telemetry.v1`` sample (:class:`~skewwatch.schemas.telemetry_sample.TelemetrySample`).
 
 Pure: no clock, no I/O. The run is a function of ``(config, start_ts, duration_s)``; a seed
 gives the same events on any machine. Each replica draws from its own random stream (and its
@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from skewwatch.pipeline.events import RequestColumns
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.request_columns import RequestColumns
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.faults import CUDA_ERRORS, Injection
 from skewwatch.sim.trace import Trace, load_trace
 

@@ -34,8 +34,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from skewwatch.config import WindowSettings
 from skewwatch.kafka_client import client_kwargs
 from skewwatch.pipeline.reference import reference_features
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.weights import WeightConfig, WeightInput, compute_weights
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.emit import TopicMissingError
 from skewwatch.sim.generator import STEP_S, TrafficChunk, event_rows
 

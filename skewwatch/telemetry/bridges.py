@@ -45,7 +45,7 @@ from skewwatch.config import KafkaSettings
 from skewwatch.kafka_client import require_bootstrap
 from skewwatch.kafka_security import client_options, describe_listener
 from skewwatch.logs import logging_options, setup_logging, skewwatch_version
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.telemetry.engine_maps import ENGINE_MAPS, CounterTracker, EngineMap, map_exposition
 from skewwatch.telemetry.publish import encode_sample, publish_sample, require_delivered, stop_on_signals
 

@@ -42,7 +42,7 @@ from skewwatch.errors import ConfigProblem
 from skewwatch.kafka_client import require_bootstrap
 from skewwatch.kafka_security import client_options, describe_listener
 from skewwatch.logs import logging_options, setup_logging, skewwatch_version
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.telemetry.nvml_collector import GpuReader, NvmlReader, NvmlUnavailable, SimulatedReader
 from skewwatch.telemetry.publish import encode_sample, publish_sample, require_delivered, stop_on_signals
 from skewwatch.telemetry.replica_map import ReplicaMapError, load_replica_map

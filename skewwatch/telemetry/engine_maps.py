@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 MIB = 1024.0 * 1024.0
 

@@ -34,7 +34,7 @@ from typing import Any, Protocol, TypeVar
 
 import pynvml
 
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.telemetry.replica_map import replica_for
 from skewwatch.telemetry.xid_window import XidWindow
 

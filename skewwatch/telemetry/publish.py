@@ -8,7 +8,7 @@ The wire encoding is ``skewwatch.schemas.telemetry.encode_telemetry`` (the JSON 
 contract) when that module is present; until then ``orjson`` of ``sample.to_dict()``, the
 same JSON without the schema check.
 
->>> from skewwatch.pipeline.telemetry import TelemetrySample
+>>> from skewwatch.schemas.telemetry_sample import TelemetrySample
 >>> import orjson
 >>> sample = TelemetrySample(ts=1.0, replica="r1", source="nvml", power_w=300.0)
 >>> orjson.loads(encode_sample(sample))["power_w"]
@@ -27,7 +27,7 @@ import orjson
 
 from skewwatch.bounded_producer import BoundedProducer
 from skewwatch.errors import NothingSent
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 Encoder = Callable[[TelemetrySample], bytes]
 

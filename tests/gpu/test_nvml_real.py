@@ -16,8 +16,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.schemas.telemetry import decode_telemetry
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.telemetry.collector import run_collector
 from skewwatch.telemetry.nvml_collector import NvmlReader
 from skewwatch.telemetry.publish import encode_sample

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from skewwatch.config import Settings
 from skewwatch.generate import generate_command
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.emit import TopicMissingError, produce_events, produce_traffic
 from skewwatch.sim.faults import read_labels
 from skewwatch.sim.generator import GeneratorConfig, generate_chunks, generate_events

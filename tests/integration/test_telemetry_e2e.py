@@ -29,8 +29,8 @@ import pytest
 from skewwatch.config import Settings
 from skewwatch.kafka_client import run_blocking
 from skewwatch.pipeline.handoff import expand_model_step, read_step_header
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.schemas.telemetry import decode_telemetry, encode_telemetry
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.emit import produce_traffic
 from skewwatch.sim.faults import Injection
 from skewwatch.sim.generator import GeneratorConfig, TrafficChunk, generate_chunks

@@ -26,8 +26,8 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord
 
 from skewwatch.bounded_producer import BoundedProducer
 from skewwatch.config import Settings
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.schemas.telemetry import decode_telemetry
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.telemetry.bridges import Scraper, run_bridge
 from skewwatch.telemetry.publish import publish_sample
 

@@ -34,9 +34,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind
 
 from skewwatch.config import Settings
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.ports import free_port
 from skewwatch.schemas.telemetry import encode_telemetry
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.topics import ensure_topics
 from tests.integration.worker_proc import WorkerProcess, consume_until, produce
 from tests.unit.test_otlp_decode import collector_kafka_records, record_spans

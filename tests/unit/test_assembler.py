@@ -96,9 +96,9 @@ def test_memory_bound_releases_the_oldest_pending_steps_incomplete() -> None:
 def test_worker_payloads_are_decoded_objects_and_checkpoint_as_the_record() -> None:
     from skewwatch.config import WindowSettings
     from skewwatch.pipeline.assembler import ReplicaStepInput
-    from skewwatch.pipeline.events import RequestColumns
-    from skewwatch.pipeline.telemetry import TelemetrySample
     from skewwatch.pipeline.window import PartitionWindows
+    from skewwatch.schemas.request_columns import RequestColumns
+    from skewwatch.schemas.telemetry_sample import TelemetrySample
 
     windows = PartitionWindows(WindowSettings())
     ev = dict(model="m", prompt_tokens=10, completion_tokens=20, batch_size=4, batch_capacity=16)

@@ -30,8 +30,8 @@ from bench.quality import (  # noqa: E402
     score,
     weight_episodes,
 )
-from skewwatch.pipeline.events import RequestColumns  # noqa: E402
-from skewwatch.pipeline.telemetry import TelemetrySample  # noqa: E402
+from skewwatch.schemas.request_columns import RequestColumns  # noqa: E402
+from skewwatch.schemas.telemetry_sample import TelemetrySample  # noqa: E402
 
 
 def alert(ts: float, state: str, replica: str | None = "r1", detector: str = "long_tail", model: str = "m",

@@ -20,8 +20,8 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.schemas.telemetry import decode_telemetry
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.telemetry.bridges import ScrapeError, Scraper, run_bridge, scrape_command
 from skewwatch.telemetry.engine_maps import (
     ENGINE_MAPS,

@@ -22,8 +22,8 @@ from skewwatch.pipeline.decide import ModelDecider, StepDecision
 from skewwatch.pipeline.detector_settings import DetectorSettings
 from skewwatch.pipeline.detectors.alerts import Action, Severity
 from skewwatch.pipeline.detectors.registry import DETECTORS
-from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 T0 = 1_700_000_000.0
 REPLICAS = ("r1", "r2", "r3")

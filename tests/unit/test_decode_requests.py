@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skewwatch.config import LimitSettings
-from skewwatch.pipeline.events import RequestColumns
 from skewwatch.schemas import requests as current_decoder
 from skewwatch.schemas.rejection import REASON_CODES, Rejection
+from skewwatch.schemas.request_columns import RequestColumns
 from skewwatch.schemas.requests import (
     EVENT_FIELDS,
     REQUIRED_FIELDS,
@@ -696,30 +695,35 @@ def test_message_rejects_store_only_rejected_messages_and_read_like_a_list() -> 
     assert rejects == MessageRejects(4, {2: [bad]})
 
 
-def test_the_decode_bench_runs_every_case_for_the_current_and_a_git_revisions_decoder() -> None:
-    # keeps bench/decode_bench.py from rotting: its cases decode what they claim, with either decoder
+def test_the_decode_bench_runs_every_case_for_the_current_and_a_git_revisions_decoder(tmp_path: Path) -> None:
+    # keeps bench/decode_bench.py from rotting: its cases decode what they claim, and a child process
+    # running another revision's package (here HEAD's) answers a round of each case
     path = Path(__file__).resolve().parents[2] / "bench" / "decode_bench.py"
     spec = importlib.util.spec_from_file_location("decode_bench_smoke", path)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = bench
     spec.loader.exec_module(bench)
+    import skewwatch.schemas as public_api
+
+    singles, singles_all, batches, spoilt, sparse = bench.messages(public_api, n_events=400, n_singles=50)
+    cases = bench.cases_for(public_api, LIMITS, singles, singles_all, batches, spoilt, sparse)
+    assert {name: run() for name, run in cases.items()} == {
+        "single": 50, "single_poll": 50, "single_poll_5000": 400, "single_poll_1_bad": 50, "batch100": 400,
+        "batch100_poll": 400, "batch100_poll_sparse": 400, "batch100_10pct_bad": 400, "reference_batch100": 400}
+    rates = bench.measure_side_by_side({"a": lambda seconds: bench.timed(lambda: 10, seconds)}, 0.01)
+    assert rates["a"] > 0
+    from bench.revision import baseline_package
+
     try:
-        baseline = bench.load_decoder_at("HEAD")
+        package = baseline_package("HEAD", tmp_path)
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("no git checkout here")
-    rng = random.Random(1)
-    events = [bench.make_event(rng, i) for i in range(400)]
-    singles = [encode_request_event(e) for e in events]
-    batches = [encode_request_events(events[i:i + 100]) for i in range(0, 400, 100)]
-    spoilt = [encode_request_events([bench.spoil(e, i) if i % 10 == 0 else e for i, e in
-                                     enumerate(events[j:j + 100], start=j)]) for j in range(0, 400, 100)]
-    sparse = [encode_request_events([{name: e[name] for name in REQUIRED_FIELDS} for e in events[i:i + 100]])
-              for i in range(0, 400, 100)]
-    for module in (current_decoder, baseline):
-        cases = bench.cases_for(module, LIMITS, singles[:50], singles, batches, spoilt, sparse)
-        assert {name: run() for name, run in cases.items()} == {
-            "single": 50, "single_poll": 50, "single_poll_5000": 400, "single_poll_1_bad": 50, "batch100": 400,
-            "batch100_poll": 400, "batch100_poll_sparse": 400, "batch100_10pct_bad": 400, "reference_batch100": 400}
-    rates = bench.measure_side_by_side({"a": lambda: 10}, 0.01)
-    assert rates["a"] > 0
+    child = bench.DecoderChild(package)  # refuses to start when the child imported another package
+    try:
+        assert child.package.resolve() == tmp_path.resolve()
+        assert set(cases) < set(child.cases)
+        events, cpu = child.round("batch100_poll")(0.01)
+        assert events >= 5000 and cpu > 0
+    finally:
+        child.close()

@@ -26,8 +26,8 @@ from skewwatch.pipeline.detectors.base import Detector
 from skewwatch.pipeline.detectors.registry import DETECTORS
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import ThresholdDetector
-from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 STEP = 5.0
 T0 = 1_000_000.0

@@ -14,7 +14,6 @@ import pytest
 
 from skewwatch.config import WindowSettings
 from skewwatch.pipeline.assembler import ModelStep, ReplicaStepInput, StepAssembler
-from skewwatch.pipeline.events import RequestColumns
 from skewwatch.pipeline.handoff import (
     decode_model_step,
     encode_model_step,
@@ -23,8 +22,9 @@ from skewwatch.pipeline.handoff import (
     read_step_header,
     step_header,
 )
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.window import PartitionWindows, ReplicaStep, WindowSummary
+from skewwatch.schemas.request_columns import RequestColumns
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 KEYS = [("llama", f"r{i}") for i in range(7)] + [("mistral", "m1"), ("mistral", "idle")]
 

@@ -25,8 +25,8 @@ import pynvml
 import pytest
 from click.testing import CliRunner
 
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.schemas.telemetry import decode_telemetry
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.telemetry.collector import collect_gpu_command, run_collector
 from skewwatch.telemetry.nvml_collector import NvmlReader, NvmlUnavailable, SimulatedReader
 from skewwatch.telemetry.publish import encode_sample

@@ -22,8 +22,6 @@ from hypothesis import strategies as st
 from referencing import Registry, Resource
 
 from skewwatch.config import LimitSettings
-from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.schemas import SCHEMA_FILES, load_schema
 from skewwatch.schemas.dead_letter import (
     DEAD_LETTER_MAX_VALUE_BYTES,
@@ -32,10 +30,12 @@ from skewwatch.schemas.dead_letter import (
     decode_dead_letter,
     rejections_of,
 )
+from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.features import decode_features, encode_features
 from skewwatch.schemas.rejection import REASON_CODES, Rejection
 from skewwatch.schemas.requests import EVENT_FIELDS, decode_request_message, decode_request_messages
 from skewwatch.schemas.telemetry import TELEMETRY_FIELDS, decode_telemetry, encode_telemetry
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from tests.unit.test_decode_requests import _DROP, VALID_POOLS, VALUE_POOLS, good_event
 
 LIMITS = LimitSettings()
@@ -358,3 +358,13 @@ def test_docs_name_every_field(name: str) -> None:
 def test_docs_name_every_reason_code() -> None:
     text = DOCS.read_text(encoding="utf-8")
     assert [code for code in REASON_CODES if f"`{code}`" not in text] == []
+
+
+def test_the_settings_limits_start_from_the_decoders_defaults() -> None:
+    """``[limits]`` and the decoders' own defaults (for callers without settings) are the same numbers."""
+    from skewwatch.config import LimitSettings
+    from skewwatch.schemas.limits import DEFAULT_LIMITS
+
+    settings = LimitSettings()
+    assert (settings.max_message_bytes, settings.max_tokens, settings.max_events_per_message) == (
+        DEFAULT_LIMITS.max_message_bytes, DEFAULT_LIMITS.max_tokens, DEFAULT_LIMITS.max_events_per_message)

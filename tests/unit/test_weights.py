@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.weights import ReplicaWeight, WeightConfig, WeightInput, compute_weights, load_denominator
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 GB = 1e9
 

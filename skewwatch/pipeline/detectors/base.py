@@ -25,8 +25,8 @@ from typing import Any, ClassVar
 from skewwatch.config_section import FrozenConfigSection
 from skewwatch.pipeline.detectors.alerts import Action, Alert, DetectorOutput, Severity
 from skewwatch.pipeline.detectors.step_columns import StepColumns
-from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 STATE_VERSION = 1  # the format of state_dict(); load_state() refuses any other
 

@@ -34,8 +34,6 @@ import numpy.typing as npt
 
 from skewwatch.config import WindowSettings
 from skewwatch.pipeline import moments
-from skewwatch.pipeline.events import BATCH_DERIVED, RequestColumns
-from skewwatch.pipeline.features import RECENT_S
 from skewwatch.pipeline.sketch import log_bins
 from skewwatch.pipeline.window.steps import (
     LATENCY_QUANTILES,
@@ -60,6 +58,8 @@ from skewwatch.pipeline.window.summary import (
     OPTIONAL_FIELDS,
     tpot_accuracy,
 )
+from skewwatch.schemas.feature_vector import RECENT_S
+from skewwatch.schemas.request_columns import BATCH_DERIVED, RequestColumns
 
 FloatArray = npt.NDArray[np.float64]
 Entries = npt.NDArray[np.int32]  # (3, k): row, slot, count; sorted by (row, slot), pairs unique

@@ -24,8 +24,8 @@ import numpy as np
 import numpy.typing as npt
 
 from skewwatch.pipeline import moments
-from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.sketch import EMPTY_SPARSE, SparseCounts, log_bins
+from skewwatch.schemas.feature_vector import FeatureVector
 
 FloatArray = npt.NDArray[np.float64]
 
