@@ -45,7 +45,7 @@ comparison only.
 Prints the table, writes ``bench/results/routing.json`` and ``bench/results/routing.png``.
 
 >>> import numpy as np
->>> from skewwatch.schemas.request_columns import RequestColumns
+>>> from skewwatch.schemas.requests.columns import RequestColumns
 >>> rows = [dict(request_id=f"{r}{i}", ts=100.0 + i, model="m", replica=r, latency_ms=lat, prompt_tokens=1,
 ...              completion_tokens=1) for r, lat in (("a", 100.0), ("b", 300.0)) for i in range(10)]
 >>> m = routing_metrics(RequestColumns.from_rows(rows), [], t0=90.0, t1=120.0)
@@ -82,7 +82,7 @@ from bench.common import (  # noqa: E402
     kafka,
     machine,
 )
-from skewwatch.schemas.request_columns import RequestColumns  # noqa: E402
+from skewwatch.schemas.requests.columns import RequestColumns  # noqa: E402
 from skewwatch.schemas.telemetry_sample import TelemetrySample  # noqa: E402
 from skewwatch.sim.faults import Injection  # noqa: E402
 from skewwatch.sim.router import CORRECTION_POLICIES  # noqa: E402

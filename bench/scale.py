@@ -85,7 +85,7 @@ from skewwatch.pipeline.handoff import (  # noqa: E402
 )
 from skewwatch.pipeline.model_merge import merge_model_features  # noqa: E402
 from skewwatch.pipeline.window import ClosedSteps, PartitionWindows, ReplicaStep  # noqa: E402
-from skewwatch.schemas.request_columns import RequestColumns  # noqa: E402
+from skewwatch.schemas.requests.columns import RequestColumns  # noqa: E402
 
 PARTITIONS = 8
 STEP_S = 5.0

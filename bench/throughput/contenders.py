@@ -14,7 +14,7 @@ librdkafka's included); peak RSS is the process's high-water mark (``ru_maxrss``
 - ``faust-decode``: a plain Faust agent ``async for value in stream`` that decodes (orjson) and
   counts: Faust's own per-event cost;
 - ``faust``: the same agent, ``async for value in stream``, that decodes the event (orjson),
-  builds a one-row :class:`~skewwatch.schemas.request_columns.RequestColumns` and calls the worker's
+  builds a one-row :class:`~skewwatch.schemas.requests.columns.RequestColumns` and calls the worker's
   :meth:`PartitionWindows.apply` then ``close_steps()`` on the partition's windows: the same window
   update and step computation as ours, paid per event (it does not validate and does not publish,
   so it does less than ours).
@@ -176,7 +176,7 @@ def run_faust(spec: Spec, window: bool) -> None:
 
     from skewwatch.config import WindowSettings
     from skewwatch.pipeline.window import PartitionWindows
-    from skewwatch.schemas.request_columns import RequestColumns
+    from skewwatch.schemas.requests.columns import RequestColumns
 
     app = faust.App(f"bench-faust-{uuid.uuid4().hex[:8]}", broker=f"kafka://{spec.bootstrap}",
                     store="memory://", web_enabled=False, autodiscover=False, topic_replication_factor=1,

@@ -53,8 +53,8 @@ from skewwatch.pipeline.telemetry_join import TelemetryJoin, history_for
 from skewwatch.pipeline.window import ClosedSteps, PartitionWindows, ReplicaStep
 from skewwatch.schemas.dead_letter import dead_letter_record
 from skewwatch.schemas.features import encode_features
-from skewwatch.schemas.request_columns import RequestColumns
 from skewwatch.schemas.requests import Rejection, decode_request_messages
+from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry import decode_telemetry
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 

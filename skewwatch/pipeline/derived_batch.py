@@ -23,7 +23,7 @@ Rules, per row:
 Rows are looked up per (replica, whole second of ``ts``) — the telemetry interval is seconds, so
 this changes nothing about which sample is used and keeps lookups to a few per replica per poll.
 
->>> from skewwatch.schemas.request_columns import RequestColumns
+>>> from skewwatch.schemas.requests.columns import RequestColumns
 >>> from skewwatch.schemas.telemetry_sample import TelemetrySample
 >>> row = {"request_id": "a", "ts": 100.5, "model": "m", "latency_ms": 9.0, "prompt_tokens": 1,
 ...        "completion_tokens": 1}
@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from skewwatch.schemas.request_columns import BATCH_DERIVED, RequestColumns
+from skewwatch.schemas.requests.columns import BATCH_DERIVED, RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 TelemetryLookup = Callable[[str, float], TelemetrySample | None]  # (replica, event time) -> fresh sample

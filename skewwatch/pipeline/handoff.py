@@ -24,7 +24,7 @@ Routing needs no JSON: the Kafka header ``skewwatch-step`` holds ``[window_end, 
 replicas]`` (:func:`step_header`, :func:`read_step_header`).
 
 >>> from skewwatch.config import WindowSettings
->>> from skewwatch.schemas.request_columns import RequestColumns
+>>> from skewwatch.schemas.requests.columns import RequestColumns
 >>> from skewwatch.pipeline.window import PartitionWindows
 >>> ev = dict(model="m", prompt_tokens=10, completion_tokens=20, batch_size=4, batch_capacity=16)
 >>> windows = PartitionWindows(WindowSettings())

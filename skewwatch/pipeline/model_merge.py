@@ -9,7 +9,7 @@ counts and sums are summed. The result is a per-model summary (``replica=None``,
 were merged) whose features come from the same :meth:`WindowSummary.features` as per-replica ones.
 
 >>> from skewwatch.config import WindowSettings
->>> from skewwatch.schemas.request_columns import RequestColumns
+>>> from skewwatch.schemas.requests.columns import RequestColumns
 >>> from skewwatch.pipeline.window import PartitionWindows
 >>> ev = dict(model="m", prompt_tokens=10, completion_tokens=20, batch_size=4, batch_capacity=16)
 >>> windows = PartitionWindows(WindowSettings())

@@ -31,7 +31,7 @@ import numpy as np
 
 from skewwatch.config import WindowSettings
 from skewwatch.schemas.feature_vector import RECENT_S, FeatureVector
-from skewwatch.schemas.request_columns import BATCH_DERIVED
+from skewwatch.schemas.requests.columns import BATCH_DERIVED
 
 
 def _exact_quantiles(values: list[float], qs: Sequence[float]) -> list[float | None]:

@@ -47,7 +47,7 @@ from skewwatch.generate import build_injections, parse_speed, parse_start_ts
 from skewwatch.kafka_client import check_kafka, require_bootstrap
 from skewwatch.kafka_security import client_options
 from skewwatch.logs import logging_options, quiet_libraries, setup_logging
-from skewwatch.schemas.request_columns import RequestColumns
+from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.faults import FAULT_KINDS, FaultError, write_labels
 from skewwatch.sim.fleet import FleetConfig, FleetSimulator, fleet_replicas

@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from skewwatch.schemas.request_columns import RequestColumns
+from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.faults import CUDA_ERRORS, Injection
 from skewwatch.sim.generator import STEP_S, TrafficChunk

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from skewwatch.schemas.request_columns import RequestColumns
+from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.faults import CUDA_ERRORS, Injection
 from skewwatch.sim.trace import Trace, load_trace

@@ -97,7 +97,7 @@ def test_worker_payloads_are_decoded_objects_and_checkpoint_as_the_record() -> N
     from skewwatch.config import WindowSettings
     from skewwatch.pipeline.assembler import ReplicaStepInput
     from skewwatch.pipeline.window import PartitionWindows
-    from skewwatch.schemas.request_columns import RequestColumns
+    from skewwatch.schemas.requests.columns import RequestColumns
     from skewwatch.schemas.telemetry_sample import TelemetrySample
 
     windows = PartitionWindows(WindowSettings())

@@ -30,7 +30,7 @@ from bench.quality import (  # noqa: E402
     score,
     weight_episodes,
 )
-from skewwatch.schemas.request_columns import RequestColumns  # noqa: E402
+from skewwatch.schemas.requests.columns import RequestColumns  # noqa: E402
 from skewwatch.schemas.telemetry_sample import TelemetrySample  # noqa: E402
 
 

@@ -18,23 +18,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skewwatch.config import LimitSettings
-from skewwatch.schemas import requests as current_decoder
 from skewwatch.schemas.rejection import REASON_CODES, Rejection
-from skewwatch.schemas.request_columns import RequestColumns
 from skewwatch.schemas.requests import (
-    EVENT_FIELDS,
+    REQUEST_FIELDS,
     REQUIRED_FIELDS,
-    SCALAR_MAX_EVENTS,
     MessageRejects,
-    _validate_columns,
+    RequestColumns,
     check_request_event,
     decode_request_message,
     decode_request_messages,
-    decode_typed_runs,
     encode_request_event,
     encode_request_events,
     event_problems,
 )
+from skewwatch.schemas.requests import typed_path as current_typed_path
+from skewwatch.schemas.requests.column_checks import validate_columns
+from skewwatch.schemas.requests.rules import SCALAR_MAX_EVENTS
+from skewwatch.schemas.requests.typed_path import decode_typed_runs
 
 LIMITS = LimitSettings()
 
@@ -404,7 +404,7 @@ def event_batches(draw: st.DrawFn) -> list[dict[str, Any]]:
 def test_fast_and_generic_vector_paths_agree_with_the_per_event_reference(events: list[dict[str, Any]]) -> None:
     expected_bad = [bool(event_problems(e, LIMITS.max_tokens)) for e in events]
     for fast in (True, False):
-        columns, bad = _validate_columns(events, LIMITS.max_tokens, fast=fast)
+        columns, bad = validate_columns(events, LIMITS.max_tokens, fast=fast)
         assert bad.tolist() == expected_bad, f"fast={fast}"
         good = [e for e, b in zip(events, expected_bad, strict=True) if not b]
         assert_columns_equal(columns.take(~bad), RequestColumns.from_rows(good) if good else RequestColumns.empty())
@@ -465,7 +465,7 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=20,
 )
-field_names = st.sampled_from([f.name for f in EVENT_FIELDS] + ["v", "events", "x"])
+field_names = st.sampled_from([f.name for f in REQUEST_FIELDS] + ["v", "events", "x"])
 event_like = st.dictionaries(field_names, json_values, max_size=16)
 
 
@@ -665,8 +665,8 @@ def test_the_number_range_check_is_the_same_row_by_row_and_on_columns() -> None:
     assert any(expected) and not all(expected)
     for size in (1, 5, SCALAR_MAX_EVENTS, SCALAR_MAX_EVENTS + 1, 60):
         part = columns.take(np.arange(size))
-        scalar = current_decoder._numbers_out_of_range_scalar(part)
-        vector = current_decoder._numbers_out_of_range(part)
+        scalar = current_typed_path._numbers_out_of_range_scalar(part)
+        vector = current_typed_path._numbers_out_of_range(part)
         for found in (scalar, vector):
             assert (found.tolist() if found is not None else [False] * size) == expected[:size], size
 

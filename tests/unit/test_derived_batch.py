@@ -9,7 +9,7 @@ import numpy as np
 from skewwatch.config import DerivedBatchSettings, load_settings
 from skewwatch.pipeline.derived_batch import derive_batch
 from skewwatch.pipeline.telemetry_join import TelemetryJoin
-from skewwatch.schemas.request_columns import BATCH_DERIVED, BATCH_REPORTED, BATCH_UNKNOWN, RequestColumns
+from skewwatch.schemas.requests.columns import BATCH_DERIVED, BATCH_REPORTED, BATCH_UNKNOWN, RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 

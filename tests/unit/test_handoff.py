@@ -23,7 +23,7 @@ from skewwatch.pipeline.handoff import (
     step_header,
 )
 from skewwatch.pipeline.window import PartitionWindows, ReplicaStep, WindowSummary
-from skewwatch.schemas.request_columns import RequestColumns
+from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 KEYS = [("llama", f"r{i}") for i in range(7)] + [("mistral", "m1"), ("mistral", "idle")]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import numpy as np
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -32,8 +33,10 @@ from skewwatch.schemas.dead_letter import (
 )
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.features import decode_features, encode_features
+from skewwatch.schemas.limits import DEFAULT_LIMITS
 from skewwatch.schemas.rejection import REASON_CODES, Rejection
-from skewwatch.schemas.requests import EVENT_FIELDS, decode_request_message, decode_request_messages
+from skewwatch.schemas.requests import REQUEST_FIELDS, RequestColumns, decode_request_message, decode_request_messages
+from skewwatch.schemas.requests.spec import FIELDS_BY_NAME, event_schema, field_schema
 from skewwatch.schemas.telemetry import TELEMETRY_FIELDS, decode_telemetry, encode_telemetry
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 from tests.unit.test_decode_requests import _DROP, VALID_POOLS, VALUE_POOLS, good_event
@@ -177,11 +180,46 @@ def test_schema_and_decoder_agree_message_by_message_on_a_generated_poll(message
 
 def test_the_event_schema_lists_exactly_the_decoders_fields() -> None:
     schema = load_schema("request-event.v1")
-    assert set(schema["properties"]) == {f.name for f in EVENT_FIELDS} | {"v"}
-    assert schema["required"] == [f.name for f in EVENT_FIELDS if f.required]
+    assert set(schema["properties"]) == {f.name for f in REQUEST_FIELDS} | {"v"}
+    assert schema["required"] == [f.name for f in REQUEST_FIELDS if f.required]
     assert schema["additionalProperties"] is True  # unknown fields are ignored: forward compatible
-    tokens = {f.name for f in EVENT_FIELDS if f.tokens}
+    tokens = {f.name for f in REQUEST_FIELDS if f.tokens}
     assert {schema["properties"][n]["maximum"] for n in tokens} == {LIMITS.max_tokens}
+
+
+def test_the_event_schema_file_is_the_one_the_field_spec_makes() -> None:
+    """request-event.v1.json says what REQUEST_FIELDS say (types, ranges, required, descriptions): the
+    contract is written once. After changing the spec, regenerate the file:
+    ``python -m skewwatch.schemas.requests.spec > skewwatch/schemas/request-event.v1.json``."""
+    shipped, made = load_schema("request-event.v1"), event_schema()
+    assert {k: v for k, v in shipped.items() if k != "properties"} == {k: v for k, v in made.items()
+                                                                        if k != "properties"}
+    assert list(shipped["properties"]) == list(made["properties"])
+    for name, rule in made["properties"].items():
+        assert shipped["properties"][name] == rule, name
+    # the message schema's batch limit is the decoder's default too
+    message = load_schema("request-message.v1")
+    assert message["then"]["properties"]["events"]["maxItems"] == DEFAULT_LIMITS.max_events_per_message
+
+
+def test_a_changed_spec_no_longer_matches_the_shipped_schema() -> None:
+    """The check above can fail: one field's range changed in the spec changes the schema it makes."""
+    changed = dataclasses.replace(FIELDS_BY_NAME["latency_ms"], minimum=1.0)
+    assert field_schema(changed) != load_schema("request-event.v1")["properties"]["latency_ms"]
+
+
+def test_the_columns_are_the_spec_s_columns_in_order_and_dtype() -> None:
+    names = [f.name for f in dataclasses.fields(RequestColumns)]
+    assert names == [f.column_name for f in REQUEST_FIELDS] + ["batch_source"]
+    row = {"request_id": "a", "ts": 1.7e9, "model": "m", "replica": "r", "latency_ms": 1.0,
+           "prompt_tokens": 1, "completion_tokens": 1}
+    decoded = decode_request_message(orjson.dumps(row), LIMITS).columns
+    for spec in REQUEST_FIELDS:
+        column = getattr(decoded, spec.column_name)
+        assert column.dtype == np.dtype(spec.dtype), spec.name
+        if not spec.required:  # an absent optional field holds the spec's "not reported" value
+            value = column[0].item() if hasattr(column[0], "item") else column[0]
+            assert value == spec.absent or (value != value and spec.absent != spec.absent), spec.name
 
 
 # --- llm.features ------------------------------------------------------------------------------------

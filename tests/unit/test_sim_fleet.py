@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from skewwatch.schemas.request_columns import RequestColumns
 from skewwatch.schemas.requests import check_request_event
+from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.faults import Injection
 from skewwatch.sim.fleet import FleetConfig, FleetSimulator, fleet_replicas, replica_capacity_rps

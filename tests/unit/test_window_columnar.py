@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from skewwatch.config import WindowSettings
 from skewwatch.pipeline.reference import reference_features
 from skewwatch.pipeline.window import PartitionWindows, ReplicaStep, WindowSummary
-from skewwatch.schemas.request_columns import RequestColumns
+from skewwatch.schemas.requests.columns import RequestColumns
 from tests.unit.test_window import assert_features_match, by_key, event, random_events, without_tpot
 
 SETTINGS = WindowSettings()

@@ -44,7 +44,7 @@ The feature definitions live in exactly one place, :meth:`WindowSummary.features
 vectors (``model_merge.py``) merge summaries and call the same method.
 
 >>> from skewwatch.config import WindowSettings
->>> from skewwatch.schemas.request_columns import RequestColumns
+>>> from skewwatch.schemas.requests.columns import RequestColumns
 >>> ev = dict(model="m", replica="r1", prompt_tokens=10, completion_tokens=20, batch_size=4,
 ...           batch_capacity=16)
 >>> windows = PartitionWindows(WindowSettings())

@@ -59,7 +59,7 @@ from skewwatch.pipeline.window.summary import (
     tpot_accuracy,
 )
 from skewwatch.schemas.feature_vector import RECENT_S
-from skewwatch.schemas.request_columns import BATCH_DERIVED, RequestColumns
+from skewwatch.schemas.requests.columns import BATCH_DERIVED, RequestColumns
 
 FloatArray = npt.NDArray[np.float64]
 Entries = npt.NDArray[np.int32]  # (3, k): row, slot, count; sorted by (row, slot), pairs unique

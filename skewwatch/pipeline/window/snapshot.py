@@ -18,7 +18,7 @@ list itself); zlib is most of the cost. Measured on full windows of 10,000 repli
 (the per-key writer took ~1,600 ms); restoring v3 takes ~550 ms (the per-key reader ~3,800 ms).
 
 >>> from skewwatch.config import WindowSettings
->>> from skewwatch.schemas.request_columns import RequestColumns
+>>> from skewwatch.schemas.requests.columns import RequestColumns
 >>> from skewwatch.pipeline.window import PartitionWindows
 >>> windows = PartitionWindows(WindowSettings())
 >>> _ = windows.apply(RequestColumns.from_rows([dict(request_id="a", ts=101.0, model="m", replica="r1",

@@ -9,7 +9,7 @@ Python objects the rest of the pipeline reads (:class:`ReplicaStep` = :class:`Fe
 :meth:`WindowSummary.features` on the same summary (the tests check it on every step).
 
 >>> from skewwatch.config import WindowSettings
->>> from skewwatch.schemas.request_columns import RequestColumns
+>>> from skewwatch.schemas.requests.columns import RequestColumns
 >>> from skewwatch.pipeline.window import PartitionWindows
 >>> ev = dict(model="m", replica="r1", prompt_tokens=10, completion_tokens=20, batch_size=4,
 ...           batch_capacity=16)

@@ -36,11 +36,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from skewwatch.schemas.requests.spec import REQUEST_FIELDS, RequestField
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 ObjArray = npt.NDArray[np.object_]
 Int8Array = npt.NDArray[np.int8]
+
+_FIELD_NAMES = tuple(f.name for f in REQUEST_FIELDS)
 
 # batch_source values
 BATCH_UNKNOWN = 0  # no batch size: batch statistics skip the row
@@ -63,7 +67,11 @@ def source_from_size(batch_size: IntArray) -> Int8Array:
 
 @dataclass(slots=True)
 class RequestColumns:
-    """A batch of already-validated request events (contract v1), one array per field."""
+    """A batch of already-validated request events (contract v1), one array per field.
+
+    The attributes are :data:`~skewwatch.schemas.requests.spec.REQUEST_FIELDS`' columns, in that order
+    and of those dtypes (checked below, when the class is defined), then ``batch_source``.
+    """
 
     request_id: ObjArray
     ts: FloatArray  # epoch seconds, time the request finished (event time)
@@ -106,48 +114,28 @@ class RequestColumns:
         return cls.from_rows([])
 
     @classmethod
-    def from_rows(cls, rows: Iterable[Mapping[str, Any]]) -> RequestColumns:
-        """Build columns from already-validated event dicts (the plain-Python reference path).
+    def from_fields(cls, values: Mapping[str, Any], batch_source: Int8Array | None = None) -> RequestColumns:
+        """Columns from one array per contract field, by wire name (``status`` is the ``is_error``
+        column); ``batch_source`` as :func:`source_from_size` by default."""
+        columns = list(map(values.__getitem__, _FIELD_NAMES))  # positional: attributes in spec order
+        if batch_source is not None:
+            columns.append(batch_source)
+        return cls(*columns)
 
-        Absent batch fields become 0 (unknown). A row may carry ``batch_source`` (an int, one of
-        the ``BATCH_*`` values: not a contract field, for tests of derived batches); by default
-        it is ``BATCH_REPORTED`` when ``batch_size`` is present.
+    @classmethod
+    def from_rows(cls, rows: Iterable[Mapping[str, Any]]) -> RequestColumns:
+        """Build columns from already-validated event dicts (the plain-Python path).
+
+        Absent optional fields take their column's "not reported" value (NaN, 0 for the batch fields,
+        None); a ``cuda_error`` code sent as an integral float becomes an int. A row may carry
+        ``batch_source`` (an int, one of the ``BATCH_*`` values: not a contract field, for tests of
+        derived batches); by default it is ``BATCH_REPORTED`` when ``batch_size`` is present.
         """
         rows = list(rows)
-
-        def obj(name: str, default: Any = None) -> ObjArray:
-            out = np.empty(len(rows), dtype=object)
-            out[:] = [r.get(name, default) for r in rows]
-            return out
-
-        def flt(name: str) -> FloatArray:
-            return np.array([float(r[name]) if r.get(name) is not None else np.nan for r in rows],
-                            dtype=np.float64)
-
-        def i64(name: str) -> IntArray:
-            return np.array([int(r.get(name) or 0) for r in rows], dtype=np.int64)
-
-        batch_size = i64("batch_size")
+        values = {f.name: _column_of(f, [row.get(f.name) for row in rows]) for f in REQUEST_FIELDS}
         source = np.array([r.get("batch_source", BATCH_REPORTED if r.get("batch_size") is not None
                                  else BATCH_UNKNOWN) for r in rows], dtype=np.int8)
-
-        return cls(
-            request_id=obj("request_id"),
-            ts=flt("ts"),
-            model=obj("model"),
-            replica=obj("replica"),
-            latency_ms=flt("latency_ms"),
-            prompt_tokens=i64("prompt_tokens"),
-            completion_tokens=i64("completion_tokens"),
-            batch_size=batch_size,
-            batch_capacity=i64("batch_capacity"),
-            ttft_ms=flt("ttft_ms"),
-            queue_length=flt("queue_length"),
-            kv_cache_hit_rate=flt("kv_cache_hit_rate"),
-            is_error=np.array([r.get("status", "ok") == "error" for r in rows], dtype=bool),
-            cuda_error=obj("cuda_error"),
-            batch_source=source,
-        )
+        return cls.from_fields(values, source)
 
     def take(self, index: npt.NDArray[np.intp] | BoolArray) -> RequestColumns:
         """The rows selected by an index or mask, as a new batch."""
@@ -188,3 +176,32 @@ class RequestColumns:
         return RequestColumns(
             **{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(RequestColumns)}
         )
+
+
+def _column_of(spec: RequestField, values: list[Any]) -> Any:
+    """One field's column from its validated values (None where absent)."""
+    if spec.dtype == "float64":
+        return np.array(values, dtype=np.float64)  # None -> NaN
+    if spec.dtype == "int64":
+        return np.array([0 if x is None else int(x) for x in values], dtype=np.int64)  # 12.0 -> 12; absent 0
+    if spec.dtype == "bool":  # status: "error" or not
+        return np.array([x == "error" for x in values], dtype=np.bool_)
+    out = np.empty(len(values), dtype=object)
+    out[:] = [int(x) if type(x) is float else x for x in values]  # a cuda_error code sent as 12.0 is 12
+    return out
+
+
+def _check_against_spec() -> None:
+    """The class's attributes are the spec's columns, in its order and of its dtypes."""
+    declared = [f.name for f in fields(RequestColumns)]
+    wanted = [f.column_name for f in REQUEST_FIELDS] + ["batch_source"]
+    if declared != wanted:
+        raise TypeError(f"RequestColumns declares {declared}, the request field spec makes {wanted}")
+    sample = RequestColumns.from_rows([{"status": "error"}])
+    for spec in REQUEST_FIELDS:
+        dtype = getattr(sample, spec.column_name).dtype
+        if dtype != np.dtype(spec.dtype):
+            raise TypeError(f"RequestColumns.{spec.column_name} is {dtype}, the spec says {spec.dtype}")
+
+
+_check_against_spec()
