@@ -39,6 +39,10 @@ from skewwatch.schemas.telemetry_sample import TelemetrySample
 log = logging.getLogger(__name__)
 
 
+# The stage 2 checkpoint's layout: 3, pending steps held as hand-off records (format 2) only.
+SNAPSHOT_VERSION = 3
+
+
 def _base64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
@@ -53,24 +57,35 @@ class PartitionModels:
         self.last_input_wall = time.monotonic()
 
     def snapshot(self) -> bytes:
-        """The partition's checkpoint: pending steps and every model's decider state (JSON)."""
+        """The checkpoint of this partition: the pending records (their bytes, base64) and the deciders."""
         return orjson.dumps({
-            "v": 2,  # 2: the assembler may hold chunks (hand-off format 2); v1 snapshots restore as they are
-            # pending steps are held as the records' bytes: a format-1 record (JSON) embedded as it is,
-            # a chunk (binary) as base64
-            "assembler": self.assembler.state_dict(encode=orjson.Fragment, encode_chunk=_base64),
+            "v": SNAPSHOT_VERSION,
+            "assembler": self.assembler.state_dict(encode=_base64),
             "deciders": {model: d.state_dict() for model, d in self.deciders.items()},
         })
 
     @classmethod
     def restore(cls, data: bytes, settings: Settings, detector_settings: DetectorSettings) -> PartitionModels:
-        """The partition a :meth:`snapshot` holds."""
+        """From :meth:`snapshot`; ValueError for a checkpoint of another version or layout."""
         state = orjson.loads(data)
+        if not isinstance(state, dict) or state.get("v") != SNAPSHOT_VERSION:
+            version = state.get("v") if isinstance(state, dict) else None
+            raise ValueError(f"stage 2 checkpoint: unsupported version {version!r} (this worker reads "
+                             f"v{SNAPSHOT_VERSION})")
         partition = cls(settings)
-        partition.assembler.load_state(state["assembler"], decode=orjson.dumps, decode_chunk=base64.b64decode)
+        partition.assembler.load_state(state["assembler"], decode=base64.b64decode)
         partition.deciders = {model: ModelDecider.from_state(s, detector_settings)
                               for model, s in state["deciders"].items()}
         return partition
+
+
+def _progress_of(value: bytes | None) -> tuple[int, float, int] | None:
+    """(source, closed_end, sources) of a progress record, or None for any other value."""
+    try:
+        progress = orjson.loads(value or b"")["progress"]
+        return int(progress["source"]), float(progress["closed_end"]), int(progress["sources"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
 
 
 class ModelStage(CheckpointedStage[PartitionModels]):
@@ -111,23 +126,19 @@ class ModelStage(CheckpointedStage[PartitionModels]):
         if state is None:
             return
         for message in messages:
-            # format 2 (one record per input partition, model and step) is routed by its header alone;
-            # held as the record's bytes, decoded when the model's step completes
+            # a model's replica steps (one record per input partition, model and step) are routed by their
+            # header alone; held as the record's bytes, decoded when the model's step completes
             header = read_step_header(message.headers)
             if header is not None:
                 state.assembler.add_chunk(message.key.decode(), header.window_end, header.source,
                                           header.replicas, message.value, part=header.part)
                 continue
-            body = orjson.loads(message.value)
-            progress = body.get("progress")
-            if progress is not None:
-                state.assembler.progress(int(progress["source"]), float(progress["closed_end"]),
-                                         int(progress["sources"]))
+            progress = _progress_of(message.value)
+            if progress is None:  # not a record stage 1 writes: skipped, and said
+                log.warning("stage 2: skipped a record on %s offset %d that is neither replica steps nor "
+                            "progress", tp, message.offset)
                 continue
-            # format 1 (one record per replica step, from a stage 1 before format 2): held as the
-            # record's bytes until the model's step completes (a checkpoint embeds them as they are)
-            fv = body["features"]
-            state.assembler.add(fv["model"], float(fv["window_end"]), str(fv["replica"]), message.value)
+            state.assembler.progress(*progress)
         state.next_offset = messages[-1].offset + 1
         state.last_input_wall = time.monotonic()
         await self._finish(tp, state, state.assembler.complete())

@@ -1,11 +1,10 @@
 """Stage 2's completion rule: when is a model's 5 s step complete?
 
-Stage 1 (partitioned by replica) sends a summary of every replica for every closed step, silent
-replicas included — since hand-off format 2 as one record per (input partition, model, step) that
-holds all of them (:mod:`skewwatch.pipeline.handoff`; format 1, one record per replica step, is
-still accepted); stage 2 (partitioned by model) must have *all* of a model's replicas for a
-step before it merges them and normalises weights. The replicas of a model are spread over
-stage 1's input partitions, and those partitions progress at different speeds (one may be
+Stage 1 (partitioned by replica) sends, for every closed step, one record per (input partition,
+model) holding a summary of every replica of that model there, silent replicas included
+(:mod:`skewwatch.pipeline.handoff`); stage 2 (partitioned by model) must have *all* of a model's
+replicas for a step before it merges them and normalises weights. The replicas of a model are spread
+over stage 1's input partitions, and those partitions progress at different speeds (one may be
 replaying a backlog while another is live), so "every replica I know of has reported" is not
 enough: a replica not yet seen would be left out, and a backlog replay would complete steps
 with only the fastest partition's replicas.
@@ -13,28 +12,27 @@ with only the fastest partition's replicas.
 The rule is the min-watermark rule of Flink and Kafka Streams: after closing steps, every
 stage 1 partition announces its progress ("I have closed every step up to E") to every stage 2
 partition. A step ending at E is complete once *every* input partition has announced
-progress >= E: then every summary for E that will ever come has come (a partition's summaries
+progress >= E: then every record for E that will ever come has come (a partition's records
 precede its progress marker on the same stage 2 partition). Idle input partitions follow the
 others in stage 1, so they do not stall the rule; a replica missing from a complete step is
-simply silent, which the weights treat as a signal. Summaries for an already completed step
+simply silent, which the weights treat as a signal. Records for an already completed step
 (a replay after a rebalance) are counted as late and dropped.
 
-Memory: the worker holds each pending chunk as its record's bytes (~2 KB per replica step with a
-telemetry sample; a format-1 record ~2.9 KB, where the decoded JSON took ~10 KB), decoded into
-:class:`ReplicaStepInput` objects when the step completes and embedded in a checkpoint as they are
-(a chunk as base64), and the number of replica steps held is bounded (``max_pending``): past
-it, the oldest pending steps are released incomplete (``forced``), so one input partition far
-behind the others cannot make stage 2 hold its whole backlog.
+Memory: the worker holds each pending record as its bytes (~2 KB per replica step with a telemetry
+sample), decoded when the step completes and embedded in a checkpoint as they are (base64), and the
+number of replica steps held is bounded (``max_pending``): past it, the oldest pending steps are
+released incomplete (``forced``), so one input partition far behind the others cannot make stage 2
+hold its whole backlog.
 
 >>> a = StepAssembler()
->>> a.add("m", 10.0, "r1", {"n": 1})
+>>> a.add_chunk("m", 10.0, source=0, replicas=2, payload=b"r1 r2")
 >>> a.progress(source=0, closed_end=10.0, sources=2)
->>> a.complete()  # partition 1 has not closed step 10 yet: r2 may still come
+>>> a.complete()  # partition 1 has not closed step 10 yet: its replicas may still come
 []
->>> a.add("m", 10.0, "r2", {"n": 2})
+>>> a.add_chunk("m", 10.0, source=1, replicas=1, payload=b"r3")
 >>> a.progress(source=1, closed_end=15.0, sources=2)
->>> [(s.model, s.window_end, sorted(s.payloads)) for s in a.complete()]
-[('m', 10.0, ['r1', 'r2'])]
+>>> [(s.model, s.window_end, s.chunks) for s in a.complete()]
+[('m', 10.0, {(0, 0): b'r1 r2', (1, 0): b'r3'})]
 
 A chunk counts the replica steps it holds; a re-sent chunk of the same input partition replaces it:
 
@@ -51,10 +49,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from skewwatch.pipeline.window import WindowSummary
-from skewwatch.schemas.feature_vector import FeatureVector
-from skewwatch.schemas.telemetry_sample import TelemetrySample
-
 # Replica steps held per assembler before the oldest pending steps are released incomplete:
 # the worker holds them as the records' bytes (~2 KB each), so about 40 MB; live operation holds one
 # or two steps of a partition's replicas, only a far-behind input partition gets near it.
@@ -62,51 +56,24 @@ DEFAULT_MAX_PENDING = 20_000
 
 
 @dataclass(slots=True)
-class ReplicaStepInput:
-    """What stage 1 sent for one replica and step, decoded (from the record's JSON body)."""
-
-    summary: WindowSummary
-    features: FeatureVector
-    telemetry: TelemetrySample | None = None
-
-    @classmethod
-    def from_body(cls, body: dict[str, Any]) -> ReplicaStepInput:
-        """From the replica-steps record (``summary``, ``features``, optional ``telemetry``)."""
-        telemetry = body.get("telemetry")
-        return cls(
-            summary=WindowSummary.from_dict(body["summary"]),
-            features=FeatureVector.from_dict(body["features"]),
-            telemetry=TelemetrySample.from_dict(telemetry) if telemetry else None,
-        )
-
-    def to_body(self) -> dict[str, Any]:
-        """The record form again (for checkpoints)."""
-        return {
-            "summary": self.summary.to_dict(),
-            "features": self.features.to_dict(),
-            "telemetry": None if self.telemetry is None else self.telemetry.to_dict(),
-        }
-
-
-@dataclass(slots=True)
 class ModelStep:
+    """A released step of one model: the records that came for it."""
+
     model: str
     window_end: float
-    payloads: dict[str, Any]  # replica -> its step alone (format 1: one record per replica step)
-    complete: bool = True  # False: released by the memory bound before every input partition reported
-    # (input partition, part) -> replicas of the model that partition closed this step (format 2: one
+    # (input partition, part) -> the record of the model's replicas that partition closed this step (one
     # record per input partition, model and step, split in parts past a size; pipeline/handoff.py)
     chunks: dict[tuple[int, int], Any] = field(default_factory=dict)
+    complete: bool = True  # False: released by the memory bound before every input partition reported
 
 
 @dataclass(slots=True)
 class _PendingStep:
-    payloads: dict[str, Any] = field(default_factory=dict)  # replica -> payload
     chunks: dict[tuple[int, int], tuple[int, Any]] = field(default_factory=dict)  # -> (replica steps, payload)
 
     @property
     def size(self) -> int:
-        return len(self.payloads) + sum(n for n, _ in self.chunks.values())
+        return sum(n for n, _ in self.chunks.values())
 
 
 @dataclass(slots=True)
@@ -118,8 +85,8 @@ class _ModelPending:
 class StepAssembler:
     """Pending replica steps per model until the min-watermark completes them.
 
-    A step arrives replica by replica (:meth:`add`) or as one chunk per input partition holding all
-    of the model's replicas there (:meth:`add_chunk`); both count replica steps for ``max_pending``.
+    A step arrives as one chunk per input partition (and part) holding all of the model's replicas
+    there (:meth:`add_chunk`), each counting its replica steps for ``max_pending``.
     ``max_pending`` bounds memory: when more replica steps than that are held, the oldest
     pending steps (of any model) are released as they are (``ModelStep.complete`` False,
     counted in ``forced``), as if their missing replicas were silent.
@@ -143,15 +110,6 @@ class StepAssembler:
         if step is None:
             step = pending.steps[window_end] = _PendingStep()
         return step
-
-    def add(self, model: str, window_end: float, replica: str, payload: Any) -> None:
-        """One replica's step."""
-        step = self._pending_step(model, window_end, 1)
-        if step is None:
-            return
-        if replica not in step.payloads:
-            self.pending += 1
-        step.payloads[replica] = payload  # a re-sent summary replaces the earlier one
 
     def add_chunk(self, model: str, window_end: float, source: int, replicas: int, payload: Any,
                   part: int = 0) -> None:
@@ -199,30 +157,19 @@ class StepAssembler:
         step = pending.steps.pop(end)
         self.pending -= step.size
         pending.completed_until = end
-        return ModelStep(model, end, step.payloads, complete,
-                         chunks={key: payload for key, (_, payload) in step.chunks.items()})
+        return ModelStep(model, end, {key: payload for key, (_, payload) in step.chunks.items()}, complete)
 
     def oldest_pending(self) -> float | None:
+        """The end of the oldest step still pending, of any model (None when nothing is)."""
         ends = [min(p.steps) for p in self.models.values() if p.steps]
         return min(ends) if ends else None
 
-    def state_dict(self, encode: Callable[[Any], Any] | None = None,
-                   encode_chunk: Callable[[Any], Any] | None = None) -> dict[str, Any]:
-        """JSON-able state; ``encode`` turns a payload into JSON-able data (default: as is),
-        ``encode_chunk`` a chunk's payload (default: ``encode``).
+    def state_dict(self, encode: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+        """JSON-able state; ``encode`` turns a chunk's payload into JSON-able data (default: as is).
 
-        A pending step is ``[end, {replica: payload}]``, with ``[[source, part, replica steps, chunk], ...]``
-        as a third item when it holds chunks (state written before chunks has two items: still read).
+        A pending step is ``[end, [[source, part, replica steps, chunk], ...]]``.
         """
         enc = encode or (lambda payload: payload)
-        enc_chunk = encode_chunk or enc
-
-        def step_state(end: float, step: _PendingStep) -> list[Any]:
-            out: list[Any] = [end, {r: enc(x) for r, x in step.payloads.items()}]
-            if step.chunks:
-                out.append([[source, part, n, enc_chunk(x)] for (source, part), (n, x) in step.chunks.items()])
-            return out
-
         return {
             "late": self.late,
             "forced": self.forced,
@@ -230,34 +177,33 @@ class StepAssembler:
             "source_progress": {str(k): v for k, v in self.source_progress.items()},
             "models": {
                 model: {
-                    "steps": [step_state(end, step) for end, step in sorted(p.steps.items())],
+                    "steps": [[end, [[source, part, n, enc(x)] for (source, part), (n, x) in step.chunks.items()]]
+                              for end, step in sorted(p.steps.items())],
                     "completed_until": p.completed_until if p.completed_until != float("-inf") else None,
                 }
                 for model, p in self.models.items()
             },
         }
 
-    def load_state(self, state: dict[str, Any], decode: Callable[[Any], Any] | None = None,
-                   decode_chunk: Callable[[Any], Any] | None = None) -> None:
-        """Inverse of :meth:`state_dict`; ``decode`` and ``decode_chunk`` invert its encoders."""
+    def load_state(self, state: dict[str, Any], decode: Callable[[Any], Any] | None = None) -> None:
+        """Inverse of :meth:`state_dict`; ``decode`` inverts its encoder. ValueError when ``state`` is not
+        in that layout."""
         dec = decode or (lambda payload: payload)
-        dec_chunk = decode_chunk or dec
-        self.late = int(state.get("late", 0))
-        self.forced = int(state.get("forced", 0))
-        self.sources = int(state.get("sources", 0))
-        self.source_progress = {int(k): float(v) for k, v in state.get("source_progress", {}).items()}
-        self.models = {}
-        self.pending = 0
-        for model, p in state.get("models", {}).items():
-            until = p.get("completed_until")
-            steps: dict[float, _PendingStep] = {}
-            for end, payloads, *chunks in p["steps"]:
-                step = steps[float(end)] = _PendingStep(
-                    payloads={r: dec(x) for r, x in payloads.items()},
-                    chunks={(int(source), int(part)): (int(n), dec_chunk(x))
-                            for source, part, n, x in (chunks[0] if chunks else ())})
-                self.pending += step.size
-            self.models[model] = _ModelPending(
-                steps=steps,
-                completed_until=float(until) if until is not None else float("-inf"),
-            )
+        try:
+            late, forced, sources = int(state["late"]), int(state["forced"]), int(state["sources"])
+            progress = {int(k): float(v) for k, v in state["source_progress"].items()}
+            models: dict[str, _ModelPending] = {}
+            pending = 0
+            for model, p in state["models"].items():
+                until = p["completed_until"]
+                steps: dict[float, _PendingStep] = {}
+                for end, chunks in p["steps"]:
+                    step = steps[float(end)] = _PendingStep(
+                        chunks={(int(source), int(part)): (int(n), dec(x)) for source, part, n, x in chunks})
+                    pending += step.size
+                models[str(model)] = _ModelPending(steps=steps,
+                                                   completed_until=float(until) if until is not None else float("-inf"))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"step assembler state: malformed ({exc!r})") from exc
+        self.late, self.forced, self.sources, self.source_progress = late, forced, sources, progress
+        self.models, self.pending = models, pending

@@ -1,12 +1,9 @@
 """The stage 1 -> stage 2 record: one per (input partition, model, closed step), as columns.
 
 Stage 1 closes a step for every replica of its input partition at once; stage 2 needs them per
-model. Until format 2 each replica's step was its own record (``{"summary", "features",
-"telemetry", "telemetry_stale"}``, JSON, ~2.5 KB): per replica two ``producer.send`` calls in
-stage 1, and in stage 2 one JSON decode to route the record and, at completion, a second one plus
-``WindowSummary.from_dict`` (numpy arrays and checks per replica) — ~100 µs per replica step.
-Format 2 sends every replica of one model in one closed step of one input partition as ONE
-record, its per-replica fields as columns:
+model. So every replica of one model in one closed step of one input partition goes in ONE record
+(format 2), its per-replica fields as columns, which costs a few ``send`` calls and one decode per
+record rather than per replica step:
 
 ``{"v": 2, "model", "window_end", "source", "replicas": [names],
 "summary": {"v": SUMMARY_VERSION, "fields": {name: {"kind", "data", ...}}},
@@ -44,19 +41,20 @@ import dataclasses
 import operator
 import struct
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
 
-from skewwatch.pipeline.assembler import ModelStep, ReplicaStepInput
+from skewwatch.pipeline.assembler import ModelStep
 from skewwatch.pipeline.sketch import log_bins
 from skewwatch.pipeline.window import ReplicaStep, WindowSummary
 from skewwatch.pipeline.window.summary import SUMMARY_VERSION
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
-HANDOFF_VERSION = 2  # 1: one record per replica step (still read: ReplicaStepInput.from_body)
+HANDOFF_VERSION = 2  # the only format read
 STEP_HEADER = "skewwatch-step"  # Kafka header of a format-2 record: [window_end, source, replicas, part]
 # A partition's replicas of one model go in parts of at most this many (a record stays well under the
 # topic's 1 MiB max.message.bytes: ~2 KB per replica step with its telemetry)
@@ -77,6 +75,15 @@ _feature_row = operator.attrgetter(*_FEATURE_NAMES)
 _TELEMETRY_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TelemetrySample))
 _TELEMETRY_NAMES = frozenset(_TELEMETRY_FIELDS)
 _telemetry_row = operator.attrgetter(*_TELEMETRY_FIELDS)
+
+
+@dataclass(slots=True)
+class ReplicaStepInput:
+    """One replica's step as stage 2 reads it from a record: its summary, features and telemetry."""
+
+    summary: WindowSummary
+    features: FeatureVector
+    telemetry: TelemetrySample | None = None
 
 
 class StepHeader(NamedTuple):
@@ -272,23 +279,21 @@ def decode_model_step(value: bytes) -> list[tuple[str, ReplicaStepInput]]:
             for name, s, fv, t in zip(replicas, summaries, features, telemetry, strict=True)]
 
 
-def expand_model_step(value: bytes) -> list[dict[str, Any]]:
-    """A format-2 record as the format-1 bodies it replaces (``summary``, ``features``, ``telemetry``,
-    ``telemetry_stale`` per replica): for tools and tests that read the internal topic."""
+def replica_step_dicts(value: bytes) -> list[dict[str, Any]]:
+    """A record as one plain dict per replica step (``summary``, ``features``, ``telemetry`` or None,
+    ``telemetry_stale``), in the order stage 1 sent them: for tools and tests that read the internal topic."""
     (length,) = _HEAD_LENGTH.unpack_from(value)
     stale = orjson.loads(value[_HEAD_LENGTH.size:_HEAD_LENGTH.size + length])["telemetry_stale"]
-    return [{**step.to_body(), "features": step.features.to_dict(), "telemetry_stale": replica_stale}
+    return [{"summary": step.summary.to_dict(), "features": step.features.to_dict(),
+             "telemetry": None if step.telemetry is None else step.telemetry.to_dict(),
+             "telemetry_stale": replica_stale}
             for (_, step), replica_stale in zip(decode_model_step(value), stale, strict=True)]
 
 
 def model_step_inputs(step: ModelStep) -> dict[str, ReplicaStepInput]:
-    """Every replica's decoded step of a released model step, by replica: the chunks (format 2) in the
-    order they came, then the single records (format 1, as the worker held them: the record's bytes)
-    of replicas no chunk holds — a replica in both (a stage 1 upgraded mid-step, replaying) counts once."""
+    """Every replica's decoded step of a released model step, by replica, in the order the records came
+    (a replica in two records, a replay across a rebalance, counts once: the later one)."""
     inputs: dict[str, ReplicaStepInput] = {}
     for payload in step.chunks.values():
         inputs.update(decode_model_step(payload))
-    for replica, raw in step.payloads.items():
-        if replica not in inputs:
-            inputs[replica] = ReplicaStepInput.from_body(orjson.loads(raw))
     return inputs

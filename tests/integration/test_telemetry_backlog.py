@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from skewwatch.kafka_client import run_blocking
-from skewwatch.pipeline.handoff import expand_model_step, read_step_header
+from skewwatch.pipeline.handoff import read_step_header, replica_step_dicts
 from skewwatch.sim.emit import produce_traffic
 from skewwatch.sim.generator import GeneratorConfig, generate_chunks
 from skewwatch.topics import delete_topics, ensure_topics
@@ -53,7 +53,7 @@ def steps(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
             records = asyncio.run(consume_until(kafka_bootstrap, [topics.replica_steps], done, 180))
             log = worker.log_tail()
         # one record per input partition, model and step (progress markers carry no step header)
-        bodies = [b for r in records if read_step_header(r.headers) for b in expand_model_step(r.value)]
+        bodies = [b for r in records if read_step_header(r.headers) for b in replica_step_dicts(r.value)]
         assert bodies, log
         yield bodies
     finally:

@@ -1,5 +1,5 @@
-"""The stage 1 -> stage 2 record, format 2 (skewwatch.pipeline.handoff): one record per input
-partition, model and step, decoding to exactly what the per-replica format 1 decoded to."""
+"""The stage 1 -> stage 2 record (skewwatch.pipeline.handoff): one record per input partition, model
+and step, decoding to exactly the objects stage 1 closed (what their to_dict/from_dict gives)."""
 
 from __future__ import annotations
 
@@ -13,16 +13,17 @@ import orjson
 import pytest
 
 from skewwatch.config import WindowSettings
-from skewwatch.pipeline.assembler import ModelStep, ReplicaStepInput, StepAssembler
+from skewwatch.pipeline.assembler import ModelStep, StepAssembler
 from skewwatch.pipeline.handoff import (
     decode_model_step,
     encode_model_step,
-    expand_model_step,
     model_step_inputs,
     read_step_header,
+    replica_step_dicts,
     step_header,
 )
 from skewwatch.pipeline.window import PartitionWindows, ReplicaStep, WindowSummary
+from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
@@ -65,7 +66,7 @@ def same_summary(got: WindowSummary, want: WindowSummary) -> None:
             assert type(a) is type(b) and a == b, (f.name, a, b)
 
 
-def test_decoded_objects_equal_the_per_replica_format_bit_for_bit() -> None:
+def test_decoded_objects_equal_their_dict_round_trip_bit_for_bit() -> None:
     steps = closed_steps()
     assert len(steps) == len(KEYS) and any(s.summary.step_cuda_errors for s in steps)
     assert any(s.features.step_count == 0 for s in steps)  # the idle replica
@@ -76,21 +77,21 @@ def test_decoded_objects_equal_the_per_replica_format_bit_for_bit() -> None:
     record = encode_model_step("llama", 160.0, 3, steps, telemetry, stale)
     decoded = decode_model_step(record)
     assert [name for name, _ in decoded] == [s.features.replica for s in steps]
-    for (_, got), step, sample, replica_stale in zip(decoded, steps, telemetry, stale, strict=True):
-        # what format 1 gave stage 2 for the same replica step
-        body = {"summary": step.summary.to_dict(), "features": step.features,
-                "telemetry": None if sample is None else sample.to_dict(), "telemetry_stale": replica_stale}
-        want = ReplicaStepInput.from_body(orjson.loads(orjson.dumps(body)))
-        same_summary(got.summary, want.summary)
-        assert got.features == want.features and got.telemetry == want.telemetry
-        assert got.summary.features() == want.summary.features()
-    bodies = expand_model_step(record)
+    for (_, got), step, sample in zip(decoded, steps, telemetry, strict=True):
+        # the same replica step through its JSON dicts: types, dtypes and values alike
+        want_summary = WindowSummary.from_dict(orjson.loads(orjson.dumps(step.summary.to_dict())))
+        want_features = FeatureVector.from_dict(orjson.loads(orjson.dumps(step.features)))
+        want_telemetry = None if sample is None else TelemetrySample.from_dict(orjson.loads(orjson.dumps(sample)))
+        same_summary(got.summary, want_summary)
+        assert got.features == want_features and got.telemetry == want_telemetry
+        assert got.summary.features() == want_summary.features()
+    bodies = replica_step_dicts(record)
     assert [b["telemetry_stale"] for b in bodies] == stale
     assert bodies[1]["telemetry"] == telemetry[1].to_dict()  # type: ignore[union-attr]
     assert bodies[0]["features"] == steps[0].features.to_dict()
 
 
-def test_the_record_is_smaller_than_the_per_replica_records() -> None:
+def test_the_record_is_smaller_than_one_json_record_per_replica() -> None:
     steps = closed_steps()
     record = encode_model_step("llama", 160.0, 0, steps, [None] * len(steps), [[]] * len(steps))
     per_replica = sum(len(orjson.dumps({"summary": s.summary.to_dict(), "features": s.features, "telemetry": None,
@@ -153,17 +154,15 @@ def test_a_corrupt_record_is_refused() -> None:
                                                "sparse": {**sketches, "lengths": sketches["lengths"][:-1] + [[1]]}}}))
 
 
-def test_model_step_inputs_takes_chunks_and_single_records_once_per_replica() -> None:
+def test_model_step_inputs_takes_every_chunk_once_per_replica() -> None:
     steps = closed_steps()
     llama = [s for s in steps if s.features.model == "llama"]
-    chunk = encode_model_step("llama", 160.0, 0, llama[:4], [None] * 4, [[]] * 4)
-    single = {s.features.replica: orjson.dumps({"summary": s.summary.to_dict(), "features": s.features,
-                                                "telemetry": None, "telemetry_stale": []}) for s in llama[3:]}
+    first = encode_model_step("llama", 160.0, 0, llama[:4], [None] * 4, [[]] * 4)
+    second = encode_model_step("llama", 160.0, 1, llama[3:], [None] * (len(llama) - 3), [[]] * (len(llama) - 3))
     a = StepAssembler()
-    a.add_chunk("llama", 160.0, source=0, replicas=4, payload=chunk)
-    for replica, raw in single.items():
-        a.add("llama", 160.0, replica or "", raw)
-    assert a.pending == len(llama) + 1  # r3 is held twice (a chunk and a single record) ...
+    a.add_chunk("llama", 160.0, source=0, replicas=4, payload=first)
+    a.add_chunk("llama", 160.0, source=1, replicas=len(llama) - 3, payload=second)
+    assert a.pending == len(llama) + 1  # r3 is held twice (a replay across a rebalance) ...
     [step] = a.complete(force_until=160.0)
     inputs = model_step_inputs(step)
     assert list(inputs) == [s.features.replica for s in llama]  # ... and decoded once

@@ -548,12 +548,11 @@ class PartitionWindows:
 
     # -- checkpoint -----------------------------------------------------------------------------
 
-    def snapshot(self, version: int | None = None) -> bytes:
-        """The complete state as compact bytes (see ``snapshot.py``; ``version`` 2 for readers from
-        before format v3); :meth:`restore` reads every version back."""
+    def snapshot(self) -> bytes:
+        """The complete state as compact bytes (see ``snapshot.py``); :meth:`restore` reads them back."""
         from skewwatch.pipeline.window import snapshot
 
-        return snapshot.encode(self) if version is None else snapshot.encode(self, version)
+        return snapshot.encode(self)
 
     @classmethod
     def restore(cls, data: bytes, settings: WindowSettings) -> PartitionWindows:

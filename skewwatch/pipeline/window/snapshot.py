@@ -1,21 +1,17 @@
 """Checkpoint bytes of a :class:`PartitionWindows`, never pickle (they are read back from Kafka):
 :func:`decode` validates every array's size and range.
 
-Format ``skewwatch.partition-windows``: the keys (model, replica, last event ts) in first-seen
-order, and every non-empty bucket, sealed or open, as columns: its key, id, stats row and its
-combined latency + TTFT sparse sketch. Sketch totals are not stored: they are by definition the sum
-of the sealed buckets and are rebuilt on restore (smaller, and they cannot disagree with the buckets).
-Versions: v1/v2 are zlib-compressed JSON with the arrays in base64 (v1's stats rows lack the v1.1
-batch counts and are read as "every event had a reported batch"); v3 is a JSON header followed by
-the raw columns, compressed together; v4, written by default, is v3 with a third sketch slot space
-(TPOT at ``2 * n_slots + slot``, see ``SNAPSHOT_VERSION``). All are read; a v1-v3 snapshot has no
-TPOT sketch, so after restoring one the tpot_* features cover only the events applied since,
-until its buckets have left the window (60 s).
+Format ``skewwatch.partition-windows``, version 4: magic ``b"SWW3"``, then zlib of a 4-byte header
+length, a JSON header (settings, watermark, lateness count, the keys (model, replica, last event ts)
+in first-seen order, bucket and entry counts, CUDA error counts) and every non-empty bucket, sealed or
+open, as raw little-endian columns: its key, id, stats row (column-major) and its combined latency +
+TTFT + TPOT sparse sketch (TTFT at ``n_slots + slot``, TPOT at ``2 * n_slots + slot``; slots as
+uint16, counts as uint16 unless one exceeds it). Sketch totals are not stored: they are by definition
+the sum of the sealed buckets and are rebuilt on restore (smaller, and they cannot disagree with the
+buckets). Any other version or layout is refused.
 
-Both directions are whole-array operations over all buckets (no per-key Python besides the key
-list itself); zlib is most of the cost. Measured on full windows of 10,000 replicas over 8 partitions
-(all partitions once): v3 writes in ~520 ms CPU and 1,228 B/replica, v2 in ~900 ms and 1,857 B/replica
-(the per-key writer took ~1,600 ms); restoring v3 takes ~550 ms (the per-key reader ~3,800 ms).
+Both directions are whole-array operations over all buckets (no per-key Python besides the key list
+itself); zlib is most of the cost.
 
 >>> from skewwatch.config import WindowSettings
 >>> from skewwatch.schemas.requests.columns import RequestColumns
@@ -30,7 +26,6 @@ True
 
 from __future__ import annotations
 
-import base64
 import struct
 import zlib
 from collections import Counter
@@ -42,26 +37,18 @@ import orjson
 
 from skewwatch.config import WindowSettings
 from skewwatch.pipeline.window.partition import N_SKETCHES, PartitionWindows, split_entries
-from skewwatch.pipeline.window.summary import _BATCH_N, _COUNT, _FILL_N, _STATS_LEN, _STATS_LEN_V1
+from skewwatch.pipeline.window.summary import _COUNT, _STATS_LEN
 
 SNAPSHOT_FORMAT = "skewwatch.partition-windows"
-# v2: stats rows gained _BATCH_N, _FILL_N, _DERIVED_N (v1 is still read); both are magic b"SWW1" +
-# zlib(JSON with the arrays in base64). v3: magic b"SWW3" + zlib(header length,
-# JSON header, then the same columns as raw little-endian bytes: stats column-major, sketch slots and
-# (when they fit) counts as uint16): ~35 % smaller and ~40 % less CPU than v2 on full windows.
-# v4 (written by default): the v3 layout, with sketch slots up to 3 * n_slots (the TPOT sketch);
-# v3/v2 can still be written for older readers (without the TPOT entries).
-SNAPSHOT_VERSION = 4
-_SNAPSHOT_MAGIC = b"SWW1"
-_SNAPSHOT_MAGIC_V3 = b"SWW3"
+SNAPSHOT_VERSION = 4  # the only version read: the latency, TTFT and TPOT sketches in one slot space
+_SNAPSHOT_MAGIC = b"SWW3"
 _HEADER = struct.Struct("<I")
 _SNAPSHOT_MAX_BYTES = 512 << 20  # refuse to inflate past this (a corrupt or hostile record)
 _U16_MAX = 0xFFFF
 
 
-def encode(windows: PartitionWindows, version: int = SNAPSHOT_VERSION) -> bytes:
-    """The complete state of ``windows`` as snapshot bytes, format ``version`` (4, or 3 / 2 for readers
-    from before v4 / v3: without the TPOT sketch, which they do not know). Open sketches are merged
+def encode(windows: PartitionWindows) -> bytes:
+    """The complete state of ``windows`` as snapshot bytes. Open sketches are merged
     in place first, which changes nothing observable: the live windows and a restored copy continue
     identically.
 
@@ -77,15 +64,12 @@ def encode(windows: PartitionWindows, version: int = SNAPSHOT_VERSION) -> bytes:
     key_of_row[rows] = np.arange(n_keys)
     n = w.n_buckets
     n_slots = w.bins.n_slots
-    if version not in (2, 3, 4):
-        raise ValueError(f"cannot write window snapshot v{version}")
-    spaces = N_SKETCHES if version >= 4 else 2  # combined slot spaces the reader knows
     blocks: list[tuple[int, npt.NDArray[np.float64], npt.NDArray[np.int32]]] = []  # (id, stats by key, entries)
     if w.closed_through is not None and n_keys:
         for bucket_id in range(w.closed_through - n + 1, w.closed_through + 1):
             sealed = w._ring[bucket_id % n]
             shifted = []
-            for k, part in enumerate(sealed[:spaces]):
+            for k, part in enumerate(sealed):
                 if k:
                     part = part.copy()
                     part[1] += k * n_slots
@@ -94,8 +78,6 @@ def encode(windows: PartitionWindows, version: int = SNAPSHOT_VERSION) -> bytes:
     open_cuda: dict[int, dict[int, Counter[str]]] = {}
     for bucket_id, bucket in sorted(w._open.items()):
         entries = bucket.sketch(N_SKETCHES * n_slots)
-        if spaces < N_SKETCHES:
-            entries = entries[:, entries[1] < spaces * n_slots]
         blocks.append((bucket_id, bucket.stats[rows], entries))
         open_cuda[bucket_id] = bucket.cuda_errors
 
@@ -133,7 +115,7 @@ def encode(windows: PartitionWindows, version: int = SNAPSHOT_VERSION) -> bytes:
 
     meta: dict[str, Any] = {
         "format": SNAPSHOT_FORMAT,
-        "v": version,
+        "v": SNAPSHOT_VERSION,
         "length_s": w.settings.length_s,
         "step_s": w.settings.step_s,
         "relative_accuracy": w.settings.sketch_relative_accuracy,
@@ -147,20 +129,6 @@ def encode(windows: PartitionWindows, version: int = SNAPSHOT_VERSION) -> bytes:
     stats_col = joined(b_stats, np.zeros((0, _STATS_LEN)))
     length_col = joined(b_len, np.zeros(0, np.int64)).astype(np.int32)
     sketch_col = joined(sketches, np.zeros((2, 0), np.int32), axis=1).astype(np.int32)
-    if version == 2:
-        doc = {
-            **meta,
-            "buckets": {
-                "key": _b64(key_col),
-                "id": _b64(id_col),
-                "stats": _b64(stats_col),
-                # each bucket's (2, k) sketch, concatenated along k, and the k of each
-                "sketch_len": _b64(length_col),
-                "sketch": _b64(sketch_col),
-            },
-            "cuda_errors": cuda_rows,
-        }
-        return _SNAPSHOT_MAGIC + zlib.compress(orjson.dumps(doc), 1)
     wide_counts = bool(sketch_col.shape[1]) and int(sketch_col[1].max()) > _U16_MAX
     header = orjson.dumps({**meta, "cuda_errors": cuda_rows, "buckets": int(key_col.size),
                            "entries": int(sketch_col.shape[1]), "wide_counts": wide_counts})
@@ -173,7 +141,7 @@ def encode(windows: PartitionWindows, version: int = SNAPSHOT_VERSION) -> bytes:
         sketch_col[0].astype("<u2").tobytes(),  # slots < 2 * n_slots (checked by LogBins' range)
         sketch_col[1].astype("<i4" if wide_counts else "<u2").tobytes(),
     ]
-    return _SNAPSHOT_MAGIC_V3 + zlib.compress(b"".join(parts), 1)
+    return _SNAPSHOT_MAGIC + zlib.compress(b"".join(parts), 1)
 
 
 def decode(data: bytes, settings: WindowSettings) -> PartitionWindows:
@@ -195,39 +163,17 @@ def _inflate(body: bytes) -> bytes:
     return raw
 
 
-def _read_json(data: bytes) -> tuple[dict[str, Any], Columns]:
-    """v1/v2: one JSON document, arrays in base64."""
-    doc = orjson.loads(_inflate(data[len(_SNAPSHOT_MAGIC):]))
-    version = doc.get("v")
-    if doc.get("format") != SNAPSHOT_FORMAT or version not in (1, 2):
-        raise ValueError(f"not a v1/v2 {SNAPSHOT_FORMAT} snapshot")
-    cols = doc["buckets"]
-    key = _unb64(cols["key"], np.int32)
-    n = key.size
-    ids = _unb64(cols["id"], np.int64, n)
-    if version == 1:  # before contract v1.1 every event had a reported batch size and capacity
-        stats_v1 = _unb64(cols["stats"], np.float64, n * _STATS_LEN_V1).reshape(n, _STATS_LEN_V1)
-        stats = np.zeros((n, _STATS_LEN))
-        stats[:, :_STATS_LEN_V1] = stats_v1
-        stats[:, _BATCH_N] = stats[:, _FILL_N] = stats_v1[:, _COUNT]
-    else:
-        stats = _unb64(cols["stats"], np.float64, n * _STATS_LEN).reshape(n, _STATS_LEN).copy()
-    lengths = _unb64(cols["sketch_len"], np.int32, n).astype(np.int64)
-    if lengths.size and lengths.min() < 0:
-        raise ValueError("negative sketch length")
-    total = int(lengths.sum())
-    sketch = _unb64(cols["sketch"], np.int32, 2 * total).reshape(2, total)
-    return doc, Columns(key, ids, stats, lengths, sketch)
-
-
 def _read_binary(data: bytes) -> tuple[dict[str, Any], Columns]:
-    """v3/v4: header length, JSON header, raw little-endian columns; every size checked."""
-    raw = _inflate(data[len(_SNAPSHOT_MAGIC_V3):])
+    """Header length, JSON header, raw little-endian columns; every size checked."""
+    raw = _inflate(data[len(_SNAPSHOT_MAGIC):])
     (header_len,) = _HEADER.unpack_from(raw)
     at = _HEADER.size + header_len
     doc = orjson.loads(raw[_HEADER.size:at])
-    if doc.get("format") != SNAPSHOT_FORMAT or doc.get("v") not in (3, 4):
-        raise ValueError(f"not a v3/v4 {SNAPSHOT_FORMAT} snapshot")
+    if doc.get("format") != SNAPSHOT_FORMAT:
+        raise ValueError(f"not a {SNAPSHOT_FORMAT} snapshot")
+    if doc.get("v") != SNAPSHOT_VERSION:
+        raise ValueError(f"unsupported {SNAPSHOT_FORMAT} snapshot version {doc.get('v')!r} "
+                         f"(this worker reads v{SNAPSHOT_VERSION})")
     n, total = int(doc["buckets"]), int(doc["entries"])
     if n < 0 or total < 0:
         raise ValueError("negative bucket or entry count")
@@ -251,7 +197,7 @@ def _read_binary(data: bytes) -> tuple[dict[str, Any], Columns]:
 
 
 class Columns(NamedTuple):
-    """A snapshot's buckets, whatever the version: key index, id, stats row, sketch length, and the
+    """A snapshot's buckets: key index, id, stats row, sketch length, and the
     sketches concatenated (row 0 combined latency/TTFT slots, row 1 counts)."""
 
     key: npt.NDArray[np.int32]
@@ -262,12 +208,9 @@ class Columns(NamedTuple):
 
 
 def _decode(data: bytes, settings: WindowSettings) -> PartitionWindows:
-    if data.startswith(_SNAPSHOT_MAGIC):
-        doc, cols = _read_json(data)
-    elif data.startswith(_SNAPSHOT_MAGIC_V3):
-        doc, cols = _read_binary(data)
-    else:
+    if not data.startswith(_SNAPSHOT_MAGIC):
         raise ValueError("not a window snapshot (bad magic)")
+    doc, cols = _read_binary(data)
     for name, have in (("length_s", settings.length_s), ("step_s", settings.step_s),
                        ("relative_accuracy", settings.sketch_relative_accuracy)):
         if doc[name] != have:
@@ -293,8 +236,7 @@ def _decode(data: bytes, settings: WindowSettings) -> PartitionWindows:
         raise ValueError("bucket refers to an unknown key")
     total = int(lengths.sum())
     n_slots = w.bins.n_slots
-    spaces = N_SKETCHES if doc["v"] >= 4 else 2  # before v4: latency and TTFT only
-    top = 2 * n_slots + (w.tpot_bins.n_slots if spaces > 2 else 0)  # TPOT slots in coarser bins
+    top = 2 * n_slots + w.tpot_bins.n_slots  # TPOT slots in coarser bins
     if total and (sketch[0].min() < 0 or sketch[0].max() >= top or sketch[1].min() <= 0):
         raise ValueError("sketch slot out of range or non-positive count")
     entry_bucket = np.repeat(np.arange(n), lengths)
@@ -337,14 +279,3 @@ def _decode(data: bytes, settings: WindowSettings) -> PartitionWindows:
             if i in cuda:
                 bucket.cuda_errors[int(key[i])] = Counter(cuda[i])
     return w
-
-
-def _b64(arr: npt.NDArray[Any]) -> str:
-    return base64.b64encode(np.ascontiguousarray(arr).tobytes()).decode("ascii")
-
-
-def _unb64(text: str, dtype: type, expected: int | None = None) -> npt.NDArray[Any]:
-    arr: npt.NDArray[Any] = np.frombuffer(base64.b64decode(text, validate=True), dtype=dtype)
-    if expected is not None and arr.size != expected:
-        raise ValueError(f"snapshot array has {arr.size} {np.dtype(dtype).name} values, expected {expected}")
-    return arr
