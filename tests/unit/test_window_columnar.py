@@ -193,3 +193,36 @@ def test_a_corrupt_snapshot_is_refused() -> None:
         with pytest.raises(ValueError):
             PartitionWindows.restore(blob, SETTINGS)
     assert PartitionWindows.restore(rebuilt(header), SETTINGS).snapshot() == data
+
+
+def test_the_exported_state_rebuilds_the_same_windows() -> None:
+    """export_state/from_state, the pair the snapshot goes through: a rebuilt partition exports the same
+    columns and continues as the original does; a state that does not describe windows is refused."""
+    rng = np.random.default_rng(64)
+    windows = PartitionWindows(SETTINGS)
+    events = random_events(rng, 1200, 1000.0, 1100.0, KEYS, batch_missing=0.3)
+    for i in range(0, len(events), 100):
+        windows.apply(RequestColumns.from_rows(sorted(events[i:i + 100], key=lambda e: e["ts"])))
+        windows.close_steps()
+    windows.apply(RequestColumns.from_rows([event(1099.0, model="llama", status="error", cuda_error="cudaErrorX")]))
+    state = windows.export_state()
+    assert state.cuda_errors and state.closed_through is not None and len(state.keys) == len(KEYS)
+    rebuilt = PartitionWindows.from_state(state, SETTINGS)
+    again = rebuilt.export_state()
+    for name, value in state._asdict().items():
+        other = getattr(again, name)
+        assert (np.array_equal(value, other) if isinstance(value, np.ndarray) else value == other), name
+    more = RequestColumns.from_rows([event(1101.0 + i, model="llama") for i in range(5)])
+    for w in (windows, rebuilt):
+        w.apply(more)
+        w.advance_watermark(1130.0)
+    assert [s.features for s in rebuilt.close_steps()] == [s.features for s in windows.close_steps()]
+    for bad in (state._replace(bucket_key=state.bucket_key + len(KEYS)),
+                state._replace(keys=state.keys + state.keys[:1]),
+                state._replace(sketch_lengths=state.sketch_lengths + 1),
+                state._replace(closed_through=(state.closed_through or 0) + 100),
+                state._replace(cuda_errors=[(len(state.bucket_id), {"x": 1})])):
+        with pytest.raises(ValueError):
+            PartitionWindows.from_state(bad, SETTINGS)
+    with pytest.raises(ValueError, match="step_s"):
+        PartitionWindows.from_state(state, WindowSettings(step_s=10.0))

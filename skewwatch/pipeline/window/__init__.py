@@ -4,7 +4,9 @@ Implements issue 2 "Windows" and DESIGN.md "Topology, state and recovery" (stage
 across replicas (issue 6). Modules: ``partition.py`` (the columnar state, ``apply``, ``close_steps``),
 ``steps.py`` (what a step returns: ``StepBatch`` columns, per-replica ``ReplicaStep`` on demand),
 ``summary.py`` (``WindowSummary``, the stage 1 -> 2 hand-off, and the feature definitions),
-``snapshot.py`` (checkpoint bytes).
+``partition_state.py`` (``PartitionState``: the partition as plain columns, what
+:meth:`PartitionWindows.export_state` gives and :meth:`PartitionWindows.from_state` takes) and
+``snapshot.py`` (a ``PartitionState`` as checkpoint bytes and back).
 
 * **Event time, watermark, lateness.** Each Kafka partition has one :class:`PartitionWindows`.
   Its watermark is ``max event ts seen - allowed_lateness_s`` (never moving back). A bucket
@@ -61,6 +63,7 @@ ApplyResult(accepted=0, late=1)
 from __future__ import annotations
 
 from skewwatch.pipeline.window.partition import ApplyResult, PartitionWindows
+from skewwatch.pipeline.window.partition_state import PartitionState
 from skewwatch.pipeline.window.snapshot import SNAPSHOT_FORMAT, SNAPSHOT_VERSION
 from skewwatch.pipeline.window.steps import ClosedSteps, ReplicaStep, StepBatch
 from skewwatch.pipeline.window.summary import (
@@ -80,6 +83,7 @@ __all__ = [
     "_STATS_LEN",
     "ApplyResult",
     "ClosedSteps",
+    "PartitionState",
     "PartitionWindows",
     "ReplicaStep",
     "StepBatch",
