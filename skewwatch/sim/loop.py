@@ -3,9 +3,9 @@
 Issue 5's ``dynamic`` policies (``dynamic``, ``dynamic_least_request``) apply the weights the
 worker publishes on ``llm.routing-corrections``, in lockstep on event time. The full loop runs the real worker on a
 real broker; this module is the same loop with the broker and worker replaced by the pure
-functions they run (:func:`skewwatch.pipeline.reference.reference_features` for the 60 s window,
-:func:`skewwatch.pipeline.weights.compute_weights` for the seed's formula), so a seeded closed
-loop runs in CI in seconds and the simulator's router can be checked on its own.
+code they run (:class:`skewwatch.pipeline.window.PartitionWindows` for the 60 s windows, one partition
+holding every replica, and :func:`skewwatch.pipeline.weights.compute_weights` for the seed's formula),
+so a seeded closed loop runs in CI in seconds and the simulator's router can be checked on its own.
 
 Use it as the simulator's ``on_step``: after step k's chunk is built, it computes every
 replica's features and weights from the events and telemetry of that chunk and the ones before,
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -33,11 +32,12 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from skewwatch.config import WindowSettings
 from skewwatch.kafka_client import client_kwargs
-from skewwatch.pipeline.reference import reference_features
 from skewwatch.pipeline.weights import WeightConfig, WeightInput, compute_weights
+from skewwatch.pipeline.window import PartitionWindows
+from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.emit import TopicMissingError
-from skewwatch.sim.generator import STEP_S, TrafficChunk, event_rows
+from skewwatch.sim.generator import STEP_S, TrafficChunk
 
 if TYPE_CHECKING:
     from skewwatch.sim.fleet import FleetSimulator
@@ -49,23 +49,25 @@ class LocalWeightsLoop:
     def __init__(self, window: WindowSettings | None = None, weights: WeightConfig | None = None) -> None:
         self.window = window or WindowSettings()
         self.weight_config = weights or WeightConfig()
-        self._events: deque[dict[str, Any]] = deque()
+        self._windows = PartitionWindows(self.window)
         self._telemetry: dict[str, TelemetrySample] = {}
         self._silent: dict[str, int] = {}
         self.corrections: list[dict[str, Any]] = []  # every correction applied, in order
 
     def __call__(self, sim: FleetSimulator, chunk: TrafficChunk) -> None:
         end = chunk.end_ts
-        self._events.extend(event_rows(chunk.requests))
-        while self._events and self._events[0]["ts"] < end - self.window.length_s:
-            self._events.popleft()
+        self._windows.apply(chunk.requests)
+        self._windows.advance_watermark(end)  # the chunk holds every request finished before its end
+        features = {(s.features.model, s.features.replica): s.features
+                    for s in self._windows.close_steps() if s.features.window_end == end}
         for sample in chunk.telemetry:
             self._telemetry[sample.replica] = sample
-        events = list(self._events)
         for model, pool in sim.pools.items():
             inputs = []
             for replica in pool:
-                fv = reference_features(events, model, replica.name, end, self.window)
+                fv = features.get((model, replica.name)) or FeatureVector(  # never seen, or released: silent
+                    model=model, replica=replica.name, window_start=end - self.window.length_s, window_end=end,
+                    count=0)
                 silent = 0 if fv.step_count else self._silent.get(replica.name, 0) + 1
                 self._silent[replica.name] = silent
                 tel = self._telemetry.get(replica.name)

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import strategies as st
 
 from skewwatch.config import WindowSettings
-from skewwatch.pipeline.reference import reference_features
 from skewwatch.pipeline.window import PartitionWindows, ReplicaStep, WindowSummary
 from skewwatch.pipeline.window.summary import TPOT_RELATIVE_ACCURACY
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.requests.columns import RequestColumns
+from tests.reference import reference_features
 
 SETTINGS = WindowSettings()  # 60 s window, 5 s step, 5 s lateness, 90 s idle release, 1 %
 QUANTILE_FIELDS = ("latency_p50", "latency_p95", "latency_p99", "ttft_p50", "ttft_p99")

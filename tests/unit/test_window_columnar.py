@@ -14,9 +14,9 @@ import pytest
 from hypothesis import strategies as st
 
 from skewwatch.config import WindowSettings
-from skewwatch.pipeline.reference import reference_features
 from skewwatch.pipeline.window import PartitionWindows, ReplicaStep, WindowSummary
 from skewwatch.schemas.requests.columns import RequestColumns
+from tests.reference import reference_features
 from tests.unit.test_window import assert_features_match, by_key, event, random_events
 
 SETTINGS = WindowSettings()
