@@ -33,7 +33,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
 from bench.scale import Fleet, fleet_replicas  # noqa: E402
 from skewwatch.agents.publish import KeyedPublisher  # noqa: E402
 from skewwatch.broker import EmbeddedBroker  # noqa: E402
-from skewwatch.pipeline.handoff import (  # noqa: E402
+from skewwatch.pipeline.replica_step_record import (  # noqa: E402
     decode_model_step,
     encode_model_step,
     read_step_header,

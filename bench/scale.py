@@ -12,7 +12,7 @@ Three parts, each selectable with ``--parts``:
     and publishing read: column ``build``), ``merge_model_features`` per model and
     ``ModelDecider.step`` per model (every detector, health, weights, correction). The stage 1 -> 2
     hand-off the worker also pays per replica (one record per partition, model and step, encoded in
-    stage 1 and decoded in stage 2: ``skewwatch.pipeline.handoff``) is timed separately.
+    stage 1 and decoded in stage 2: ``skewwatch.pipeline.replica_step_record``) is timed separately.
     Target: <= 250 ms at 10k, linear in replicas.
 ``memory``
     Window state per active replica (tracemalloc: bytes still allocated after building 8
@@ -75,15 +75,15 @@ from bench.throughput.common import (  # noqa: E402
     spread,
 )
 from skewwatch.config import WindowSettings  # noqa: E402
-from skewwatch.pipeline.decide import ModelDecider  # noqa: E402
 from skewwatch.pipeline.detector_settings import DetectorSettings  # noqa: E402
-from skewwatch.pipeline.handoff import (  # noqa: E402
+from skewwatch.pipeline.model_decisions import ModelDecider  # noqa: E402
+from skewwatch.pipeline.model_merge import merge_model_features  # noqa: E402
+from skewwatch.pipeline.replica_step_record import (  # noqa: E402
     decode_model_step,
     encode_model_step,
     read_step_header,
     step_header,
 )
-from skewwatch.pipeline.model_merge import merge_model_features  # noqa: E402
 from skewwatch.pipeline.window import ClosedSteps, PartitionWindows, ReplicaStep  # noqa: E402
 from skewwatch.schemas.requests.columns import RequestColumns  # noqa: E402
 

@@ -46,12 +46,12 @@ COMMANDS: dict[str, str] = {
     "broker": "skewwatch.broker.command:broker_command",
     "topics": "skewwatch.topics:topics_command",
     "worker": "skewwatch.agents.app:worker_command",
-    "generate": "skewwatch.generate:generate_command",
-    "simulate": "skewwatch.sim.cli:simulate_command",
+    "generate": "skewwatch.sim.generate_command:generate_command",
+    "simulate": "skewwatch.sim.simulate_command:simulate_command",
     "demo": "skewwatch.demo:demo_command",
     "otlp-receiver": "skewwatch.otlp.receiver:otlp_receiver_command",
-    "collect-gpu": "skewwatch.telemetry.collector:collect_gpu_command",
-    "scrape": "skewwatch.telemetry.bridges:scrape_command",
+    "collect-gpu": "skewwatch.collect.collect_gpu_command:collect_gpu_command",
+    "scrape": "skewwatch.collect.scrape_command:scrape_command",
 }
 
 

@@ -125,8 +125,8 @@ async def _watch(bootstrap: str, settings: Settings, duration: float | None,
 def check_generate_arguments(args: list[str]) -> None:
     """Parse ``skewwatch generate`` arguments as the child process will, --inject included: ConfigProblem
     (exit code 2) naming what is wrong, before a broker or a worker is started."""
-    from skewwatch.generate import build_injections, generate_command
     from skewwatch.sim.faults import FAULT_KINDS, FaultError
+    from skewwatch.sim.generate_command import build_injections, generate_command
 
     try:
         params = generate_command.make_context("generate", list(args)).params

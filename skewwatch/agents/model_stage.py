@@ -1,8 +1,8 @@
 """Stage 2: replica step summaries (partitioned by model) -> per-model features and decisions.
 
-For each model it waits until the step is complete (:mod:`skewwatch.pipeline.assembler`),
+For each model it waits until the step is complete (:mod:`skewwatch.pipeline.step_completion`),
 merges the replicas' mergeable summaries into the per-model feature vector, runs the model's
-:class:`~skewwatch.pipeline.decide.ModelDecider` (detectors, health, weights), and publishes
+:class:`~skewwatch.pipeline.model_decisions.ModelDecider` (detectors, health, weights), and publishes
 the model's features, alerts and routing correction. Its state (pending steps, detector
 state, last correction per model) is checkpointed with the offset it covers, exactly like
 stage 1 (:class:`~skewwatch.agents.commit.CommitPipeline`: once its outputs are acknowledged, at
@@ -27,12 +27,12 @@ from skewwatch.agents.checkpoint import Checkpoint
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.stage import CheckpointedStage
 from skewwatch.config import Settings
-from skewwatch.pipeline.assembler import DEFAULT_MAX_PENDING, ModelStep, StepAssembler
 from skewwatch.pipeline.corrections import RoutingCorrection
-from skewwatch.pipeline.decide import ModelDecider
 from skewwatch.pipeline.detector_settings import DetectorSettings
-from skewwatch.pipeline.handoff import model_step_inputs, read_step_header
+from skewwatch.pipeline.model_decisions import ModelDecider
 from skewwatch.pipeline.model_merge import merge_model_features
+from skewwatch.pipeline.replica_step_record import model_step_inputs, read_step_header
+from skewwatch.pipeline.step_completion import DEFAULT_MAX_PENDING, ModelStep, StepAssembler
 from skewwatch.schemas.features import encode_features
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 

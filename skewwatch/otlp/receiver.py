@@ -152,13 +152,13 @@ class ListPublisher:
 
 
 class KafkaPublisher:
-    """Publishes through two :class:`~skewwatch.bounded_producer.BoundedProducer` (never blocks):
+    """Publishes through two :class:`~skewwatch.client.bounded_producer.BoundedProducer` (never blocks):
     request events to ``topic``, dead letters to ``dead_letter_topic``."""
 
     def __init__(self, bootstrap: str, topic: str, *, dead_letter_topic: str = "llm.dead-letter",
                  max_buffered: int = 10_000, client_options: Mapping[str, Any] | None = None,
                  watch: BrokerWatch | None = None) -> None:
-        from skewwatch.bounded_producer import BoundedProducer
+        from skewwatch.client.bounded_producer import BoundedProducer
 
         security = dict(client_options or {})  # TLS / SASL (skewwatch.kafka_security)
         self.watch = watch

@@ -49,7 +49,7 @@ State is bounded: per key the newest ``history`` samples, sized from the window 
 :func:`history_for` (23 with the defaults: 110 s at the 5 s interval, see there). The history is
 what lets a step find its sample when the worker reads telemetry ahead of requests (catching up
 on a backlog, stage 1 was measured reading telemetry ~45 s of event time ahead of the requests
-it was closing steps for, before :mod:`~skewwatch.pipeline.telemetry_flow` bounded that); a step
+it was closing steps for, before :mod:`~skewwatch.pipeline.telemetry_pacing` bounded that); a step
 whose samples have all been pushed out of the history sees no telemetry (stale), as during an
 outage, and never a sample from its future. Keys of a replica not heard from for
 ``retain_s`` are dropped when the replica's next sample comes, at most ``max_keys_per_replica``
@@ -225,7 +225,7 @@ def history_for(window: WindowSettings, interval_s: float | None = None, spare: 
     """Samples per key the join must keep so that every step stage 1 closes still finds its own.
 
     Stage 1 joins a telemetry sample only once it is at most ``telemetry_ahead_s`` past the
-    requests' event time (:mod:`~skewwatch.pipeline.telemetry_flow`); a catch-up poll is applied
+    requests' event time (:mod:`~skewwatch.pipeline.telemetry_pacing`); a catch-up poll is applied
     in slices of ``telemetry_ahead_s / 2`` of event time, each after joining the telemetry up to
     its newest event + ``telemetry_ahead_s``, and closes the steps the slice completes. So when a
     step ending at ``T`` closes, the newest sample held is at most ``ahead + ahead / 2 +

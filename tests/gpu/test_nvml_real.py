@@ -16,11 +16,11 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from skewwatch.collect.collect_gpu_command import run_collector
+from skewwatch.collect.nvml_collector import NvmlReader
+from skewwatch.collect.publish import encode_sample
 from skewwatch.schemas.telemetry import decode_telemetry
 from skewwatch.schemas.telemetry_sample import TelemetrySample
-from skewwatch.telemetry.collector import run_collector
-from skewwatch.telemetry.nvml_collector import NvmlReader
-from skewwatch.telemetry.publish import encode_sample
 
 REPO = Path(__file__).resolve().parents[2]
 

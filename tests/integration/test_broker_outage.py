@@ -22,8 +22,8 @@ import orjson
 import pytest
 
 from skewwatch.broker import EmbeddedBroker
+from skewwatch.client.request_producer import RequestEventProducer
 from skewwatch.kafka_client import run_blocking
-from skewwatch.producer import RequestEventProducer
 from skewwatch.topics import ensure_topics
 from tests.conftest import unique_settings
 from tests.integration.worker_proc import WorkerProcess, consume_until

@@ -27,10 +27,10 @@ import msgspec
 import orjson
 import pytest
 
+from skewwatch.client.request_producer import RequestEventProducer
 from skewwatch.config import KafkaSettings, Settings
 from skewwatch.kafka_client import run_blocking
 from skewwatch.kafka_security import client_options
-from skewwatch.producer import RequestEventProducer
 from skewwatch.topics import ensure_topics
 from tests.conftest import unique_settings
 from tests.integration.commands import one_line_error

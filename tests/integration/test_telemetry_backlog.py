@@ -5,7 +5,7 @@ outage). Telemetry is small, so the first fetches bring all of it while the requ
 the join keeps 32 samples per key (160 s at the 5 s interval), so without flow control the samples of
 the early steps are pushed out before those steps close and they see their telemetry as stale. The
 worker holds telemetry that runs more than ``[window] telemetry_ahead_s`` ahead of the requests'
-watermark and pauses its partition (``pipeline/telemetry_flow.py``): every step must carry a fresh
+watermark and pauses its partition (``pipeline/telemetry_pacing.py``): every step must carry a fresh
 sample from its own time.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from skewwatch.kafka_client import run_blocking
-from skewwatch.pipeline.handoff import read_step_header, replica_step_dicts
+from skewwatch.pipeline.replica_step_record import read_step_header, replica_step_dicts
 from skewwatch.sim.emit import produce_traffic
 from skewwatch.sim.generator import GeneratorConfig, generate_chunks
 from skewwatch.topics import delete_topics, ensure_topics

@@ -28,7 +28,7 @@ import pytest
 
 from skewwatch.config import Settings
 from skewwatch.kafka_client import run_blocking
-from skewwatch.pipeline.handoff import read_step_header, replica_step_dicts
+from skewwatch.pipeline.replica_step_record import read_step_header, replica_step_dicts
 from skewwatch.schemas.telemetry import decode_telemetry, encode_telemetry
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.emit import produce_traffic

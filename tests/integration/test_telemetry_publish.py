@@ -24,12 +24,12 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, ConsumerRecord
 
-from skewwatch.bounded_producer import BoundedProducer
+from skewwatch.client.bounded_producer import BoundedProducer
+from skewwatch.collect.publish import publish_sample
+from skewwatch.collect.scrape_command import Scraper, run_bridge
 from skewwatch.config import Settings
 from skewwatch.schemas.telemetry import decode_telemetry
 from skewwatch.schemas.telemetry_sample import TelemetrySample
-from skewwatch.telemetry.bridges import Scraper, run_bridge
-from skewwatch.telemetry.publish import publish_sample
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"

@@ -25,12 +25,12 @@ import pynvml
 import pytest
 from click.testing import CliRunner
 
+from skewwatch.collect.collect_gpu_command import collect_gpu_command, run_collector
+from skewwatch.collect.nvml_collector import NvmlReader, NvmlUnavailable, SimulatedReader
+from skewwatch.collect.publish import encode_sample
+from skewwatch.collect.replica_map import ReplicaMapError, load_replica_map
 from skewwatch.schemas.telemetry import decode_telemetry
 from skewwatch.schemas.telemetry_sample import TelemetrySample
-from skewwatch.telemetry.collector import collect_gpu_command, run_collector
-from skewwatch.telemetry.nvml_collector import NvmlReader, NvmlUnavailable, SimulatedReader
-from skewwatch.telemetry.publish import encode_sample
-from skewwatch.telemetry.replica_map import ReplicaMapError, load_replica_map
 
 REPO = Path(__file__).resolve().parents[2]
 UNSUPPORTED = "unsupported"  # marker in a FakeGpu field: that NVML call raises NVMLError_NotSupported

@@ -6,7 +6,7 @@ waiting for the next interval (so ``gpu_health`` can drain within one step); no 
 one-line error and exit code 1 unless ``--simulate``; a broker outage costs buffered-then-
 dropped samples (counted), never a stalled NVML loop: NVML reads and XID waits run in worker
 threads with timeouts and publishing is a non-blocking
-:meth:`~skewwatch.bounded_producer.BoundedProducer.offer`.
+:meth:`~skewwatch.client.bounded_producer.BoundedProducer.offer`.
 
 ``--once`` reads one round and prints one JSON sample per line, no Kafka (handy to check a
 node)::
@@ -15,7 +15,7 @@ node)::
     {"ts":...,"replica":"n1-gpu0","source":"simulated","node":"n1","gpu_index":0,...}
 
 >>> import asyncio
->>> from skewwatch.telemetry.nvml_collector import SimulatedReader
+>>> from skewwatch.collect.nvml_collector import SimulatedReader
 >>> reader = SimulatedReader(gpus=2, node="n1", seed=0)
 >>> got = []
 >>> asyncio.run(run_collector(reader, got.append, interval_s=0.01, stop=None, max_rounds=3))
@@ -35,17 +35,17 @@ from pathlib import Path
 
 import click
 
-from skewwatch.bounded_producer import BoundedProducer
 from skewwatch.cli import command_settings
+from skewwatch.client.bounded_producer import BoundedProducer
+from skewwatch.collect.nvml_collector import GpuReader, NvmlReader, NvmlUnavailable, SimulatedReader
+from skewwatch.collect.publish import encode_sample, publish_sample, require_delivered, stop_on_signals
+from skewwatch.collect.replica_map import ReplicaMapError, load_replica_map
 from skewwatch.config import KafkaSettings
 from skewwatch.errors import ConfigProblem
 from skewwatch.kafka_client import require_bootstrap
 from skewwatch.kafka_security import client_options, describe_listener
 from skewwatch.logs import logging_options, setup_logging, skewwatch_version
 from skewwatch.schemas.telemetry_sample import TelemetrySample
-from skewwatch.telemetry.nvml_collector import GpuReader, NvmlReader, NvmlUnavailable, SimulatedReader
-from skewwatch.telemetry.publish import encode_sample, publish_sample, require_delivered, stop_on_signals
-from skewwatch.telemetry.replica_map import ReplicaMapError, load_replica_map
 
 log = logging.getLogger(__name__)
 

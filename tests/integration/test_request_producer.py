@@ -18,9 +18,9 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer
 
+from skewwatch.client import RequestEventProducer
 from skewwatch.config import Settings
 from skewwatch.ports import free_port
-from skewwatch.producer import RequestEventProducer
 
 GOOD = {"latency_ms": 120.0, "prompt_tokens": 10, "completion_tokens": 20, "batch_size": 4, "batch_capacity": 16}
 WORST_CALL_S = 0.5  # no record() call may take longer, even with GC pauses on 2 shared cores

@@ -34,9 +34,9 @@ from typing import Any, Protocol, TypeVar
 
 import pynvml
 
+from skewwatch.collect.replica_map import replica_for
+from skewwatch.collect.xid_window import XidWindow
 from skewwatch.schemas.telemetry_sample import TelemetrySample
-from skewwatch.telemetry.replica_map import replica_for
-from skewwatch.telemetry.xid_window import XidWindow
 
 log = logging.getLogger(__name__)
 

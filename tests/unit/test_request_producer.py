@@ -1,5 +1,5 @@
 """RequestEventProducer at the call site: the worker's validation, drop-oldest, bounded blocking.
-(Delivery through a real broker, down and back up: tests/integration/test_producer_helper.py.)"""
+(Delivery through a real broker, down and back up: tests/integration/test_request_producer.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from skewwatch.producer import RequestEventProducer
+from skewwatch.client import RequestEventProducer
 from skewwatch.schemas.requests import check_request_event
 
 GOOD = {"latency_ms": 120.0, "prompt_tokens": 10, "completion_tokens": 20, "batch_size": 4, "batch_capacity": 16}

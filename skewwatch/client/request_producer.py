@@ -8,7 +8,7 @@ field at the call site, with the same reason text the dead-letter topic would sh
 
 How it works: :meth:`RequestEventProducer.record` validates, then appends the event to a
 ``collections.deque`` under a lock (O(1), no I/O, no await). A daemon thread runs its own asyncio
-loop with a :class:`~skewwatch.bounded_producer.BoundedProducer` (aiokafka, reconnects with
+loop with a :class:`~skewwatch.client.bounded_producer.BoundedProducer` (aiokafka, reconnects with
 back-off). The thread takes up to ``batch_size`` events, encodes them as one message keyed by the
 replica, and hands it over, one message at a time, so back-pressure stays in the event buffer
 where it is counted per event. Memory is bounded by ``max_buffer + batch_size`` events (the
@@ -37,7 +37,7 @@ from collections import deque
 from types import TracebackType
 from typing import Any
 
-from skewwatch.bounded_producer import BoundedProducer
+from skewwatch.client.bounded_producer import BoundedProducer
 from skewwatch.config import KafkaSettings, LimitSettings
 from skewwatch.kafka_security import client_options
 from skewwatch.schemas.requests import check_request_event, encode_request_events

@@ -1,4 +1,4 @@
-"""Flow control of telemetry against the requests' watermark (issue 4, "In the worker").
+"""Telemetry paced by the requests' watermark: samples too far ahead wait, their partition paused.
 
 Stage 1 reads ``llm.gpu-telemetry`` and ``llm.requests`` in the same consumer. In steady state both
 move together, but after a restart or an outage the worker catches up on a backlog, and telemetry
@@ -7,7 +7,7 @@ bounded history (:class:`~skewwatch.pipeline.telemetry_join.TelemetryJoin`, 23 s
 110 s at the 5 s interval, sized for this flow control) would then hold only samples from minutes
 *after* the steps being closed, and those steps would see their telemetry as stale.
 
-:class:`TelemetryFlow` sits between the fetch and the join. A sample more than ``ahead_s`` of event
+:class:`TelemetryPacer` sits between the fetch and the join. A sample more than ``ahead_s`` of event
 time past the requests' watermark is *held* (in partition order) instead of joined, and its
 partition is paused while it holds anything, so at most one fetch per partition waits in memory;
 held samples are released to the join as the watermark comes within reach, and the partition is
@@ -17,7 +17,7 @@ Until a request has been seen (no watermark) nothing is held: telemetry alone mu
 
 Pure: the caller applies the pause/resume sets with the consumer's ``pause``/``resume``.
 
->>> flow = TelemetryFlow[str](ahead_s=60.0)
+>>> flow = TelemetryPacer[str](ahead_s=60.0)
 >>> flow.offer(0, [(1_000.0, "a"), (1_050.0, "b")], watermark=950.0)
 ['a']
 >>> flow.pause_resume()
@@ -38,7 +38,7 @@ from typing import Generic, TypeVar
 Sample = TypeVar("Sample")
 
 
-class TelemetryFlow(Generic[Sample]):
+class TelemetryPacer(Generic[Sample]):
     """Holds telemetry that runs more than ``ahead_s`` ahead of the requests' watermark."""
 
     def __init__(self, ahead_s: float = 60.0) -> None:

@@ -5,9 +5,9 @@ with prometheus_client's parser, not by hand." A deployment plugs in without cha
 servers: point one bridge at each engine's ``/metrics`` (``--replica`` = the replica id the
 router uses) and one at each node's DCGM exporter (replica from ``--replica``, the ``pod``
 label, or ``<Hostname>-gpu<index>``). The mapping itself is the data tables of
-:mod:`skewwatch.telemetry.engine_maps`; this module only fetches (aiohttp), keeps the
+:mod:`skewwatch.collect.engine_maps`; this module only fetches (aiohttp), keeps the
 per-target counter state across scrapes and publishes through
-:class:`~skewwatch.bounded_producer.BoundedProducer`.
+:class:`~skewwatch.client.bounded_producer.BoundedProducer`.
 
 A failed scrape (endpoint down, timeout, unparsable text) publishes nothing for that
 interval: missing telemetry means unknown, and the worker treats the replica's last sample
@@ -15,7 +15,7 @@ as stale after three intervals.
 
 ``--batch-capacity N`` (contract v1.1) fills ``batch_capacity``, the most requests the replica
 runs at once, for engines that do not expose it (vLLM ``--max-num-seqs``, TGI
-``--max-batch-size``; see :mod:`~skewwatch.telemetry.engine_maps`): the worker derives the
+``--max-batch-size``; see :mod:`~skewwatch.collect.engine_maps`): the worker derives the
 batch fill of OTLP requests from it. A capacity the endpoint does expose wins over the flag
 (it is what the engine runs with now), with one warning when they differ.
 
@@ -39,15 +39,15 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import click
 
-from skewwatch.bounded_producer import BoundedProducer
 from skewwatch.cli import command_settings
+from skewwatch.client.bounded_producer import BoundedProducer
+from skewwatch.collect.engine_maps import ENGINE_MAPS, CounterTracker, EngineMap, map_exposition
+from skewwatch.collect.publish import encode_sample, publish_sample, require_delivered, stop_on_signals
 from skewwatch.config import KafkaSettings
 from skewwatch.kafka_client import require_bootstrap
 from skewwatch.kafka_security import client_options, describe_listener
 from skewwatch.logs import logging_options, setup_logging, skewwatch_version
 from skewwatch.schemas.telemetry_sample import TelemetrySample
-from skewwatch.telemetry.engine_maps import ENGINE_MAPS, CounterTracker, EngineMap, map_exposition
-from skewwatch.telemetry.publish import encode_sample, publish_sample, require_delivered, stop_on_signals
 
 log = logging.getLogger(__name__)
 

@@ -47,8 +47,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import orjson
 
-from skewwatch.pipeline.assembler import ModelStep
 from skewwatch.pipeline.sketch import log_bins
+from skewwatch.pipeline.step_completion import ModelStep
 from skewwatch.pipeline.window import ReplicaStep, WindowSummary
 from skewwatch.pipeline.window.summary import SUMMARY_VERSION
 from skewwatch.schemas.feature_vector import FeatureVector

@@ -18,10 +18,10 @@ from skewwatch.pipeline.corrections import (
     should_publish,
     step_seq,
 )
-from skewwatch.pipeline.decide import ModelDecider, StepDecision
 from skewwatch.pipeline.detector_settings import DetectorSettings
 from skewwatch.pipeline.detectors.alerts import Action, Severity
 from skewwatch.pipeline.detectors.registry import DETECTORS
+from skewwatch.pipeline.model_decisions import ModelDecider, StepDecision
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
@@ -343,7 +343,7 @@ MODULES = [
     "skewwatch.pipeline.batch_controller",
     "skewwatch.pipeline.weights",
     "skewwatch.pipeline.corrections",
-    "skewwatch.pipeline.decide",
+    "skewwatch.pipeline.model_decisions",
     "skewwatch.pipeline.detectors.alerts",
     "skewwatch.pipeline.detectors.hysteresis",
     "skewwatch.pipeline.detectors.step_columns",

@@ -2,7 +2,7 @@
 
 Stage 1 (partitioned by replica) sends, for every closed step, one record per (input partition,
 model) holding a summary of every replica of that model there, silent replicas included
-(:mod:`skewwatch.pipeline.handoff`); stage 2 (partitioned by model) must have *all* of a model's
+(:mod:`skewwatch.pipeline.replica_step_record`); stage 2 (partitioned by model) must have *all* of a model's
 replicas for a step before it merges them and normalises weights. The replicas of a model are spread
 over stage 1's input partitions, and those partitions progress at different speeds (one may be
 replaying a backlog while another is live), so "every replica I know of has reported" is not
@@ -62,7 +62,7 @@ class ModelStep:
     model: str
     window_end: float
     # (input partition, part) -> the record of the model's replicas that partition closed this step (one
-    # record per input partition, model and step, split in parts past a size; pipeline/handoff.py)
+    # record per input partition, model and step, split in parts past a size; pipeline/replica_step_record.py)
     chunks: dict[tuple[int, int], Any] = field(default_factory=dict)
     complete: bool = True  # False: released by the memory bound before every input partition reported
 

@@ -2,7 +2,7 @@
 
 Issue 4: topic ``llm.gpu-telemetry``, key = replica id (so a replica's telemetry shares the
 partition of its request events), published through
-:class:`~skewwatch.bounded_producer.BoundedProducer` so a broker outage never stalls sampling.
+:class:`~skewwatch.client.bounded_producer.BoundedProducer` so a broker outage never stalls sampling.
 
 The wire encoding is ``skewwatch.schemas.telemetry.encode_telemetry`` (the JSON Schema
 contract) when that module is present; until then ``orjson`` of ``sample.to_dict()``, the
@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import orjson
 
-from skewwatch.bounded_producer import BoundedProducer
+from skewwatch.client.bounded_producer import BoundedProducer
 from skewwatch.errors import NothingSent
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 

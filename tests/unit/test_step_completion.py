@@ -1,4 +1,4 @@
-"""Stage 2's completion rule (skewwatch.pipeline.assembler): the min-watermark over input partitions.
+"""Stage 2's completion rule (skewwatch.pipeline.step_completion): the min-watermark over input partitions.
 
 A model's step arrives as one record (chunk) per input partition holding that partition's replicas of
 the model; each test names a chunk by the payload it carries.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from skewwatch.pipeline.assembler import StepAssembler
+from skewwatch.pipeline.step_completion import StepAssembler
 
 
 def test_step_waits_for_every_input_partition() -> None:
@@ -147,7 +147,7 @@ def test_stage2_checkpoint_holds_records_and_decodes_them_when_the_step_complete
     from skewwatch.agents.model_stage import PartitionModels
     from skewwatch.config import Settings, WindowSettings
     from skewwatch.pipeline.detector_settings import DetectorSettings
-    from skewwatch.pipeline.handoff import encode_model_step, model_step_inputs
+    from skewwatch.pipeline.replica_step_record import encode_model_step, model_step_inputs
     from skewwatch.pipeline.window import PartitionWindows
     from skewwatch.schemas.requests.columns import RequestColumns
     from skewwatch.schemas.telemetry_sample import TelemetrySample

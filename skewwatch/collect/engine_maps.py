@@ -4,7 +4,7 @@ Issue 4 ("Bridges"): deployments already expose engine and GPU state on Promethe
 endpoints (vLLM, SGLang, TGI, DCGM exporter); the bridge maps them onto the
 ``gpu-telemetry`` schema without changing the servers. DESIGN item 6: field names map one
 to one to what DCGM exporter and vLLM expose. This module is pure (text in, samples out);
-the HTTP scraping lives in :mod:`skewwatch.telemetry.bridges`.
+the HTTP scraping lives in :mod:`skewwatch.collect.scrape_command`.
 
 A table is a tuple of rules. For each field the FIRST rule that yields a value wins, and
 inside a rule the first metric name present wins (current name first, legacy aliases

@@ -20,17 +20,17 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from skewwatch.schemas.telemetry import decode_telemetry
-from skewwatch.schemas.telemetry_sample import TelemetrySample
-from skewwatch.telemetry.bridges import ScrapeError, Scraper, run_bridge, scrape_command
-from skewwatch.telemetry.engine_maps import (
+from skewwatch.collect.engine_maps import (
     ENGINE_MAPS,
     MIB,
     CounterTracker,
     map_exposition,
     normalize_name,
 )
-from skewwatch.telemetry.publish import encode_sample
+from skewwatch.collect.publish import encode_sample
+from skewwatch.collect.scrape_command import ScrapeError, Scraper, run_bridge, scrape_command
+from skewwatch.schemas.telemetry import decode_telemetry
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

@@ -1,4 +1,4 @@
-"""The stage 1 -> stage 2 record (skewwatch.pipeline.handoff): one record per input partition, model
+"""The stage 1 -> stage 2 record (skewwatch.pipeline.replica_step_record): one record per input partition, model
 and step, decoding to exactly the objects stage 1 closed (what their to_dict/from_dict gives)."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import orjson
 import pytest
 
 from skewwatch.config import WindowSettings
-from skewwatch.pipeline.assembler import ModelStep, StepAssembler
-from skewwatch.pipeline.handoff import (
+from skewwatch.pipeline.replica_step_record import (
     decode_model_step,
     encode_model_step,
     model_step_inputs,
@@ -22,6 +21,7 @@ from skewwatch.pipeline.handoff import (
     replica_step_dicts,
     step_header,
 )
+from skewwatch.pipeline.step_completion import ModelStep, StepAssembler
 from skewwatch.pipeline.window import PartitionWindows, ReplicaStep, WindowSummary
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.requests.columns import RequestColumns

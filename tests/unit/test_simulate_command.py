@@ -8,8 +8,8 @@ import orjson
 from click.testing import CliRunner
 
 from skewwatch.schemas.requests import check_request_event
-from skewwatch.sim.cli import simulate_command
 from skewwatch.sim.faults import read_labels
+from skewwatch.sim.simulate_command import simulate_command
 
 T0 = 1_700_000_000.0
 

@@ -43,7 +43,6 @@ import orjson
 
 from skewwatch.cli import command_settings
 from skewwatch.errors import ConfigProblem, KafkaUnreachable
-from skewwatch.generate import build_injections, parse_speed, parse_start_ts
 from skewwatch.kafka_client import check_kafka, require_bootstrap
 from skewwatch.kafka_security import client_options
 from skewwatch.logs import logging_options, quiet_libraries, setup_logging
@@ -51,6 +50,7 @@ from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.faults import FAULT_KINDS, FaultError, write_labels
 from skewwatch.sim.fleet import FleetConfig, FleetSimulator, fleet_replicas
+from skewwatch.sim.generate_command import build_injections, parse_speed, parse_start_ts
 from skewwatch.sim.generator import TrafficChunk, event_rows
 from skewwatch.sim.loop import LocalWeightsLoop
 from skewwatch.sim.router import CORRECTION_POLICIES, POLICIES
