@@ -1,7 +1,8 @@
 """The wire contracts: versioned JSON Schema files and the Python code that decodes/encodes them.
 
-DESIGN.md ("schemas/"): every topic's record is described by a JSON Schema (draft 2020-12) shipped
-in this package, and decoded by the module beside it. docs/contracts.md documents every field.
+Every topic's record is described by a JSON Schema (draft 2020-12) shipped in this package, and
+decoded by the module beside it; nothing here imports the engine (docs/design.md, "Pure pipeline,
+thin agents, contracts at the bottom"). docs/contracts.md documents every field.
 
 >>> sorted(SCHEMA_FILES)[:2]
 ['dead-letter.v1', 'features.v1']

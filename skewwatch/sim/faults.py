@@ -1,8 +1,8 @@
 """Injected faults and their ground truth: what goes wrong, on which replica, when.
 
-Issue 3 gives the generator ``--inject KIND --replica R --at T --for D`` so that each of the
-seed's detectors (DESIGN.md items 3-5) can be seen to fire; issue 5 asks for the same faults in
-the simulator with a labels file (JSON list of ``{replica, kind, start, end}``, event-time epoch
+The generator takes ``--inject KIND --replica R --at T --for D`` so that each of the seed's
+detectors (seed §2.4, §2.5, §4.3) can be seen to fire, and the simulator takes the same faults,
+with a labels file (JSON list of ``{replica, kind, start, end}``, event-time epoch
 seconds) as ground truth for the detection-quality benchmark. This module is the one
 description of a fault that both the statistical generator and the fleet simulator read; each
 decides how to realise it. Every kind has documented parameters whose defaults are chosen to

@@ -1,4 +1,4 @@
-"""Discrete-event fleet simulator: continuous batching per replica, a router in front (issue 5).
+"""Discrete-event fleet simulator: continuous batching per replica, a router in front.
 
 Where :mod:`skewwatch.sim.generator` draws latencies from distributions, this module derives
 them: requests from a real trace (arrival times and token lengths, scaled to a target share of

@@ -1,4 +1,4 @@
-"""``skewwatch simulate``: the fleet simulator from the command line (issue 5).
+"""``skewwatch simulate``: the fleet simulator from the command line.
 
 Runs :class:`~skewwatch.sim.fleet.FleetSimulator` for ``--duration`` seconds of event time, as
 fast as the machine allows (or paced with ``--speed``), and sends what the fleet reports:

@@ -1,12 +1,12 @@
 """Request traces: arrival times and prompt/completion lengths from a CSV, as numpy arrays.
 
-Issue 2 asks for token lengths resampled from the real Azure LLM inference traces, and issue 5
-for "any trace with timestamp, prompt tokens, completion tokens columns" through a documented
-column mapping. This module is that mapping and nothing more: it reads a CSV, picks three
+The generator resamples token lengths from the real Azure LLM inference traces, and the
+simulator replays any trace with timestamp, prompt-token and completion-token columns through a
+documented column mapping. This module is that mapping and nothing more: it reads a CSV, picks three
 columns by name, and hands back plain arrays (no Kafka, no clock).
 
 The two Azure traces (Patel et al., "Splitwise", ISCA 2024; CC-BY 4.0, see
-``skewwatch/data/SOURCE.md``) ship inside the package, so nothing reads ``../shared`` at run time.
+``skewwatch/data/SOURCE.md``) ship inside the package, so nothing outside it is read at run time.
 ``load_trace("conv")`` and ``load_trace("code")`` name them; any other value is a path.
 
 The timestamp column may hold ISO-like date-times (``2023-11-16 18:17:03.9799600``, as in the
