@@ -1,4 +1,4 @@
-"""Issue 3 end to end on the real broker: the generator injects one anomaly on one replica of
+"""Detection end to end on the real broker: the generator injects one anomaly on one replica of
 several; the right alert and action appear for that replica only, within 20 s of event time after
 the rule's persistence is met, no alert fires on the clean replicas, and the faulty replica's weight
 drops below its peers."""

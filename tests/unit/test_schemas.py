@@ -165,7 +165,7 @@ def test_schema_and_decoder_agree_on_generated_messages(events: list[dict[str, A
 @given(st.lists(st.lists(json_events(), min_size=1, max_size=3), min_size=1, max_size=6), st.booleans())
 def test_schema_and_decoder_agree_message_by_message_on_a_generated_poll(messages: list[list[dict[str, Any]]],
                                                                          batch_form: bool) -> None:
-    # a whole poll, as the worker decodes it (issue 6: one msgspec pass when every message is clean)
+    # a whole poll, as the worker decodes it (one msgspec pass when every message is clean)
     values = [orjson.dumps({"events": events} if batch_form else events[0]) for events in messages]
     decoded = decode_request_messages(values, LIMITS)
     assert len(decoded.rejects) == len(values)
