@@ -1,4 +1,4 @@
-"""Shared harness of the issue 5 benchmarks (``bench/quality.py``, ``bench/routing.py``).
+"""Shared harness of the quality and routing benchmarks (``bench/quality.py``, ``bench/routing.py``).
 
 Both put the *real* pipeline in the measurement: ``skewwatch worker`` as a child process on a
 real Kafka broker (``KAFKA_BOOTSTRAP``, or the embedded broker started once per suite), a fresh

@@ -1,4 +1,4 @@
-"""Detection quality of the real worker on labelled faults (issue 5, benchmark 1).
+"""Detection quality of the real worker on labelled faults.
 
 Every fault kind of :mod:`skewwatch.sim.faults` x 3 seeds x 2 load levels, plus clean pools, is
 sent through ``skewwatch worker`` on a real Kafka broker; the alerts it publishes on
@@ -37,7 +37,7 @@ clean traffic is built to sit inside every rule. Both are reported; they disagre
   true positive - label start, in event time. Precision: true / all alerts of the detector.
   False alerts per hour: alerts on the clean pools per simulated hour of one 4-replica pool.
 
-Targets (issue 5): recall >= 0.95, precision >= 0.95, median delay <= persistence + 10 s, at
+Targets: recall >= 0.95, precision >= 0.95, median delay <= persistence + 10 s, at
 most 1 false alert per simulated hour.
 
     .venv/bin/python bench/quality.py                 # full suite, both profiles (~6 min on 2 cores)

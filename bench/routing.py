@@ -1,6 +1,6 @@
-"""The seed's routing table, reproduced on the fleet simulator (issue 5, benchmark 2).
+"""The seed's routing table, reproduced on the fleet simulator.
 
-Seed claim (DESIGN.md item 1), P99 latency deviation / GPU-utilisation spread: round robin
+Seed claim (seed §1), P99 latency deviation / GPU-utilisation spread: round robin
 ±380 ms / ±22 %, least connections ±290 ms / ±18 %, multi-signal dynamic weights ±65 ms / ±5 %.
 
 **Scenario** (one for every policy, so only the router differs): the bundled Azure ``conv``
