@@ -304,7 +304,7 @@ def confusion(episodes: Sequence[Episode], labels: Sequence[Label],
 
 
 def judge(summary: Mapping[str, Any], persistence: float) -> dict[str, bool | None]:
-    """Which of the issue's targets a detector's summary meets (None: nothing to judge).
+    """Which of the quality targets a detector's summary meets (None: nothing to judge).
 
     >>> judge({"recall": 1.0, "precision": 0.9, "delay_median_s": 12.0, "false_per_hour": 0.0}, persistence=5.0)
     {'recall': True, 'precision': False, 'delay': True, 'false_per_hour': True}

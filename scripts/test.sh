@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what it needs (.venv), fetches Apache Kafka from Maven Central
-# (cached), and runs pytest; tests/conftest.py starts the broker on loopback for the session.
+# (cached), and runs pytest; tests/conftest.py starts the broker on loopback, once per run.
 # Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -38,7 +38,7 @@ weight forever. Because a replica with weight 0 gets no requests, it stays stale
 router probes it (its own health checks) or traffic is sent to it otherwise; set
 ``liveness_from_telemetry`` to count a fresh *engine* telemetry sample (vLLM, SGLang, TGI,
 simulator: the engine process answering) as "alive" so an idle replica of a quiet model is
-not dropped. Default off: the issue's rule, exactly.
+not dropped. Default off: a silent replica is stale whatever its engine reports.
 
 >>> from skewwatch.schemas.feature_vector import FeatureVector
 >>> from skewwatch.schemas.telemetry_sample import TelemetrySample
