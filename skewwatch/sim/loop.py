@@ -1,6 +1,6 @@
 """The closed routing loop without Kafka: the pipeline's pure weights computed in-process.
 
-Issue 5's ``dynamic`` policies (``dynamic``, ``dynamic_least_request``) apply the weights the
+The ``dynamic`` routing policies (``dynamic``, ``dynamic_least_request``) apply the weights the
 worker publishes on ``llm.routing-corrections``, in lockstep on event time. The full loop runs the real worker on a
 real broker; this module is the same loop with the broker and worker replaced by the pure
 code they run (:class:`skewwatch.pipeline.window.PartitionWindows` for the 60 s windows, one partition
