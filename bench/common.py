@@ -1,24 +1,28 @@
-"""Shared harness of the quality and routing benchmarks (``bench/quality.py``, ``bench/routing.py``).
+"""Shared harness of the pipeline benchmarks (``bench/quality.py``, ``bench/routing.py``).
 
 Both put the *real* pipeline in the measurement: ``skewwatch worker`` as a child process on a
 real Kafka broker (``KAFKA_BOOTSTRAP``, or the embedded broker started once per suite), a fresh
 set of topics and consumer group per run (``tests.conftest.unique_settings``), and a detector
 profile chosen by name:
 
-- ``seed``: the defaults, i.e. the seed's rules exactly as the detectors implement them;
-- ``tuned``: ``bench/profiles/tuned.toml`` on top of them (offered *beside* the seed's
-  defaults where the quality benchmark shows a seed default missing its target; nothing in
-  the package changes).
+- ``default``: no configuration file: whatever the worker's defaults are;
+- ``seed``: ``bench/profiles/seed.toml``, the original design's rules (while the defaults are
+  the seed's rules, the file selects nothing);
+- ``tuned``: ``bench/profiles/tuned.toml`` on top of the defaults (offered *beside* them where
+  the quality benchmark showed a seed default missing its target; nothing in the package changes);
+- any ``NAME=PATH`` given to a benchmark's ``--profile``: that file.
 
 A profile is handed to the worker as ``SKEWWATCH_CONFIG`` (environment variables still win, so
 the per-run topic names of :func:`tests.integration.worker_proc.settings_env` apply on top).
 
 >>> sorted(PROFILES)
-['seed', 'tuned']
+['default', 'seed', 'tuned']
 >>> detector_settings("seed").long_tail.ratio
 3.0
->>> profile_env("seed")
-{}
+>>> profile_env("default"), profile_env("seed")["SKEWWATCH_CONFIG"].endswith("seed.toml")
+({}, True)
+>>> parse_profile("mine=bench/profiles/tuned.toml")[0], parse_profile("seed")[1].name
+('mine', 'seed.toml')
 >>> persistence_s(detector_settings("seed"), "long_tail")
 15.0
 """
@@ -43,25 +47,40 @@ from tests.integration.worker_proc import WorkerProcess, settings_env  # noqa: E
 
 RESULTS = REPO / "bench" / "results"
 PROFILE_DIR = REPO / "bench" / "profiles"
-PROFILES: dict[str, Path | None] = {"seed": None, "tuned": PROFILE_DIR / "tuned.toml"}
+PROFILES: dict[str, Path | None] = {"default": None, "seed": PROFILE_DIR / "seed.toml",
+                                    "tuned": PROFILE_DIR / "tuned.toml"}
 STEP_S = 5.0  # the pipeline's step (seed §2.5)
 # The closed loop needs a correction every step (the default heartbeat publishes every 30 s or on
 # change); the quality benchmark reads the weights' per-step series the same way.
 EVERY_STEP_ENV = {"SKEWWATCH_DETECTORS__CORRECTIONS__HEARTBEAT_S": "5"}
 
 
+def parse_profile(spec: str) -> tuple[str, Path | None]:
+    """``NAME`` (one of :data:`PROFILES`) or ``NAME=PATH`` (any configuration file) -> (name, file)."""
+    name, sep, path = spec.partition("=")
+    if sep:
+        if not Path(path).is_file():
+            raise ValueError(f"profile {name!r}: no file {path!r}")
+        return name, Path(path).resolve()
+    if name not in PROFILES:
+        raise ValueError(f"unknown profile {name!r} (known: {', '.join(PROFILES)}; or NAME=PATH of a config file)")
+    return name, PROFILES[name]
+
+
 def profile_env(profile: str) -> dict[str, str]:
-    """Environment that makes a worker load ``profile`` (empty for the seed's defaults)."""
-    if profile not in PROFILES:
-        raise ValueError(f"unknown profile {profile!r} (known: {', '.join(PROFILES)})")
-    path = PROFILES[profile]
+    """Environment that makes a worker load ``profile`` (``NAME`` or ``NAME=PATH``; empty for ``default``)."""
+    path = parse_profile(profile)[1]
     return {} if path is None else {"SKEWWATCH_CONFIG": str(path)}
+
+
+def profile_settings(profile: str, env: dict[str, str] | None = None) -> Settings:
+    """The settings a worker runs with under ``profile``, plus ``env`` (not this process's environment)."""
+    return load_settings(parse_profile(profile)[1], env=env or {})
 
 
 def detector_settings(profile: str) -> DetectorSettings:
     """The detector settings a worker runs with under ``profile`` (ignores this process's env)."""
-    path = PROFILES[profile]
-    return load_settings(path, env={}).detectors
+    return profile_settings(profile).detectors
 
 
 def persistence_s(settings: DetectorSettings, detector: str) -> float:
@@ -70,13 +89,11 @@ def persistence_s(settings: DetectorSettings, detector: str) -> float:
     ``gpu_health`` opens on the step that sees the error; the weights' staleness rule needs
     ``stale_steps`` silent steps; the latency weight reacts on the next step.
     """
-    if detector == "gpu_health":
+    if detector in ("gpu_health", "weights"):
         return STEP_S
     if detector == "stale":
-        return settings.weights.stale_steps * STEP_S
-    if detector == "weights":
-        return STEP_S
-    return float(getattr(settings, detector).persistence) * STEP_S
+        return float(getattr(settings.weights, "stale_steps", 3)) * STEP_S
+    return float(getattr(getattr(settings, detector), "persistence", 1)) * STEP_S
 
 
 @contextmanager

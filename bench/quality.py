@@ -1,72 +1,64 @@
-"""Detection quality of the real worker on labelled faults.
+"""Detection quality across traffic shapes, with a fit / holdout split (benchmark 1).
 
-Every fault kind of :mod:`skewwatch.sim.faults` x 3 seeds x 2 load levels, plus clean pools, is
-sent through ``skewwatch worker`` on a real Kafka broker; the alerts it publishes on
-``llm.alerts`` (and the weights on ``llm.routing-corrections``) are matched against the labels.
+Every run is one :class:`~bench.scenarios.Scenario`: a shape (conv, code or mooncake at 1x, 0.1x or
+3x its rate, :mod:`skewwatch.sim.shapes`) x a seed, simulated by the fleet simulator with a dozen
+independent 4-replica pools (one per fault kind, a quiet pool, two clean pools and a low-rate clean
+pool). What the pipeline publishes (alerts, routing corrections) is scored against the labels by
+:mod:`bench.scoring`, per detector, per shape and per split, for each detector profile side by side.
 
-**Layout.** One *run* per (traffic source, load, seed, profile): fresh topics and consumer
-group, a fresh worker, traffic produced at full speed in event time. A run holds nine
-independent model pools of four replicas each: seven with one fault each (on replica
-``seed % 4`` of the pool, from ``FAULT_AT_S`` for ``FAULT_FOR_S``) and two clean ones. The
-pipeline keeps models apart (windows per replica, one decider per model), so this is nine
-scenarios per worker start instead of one, which is what keeps the suite at minutes on two
-cores; the router is ``round_robin`` so no routing reaction changes what a fault looks like.
+**Modes.**
 
-**Sources.** ``fleet``: the discrete-event simulator (trace arrivals and lengths, continuous
-batching; latency follows completion length). ``generator``: the statistical generator, whose
-clean traffic is built to sit inside every rule. Both are reported; they disagree on purpose.
+- ``--mode fast`` (default): the worker's two stages in-process
+  (:class:`~skewwatch.sim.local_pipeline.LocalPipeline`): one simulation per shape and seed feeds
+  every profile's pipeline at once. The whole matrix takes minutes: this is the mode to tune in.
+- ``--mode worker``: the real ``skewwatch worker`` as a child process on a real broker (one fresh
+  worker, topics and consumer group per run and profile), traffic produced at full speed in event
+  time: the mode of the published table. Both modes give the same alerts on the simulator's
+  traffic (``tests/integration/test_quality_modes.py``; why, in the LocalPipeline docstring).
 
-**What counts** (pure functions below, tested in ``tests/unit/test_bench_quality_scoring.py``):
+**Profiles** (``--profile``, repeatable; default ``default`` and ``seed``): ``default`` = no
+configuration file (whatever the worker's defaults are), ``seed`` = ``bench/profiles/seed.toml``,
+``tuned`` = ``bench/profiles/tuned.toml``, or ``NAME=PATH`` for any configuration file.
 
-- An *alert* is an episode of one ``(model, replica, detector, rule)``: from an ``open`` record
-  to its ``resolved`` (a re-``open`` while open, e.g. a gpu_health severity change, is the same
-  episode). The first ``WARMUP_S`` of a run are not scored (windows are not full yet); an
-  episode still open when scoring starts counts as an alert *at* that moment, so a rule that
-  fires on healthy traffic from the start is not hidden by the warm-up.
-- Two signals have no alert of their own and are read from the weights, per correction:
-  ``stale`` (weight 0 without a drain/isolate action: the replica stopped reporting) for
-  ``replica_silence``, and ``weights`` (0 < weight < ``WEIGHT_DROP`` x an equal share) for
-  ``slow_replica``. They open on the first correction that holds and resolve after two that
-  do not.
-- An alert is a true positive when a label on the same model and replica, of a kind that
-  detector is meant for (:data:`DETECTOR_OF`; the weights accept any fault but a silence, see
-  :data:`ACCEPTS`), has ``start <= alert <= end + GRACE_S`` (the 60 s window still holds the
-  fault's requests after it ends, and slowed requests finish late). Everything else is a false
-  positive, including another detector firing on a faulty replica.
-- Recall: labels of the detector's own kind with a true positive / those labels. Delay: first
-  true positive - label start, in event time. Precision: true / all alerts of the detector.
-  False alerts per hour: alerts on the clean pools per simulated hour of one 4-replica pool.
+**Fit and holdout.** Thresholds may be chosen on the FIT runs only: shapes ``conv@1x`` and
+``code@1x`` with seeds 1 and 2 (``--fit-shapes``, ``--fit-seeds``). Everything else (mooncake, every
+0.1x and 3x shape, seeds 3+) is HOLDOUT. The JSON and the printed tables keep them apart.
 
-Targets: recall >= 0.95, precision >= 0.95, median delay <= persistence + 10 s, at
-most 1 false alert per simulated hour.
+**Targets** (✗ marks a miss): per detector recall >= 0.95, precision >= 0.95, median delay <=
+persistence + 10 s; <= 1 false alert per clean pool-hour over all detectors; corrections: no
+healthy replica at weight 0, no all-zero pool, and the faulty replica below every healthy one
+within its detector's delay target (>= 0.95 of the faults).
 
-    .venv/bin/python bench/quality.py                 # full suite, both profiles (~6 min on 2 cores)
-    .venv/bin/python bench/quality.py --quick         # one seed and load per source: a smoke run
+``--no-live-signals`` drops the engines' live gauges and latency histograms from the simulated
+telemetry (``--live-signals both`` runs with and without, and prints the delays side by side).
 
-Prints tables, writes ``bench/results/quality.json`` and ``bench/results/quality_delays.png``.
+    .venv/bin/python bench/quality.py                   # the full matrix, fast mode (~5 min on 2 cores)
+    .venv/bin/python bench/quality.py --quick           # one fit and one holdout run (< 60 s)
+    .venv/bin/python bench/quality.py --mode worker     # the published table (real worker and broker)
+    .venv/bin/python bench/quality.py --shape mooncake@1x --profile default --profile mine=my.toml
 
->>> labels = [Label("m", "r1", "long_tail", 100.0, 200.0)]
->>> eps = [Episode("m", "r1", "long_tail", "", 130.0), Episode("m", "r2", "long_tail", "", 150.0)]
->>> s = score(eps, labels, clean_models=[], clean_hours=0.0)
->>> s["long_tail"]["recall"], s["long_tail"]["precision"], s["long_tail"]["delays_s"]
-(1.0, 0.5, [30.0])
+Prints the tables, writes ``bench/results/quality.json`` (``--out``) and a delay plot (``--plot``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import contextlib
 import json
+import math
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -77,371 +69,302 @@ from bench.common import (  # noqa: E402
     RESULTS,
     Worker,
     delete_run_topics,
-    detector_settings,
     fresh_settings,
     kafka,
     machine,
+    parse_profile,
     persistence_s,
-    quantile,
+    profile_settings,
     read_topics,
 )
+from bench.scenarios import LOW_RATE_POOL, QUIET_POOL, REPLICAS, START_TS, Scenario  # noqa: E402
+from bench.scoring import (  # noqa: E402
+    DETECTOR_OF,
+    DETECTORS,
+    FALSE_PER_HOUR_TARGET,
+    RECALL_TARGET,
+    REPLICA_FAULT_KINDS,
+    Episode,
+    Label,
+    alert_episodes,
+    confusion,
+    correction_report,
+    judge,
+    pool_alert_episodes,
+    score,
+    weight_episodes,
+)
+from skewwatch.schemas.telemetry_sample import TelemetrySample  # noqa: E402
+from skewwatch.sim.generator import TrafficChunk  # noqa: E402
+from skewwatch.sim.shapes import SHAPES, make_shape  # noqa: E402
 
-# fault kind -> the detector (or weights signal) meant to catch it
-DETECTOR_OF: dict[str, str] = {
-    "long_tail": "long_tail",
-    "batch_collapse": "batch_collapse",
-    "context_burst": "context_burst",
-    "gpu_fault": "gpu_health",
-    "kv_pressure": "kv_pressure",
-    "slow_replica": "weights",
-    "replica_silence": "stale",
-}
-DETECTORS: tuple[str, ...] = tuple(DETECTOR_OF.values())
-FAULT_KINDS: tuple[str, ...] = tuple(DETECTOR_OF)
-# detector -> the fault kinds where its alert is right. A detector is right on its own kind; the
-# weights are also right to drop on any degraded replica (that is what they are for), so a drop
-# during another fault is not a false alert, though only slow_replica counts for their recall.
-ACCEPTS: dict[str, frozenset[str]] = {
-    detector: frozenset({kind for kind, d in DETECTOR_OF.items() if d == detector}) for detector in DETECTORS}
-ACCEPTS["weights"] = frozenset(FAULT_KINDS) - {"replica_silence"}
-CLEAN_POOLS: tuple[str, ...] = ("clean-a", "clean-b")
-REPLICAS = 4  # per pool
-START_TS = 1_700_000_000.0
-RUN_S = 360.0  # event time with arrivals
-WARMUP_S = 60.0  # one window: not scored
-FAULT_AT_S, FAULT_FOR_S = 120.0, 150.0
-GRACE_S = 90.0  # after a fault's end, an alert still belongs to it
-SCORED_UNTIL_S = RUN_S - 30.0  # every pool's corrections reach at least this step before a run is read
-WEIGHT_DROP = 0.8  # `weights` signal: below 80 % of an equal share of the pool
-LOADS: dict[str, tuple[float, float]] = {
-    "fleet": (0.5, 0.8),  # share of the fleet's estimated capacity
-    "generator": (4.0, 8.0),  # requests/s per replica
-}
-SEEDS = (1, 2, 3)
+FIT_SHAPES: tuple[str, ...] = ("conv@1x", "code@1x")
+FIT_SEEDS: tuple[int, ...] = (1, 2)
+SEEDS: tuple[int, ...] = (1, 2, 3)
+QUICK: tuple[tuple[str, int], ...] = (("conv@1x", 1), ("mooncake@1x", 3))  # one fit run, one holdout run
+PROFILES_DEFAULT: tuple[str, ...] = ("default", "seed")
+RUNAWAY_ZERO_SHARE = 0.05  # a clean pool whose queue is empty in fewer samples than this never drains
 
 
-# ----------------------------------------------------------------------------- scoring (pure)
+# ----------------------------------------------------------------------------- runs
 
 
-@dataclass(frozen=True, slots=True)
-class Label:
-    """One injected fault: ``[start, end)`` in event-time epoch seconds."""
+@dataclass
+class Run:
+    """One scenario's outputs under one profile, raw (alerts, corrections) until scored."""
 
-    model: str
-    replica: str
-    kind: str
-    start: float
-    end: float
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Label:
-        return cls(str(data["model"]), str(data["replica"]), str(data["kind"]), float(data["start"]),
-                   float(data["end"]))
-
-
-@dataclass(frozen=True, slots=True)
-class Episode:
-    """One alert: ``detector`` (``rule`` for multi-rule detectors) opened on a replica at ``start``."""
-
-    model: str
-    replica: str
-    detector: str
-    rule: str
-    start: float
-    carried: bool = False  # already open when scoring began: counted at that moment
-
-
-def alert_episodes(alerts: Iterable[Mapping[str, Any]], scored_from: float, scored_to: float) -> list[Episode]:
-    """Episodes of ``llm.alerts`` records (in the order they were published) that count.
-
-    An episode opens with ``open`` and ends with ``resolved``; an ``open`` while open continues
-    it. Episodes that ended before ``scored_from`` are dropped, those still open then are
-    counted at ``scored_from`` (``carried``); those starting after ``scored_to`` are dropped.
-    Model-level alerts (replica None) are not scored.
-
-    >>> recs = [{"ts": 10.0, "model": "m", "replica": "r0", "detector": "d", "state": "open", "evidence": {}},
-    ...         {"ts": 70.0, "model": "m", "replica": "r0", "detector": "d", "state": "open", "evidence": {}},
-    ...         {"ts": 90.0, "model": "m", "replica": "r0", "detector": "d", "state": "resolved", "evidence": {}}]
-    >>> alert_episodes(recs, scored_from=60.0, scored_to=200.0)
-    [Episode(model='m', replica='r0', detector='d', rule='', start=60.0, carried=True)]
-    """
-    open_since: dict[tuple[str, str, str, str], float] = {}
-    spans: list[tuple[tuple[str, str, str, str], float, float]] = []  # key, start, end
-    for rec in alerts:
-        if rec.get("replica") is None:
-            continue
-        rule = str((rec.get("evidence") or {}).get("rule") or "")
-        key = (str(rec["model"]), str(rec["replica"]), str(rec["detector"]), rule)
-        ts = float(rec["ts"])
-        if rec["state"] == "open":
-            open_since.setdefault(key, ts)
-        elif key in open_since:
-            spans.append((key, open_since.pop(key), ts))
-    spans.extend((key, start, float("inf")) for key, start in open_since.items())
-    out = []
-    for (model, replica, detector, rule), start, end in spans:
-        if end <= scored_from or start > scored_to:
-            continue
-        carried = start < scored_from
-        out.append(Episode(model, replica, detector, rule, scored_from if carried else start, carried))
-    return sorted(out, key=lambda e: (e.start, e.model, e.replica, e.detector, e.rule))
-
-
-def weight_episodes(corrections: Iterable[Mapping[str, Any]], scored_from: float, scored_to: float,
-                    drop: float = WEIGHT_DROP, clear: int = 2) -> list[Episode]:
-    """``stale`` and ``weights`` episodes from ``llm.routing-corrections`` records.
-
-    Per correction and replica: ``stale`` holds when the weight is 0 and no drain/isolate action
-    names the replica; ``weights`` when 0 < weight < ``drop`` / pool size. An episode opens on
-    the first record that holds and resolves after ``clear`` consecutive records that do not.
-
-    >>> recs = [{"model": "m", "ts": t, "weights": {"a": wa, "b": 1 - wa}, "actions": []}
-    ...         for t, wa in [(60.0, 0.5), (65.0, 0.3), (70.0, 0.5), (75.0, 0.3), (80.0, 0.5), (85.0, 0.5),
-    ...                       (90.0, 0.0)]]
-    >>> [(e.replica, e.detector, e.start) for e in weight_episodes(recs, 60.0, 100.0)]
-    [('a', 'weights', 65.0), ('a', 'stale', 90.0)]
-    """
-    state: dict[tuple[str, str, str], tuple[float, int] | None] = {}  # key -> (start, misses) while open
-    out: list[Episode] = []
-    for rec in sorted(corrections, key=lambda r: (str(r["model"]), float(r["ts"]))):
-        ts = float(rec["ts"])
-        if ts < scored_from or ts > scored_to:
-            continue
-        model = str(rec["model"])
-        weights = {str(k): float(v) for k, v in dict(rec.get("weights") or {}).items()}
-        blocked = {str(a.get("replica")) for a in rec.get("actions") or []
-                   if a.get("action") in ("drain", "isolate")}
-        share = 1.0 / len(weights) if weights else 0.0
-        for replica, w in weights.items():
-            holds = {"stale": w <= 0.0 and replica not in blocked, "weights": 0.0 < w < drop * share}
-            for detector, now in holds.items():
-                key = (model, replica, detector)
-                current = state.get(key)
-                if now:
-                    if current is None:
-                        out.append(Episode(model, replica, detector, "", ts))
-                    state[key] = (current[0] if current else ts, 0)
-                elif current is not None:
-                    misses = current[1] + 1
-                    state[key] = None if misses >= clear else (current[0], misses)
-    return sorted(out, key=lambda e: (e.start, e.model, e.replica, e.detector))
-
-
-def match(episode: Episode, labels: Sequence[Label], grace_s: float = GRACE_S) -> Label | None:
-    """The label this alert is right about (same model and replica, a kind its detector accepts, in
-    time), preferring a label of the detector's own kind."""
-    accepted = ACCEPTS.get(episode.detector, frozenset())
-    hits = [label for label in labels
-            if label.model == episode.model and label.replica == episode.replica and label.kind in accepted
-            and label.start <= episode.start <= label.end + grace_s]
-    hits.sort(key=lambda label: DETECTOR_OF.get(label.kind) != episode.detector)
-    return hits[0] if hits else None
-
-
-def context(episode: Episode, labels: Sequence[Label], grace_s: float = GRACE_S) -> str:
-    """What was going on where the alert fired: a fault kind on that replica, or ``clean``."""
-    for label in labels:
-        if (label.model == episode.model and label.replica == episode.replica
-                and label.start <= episode.start <= label.end + grace_s):
-            return label.kind
-    return "clean"
-
-
-def score(episodes: Sequence[Episode], labels: Sequence[Label], clean_models: Sequence[str],
-          clean_hours: float, grace_s: float = GRACE_S) -> dict[str, dict[str, Any]]:
-    """Per detector: labels, detected, recall, alerts, true, precision, delays, clean false alerts.
-
-    ``clean_models``: pools without any fault; ``clean_hours``: their simulated hours (summed
-    over pools), the denominator of ``false_per_hour``.
-
-    >>> labels = [Label("m", "r1", "gpu_fault", 100.0, 200.0)]
-    >>> eps = [Episode("m", "r1", "gpu_health", "", 105.0), Episode("c", "r0", "gpu_health", "", 50.0)]
-    >>> s = score(eps, labels, clean_models=["c"], clean_hours=0.5)["gpu_health"]
-    >>> s["recall"], s["precision"], s["clean_false"], s["false_per_hour"]
-    (1.0, 0.5, 1, 2.0)
-    """
-    out: dict[str, dict[str, Any]] = {}
-    for detector in DETECTORS:
-        mine = [e for e in episodes if e.detector == detector]
-        targets = [lb for lb in labels if DETECTOR_OF.get(lb.kind) == detector]
-        first: dict[Label, float] = {}
-        true = 0
-        for e in mine:
-            lb = match(e, labels, grace_s)
-            if lb is not None:
-                true += 1
-                if DETECTOR_OF.get(lb.kind) == detector:  # recall and delay: on its own kind only
-                    first[lb] = min(first.get(lb, e.start), e.start)
-        delays = sorted(round(first[lb] - lb.start, 3) for lb in targets if lb in first)
-        clean_false = sum(1 for e in mine if e.model in clean_models)
-        out[detector] = {
-            "labels": len(targets),
-            "detected": len(delays),
-            "recall": len(delays) / len(targets) if targets else None,
-            "alerts": len(mine),
-            "true": true,
-            "precision": true / len(mine) if mine else None,
-            "delays_s": delays,
-            "delay_median_s": statistics.median(delays) if delays else None,
-            "delay_p95_s": quantile(delays, 0.95),
-            "clean_false": clean_false,
-            "false_per_hour": clean_false / clean_hours if clean_hours > 0 else None,
-        }
-    return out
-
-
-def confusion(episodes: Sequence[Episode], labels: Sequence[Label],
-              grace_s: float = GRACE_S) -> dict[str, dict[str, int]]:
-    """Alerts per detector and per context (the fault on that replica then, or ``clean``).
-
-    >>> confusion([Episode("m", "r1", "long_tail", "", 150.0)], [Label("m", "r1", "batch_collapse", 100.0, 200.0)])
-    {'long_tail': {'batch_collapse': 1}}
-    """
-    table: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for e in episodes:
-        table[e.detector][context(e, labels, grace_s)] += 1
-    return {d: dict(row) for d, row in table.items()}
-
-
-def judge(summary: Mapping[str, Any], persistence: float) -> dict[str, bool | None]:
-    """Which of the quality targets a detector's summary meets (None: nothing to judge).
-
-    >>> judge({"recall": 1.0, "precision": 0.9, "delay_median_s": 12.0, "false_per_hour": 0.0}, persistence=5.0)
-    {'recall': True, 'precision': False, 'delay': True, 'false_per_hour': True}
-    """
-    def at_least(value: float | None, target: float) -> bool | None:
-        return None if value is None else value >= target
-
-    def at_most(value: float | None, target: float) -> bool | None:
-        return None if value is None else value <= target
-
-    return {"recall": at_least(summary.get("recall"), 0.95),
-            "precision": at_least(summary.get("precision"), 0.95),
-            "delay": at_most(summary.get("delay_median_s"), persistence + 10.0),
-            "false_per_hour": at_most(summary.get("false_per_hour"), 1.0)}
-
-
-# ----------------------------------------------------------------------------- scenarios
-
-
-@dataclass(frozen=True, slots=True)
-class RunSpec:
-    source: str  # fleet | generator
-    load: float
-    seed: int
+    scenario: Scenario
     profile: str
+    split: str  # FIT | HOLDOUT
+    mode: str
+    alerts: list[dict[str, Any]]
+    corrections: list[dict[str, Any]]
+    stats: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def name(self) -> str:
-        return f"{self.profile}/{self.source}/load={self.load:g}/seed={self.seed}"
+    def key(self) -> str:
+        return f"{self.profile}|{self.scenario.name}"
 
 
-def pools() -> list[str]:
-    """Model names of a run: one pool per fault kind, then the clean ones."""
-    return [*FAULT_KINDS, *CLEAN_POOLS]
+class LoadMeter:
+    """The clean pools' load as the simulator reports it: queue, utilisation, requests per replica."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.clean = {scenario.replica(p, i) for p in scenario.clean for i in range(REPLICAS)}
+        self.low_rate = ({scenario.replica(LOW_RATE_POOL, i) for i in range(REPLICAS)} if scenario.low_rate
+                         else set())
+        self.end = START_TS + scenario.run_s
+        self.last_ts = START_TS  # the newest request event time seen
+        self.queue: list[float] = []
+        self.util: list[float] = []
+        self.requests = {"clean": 0, "low-rate": 0}
+
+    def add(self, chunk: TrafficChunk) -> None:
+        for sample in chunk.telemetry:
+            if sample.replica in self.clean and sample.ts <= self.end:
+                self._sample(sample)
+        if len(chunk.requests):
+            self.last_ts = max(self.last_ts, float(chunk.requests.ts.max()))
+        replicas = chunk.requests.replica
+        self.requests["clean"] += int(np.isin(replicas, list(self.clean)).sum()) if len(replicas) else 0
+        self.requests["low-rate"] += int(np.isin(replicas, list(self.low_rate)).sum()) if len(replicas) else 0
+
+    def _sample(self, sample: TelemetrySample) -> None:
+        if sample.queue_length is not None:
+            self.queue.append(float(sample.queue_length))
+        if sample.utilization_gpu is not None:
+            self.util.append(float(sample.utilization_gpu))
+
+    def report(self) -> dict[str, Any]:
+        q = np.asarray(self.queue or [np.nan])
+        zero_share = float((q == 0).mean()) if self.queue else None
+        return {
+            "clean_rate_per_replica": self.requests["clean"] / (max(len(self.clean), 1) * self.scenario.run_s),
+            "low_rate_per_replica": self.requests["low-rate"] / (max(len(self.low_rate), 1) * self.scenario.run_s),
+            "clean_queue_mean": float(np.nanmean(q)) if self.queue else None,
+            "clean_queue_p95": float(np.nanpercentile(q, 95)) if self.queue else None,
+            "clean_queue_max": float(np.nanmax(q)) if self.queue else None,
+            "clean_queue_zero_share": zero_share,
+            "clean_utilization_mean": float(np.mean(self.util)) if self.util else None,
+            "runaway": None if zero_share is None else zero_share < RUNAWAY_ZERO_SHARE,
+        }
 
 
-def run_traffic(spec: RunSpec, start_ts: float = START_TS) -> tuple[Iterator[Any], list[Label]]:
-    """The run's traffic chunks (lazy) and its labels."""
-    from skewwatch.sim.faults import Injection
+def split_of(scenario: Scenario, fit_shapes: Sequence[str], fit_seeds: Sequence[int]) -> str:
+    """FIT when both the shape and the seed are in the fit set, else HOLDOUT (runs without live signals
+    are grouped apart, ``|no-live``).
 
-    models = pools()
-    injections = []
-    for m, kind in enumerate(FAULT_KINDS):
-        replica = f"r{m * REPLICAS + spec.seed % REPLICAS}"
-        injections.append(Injection(kind, replica, FAULT_AT_S, FAULT_FOR_S))
-    model_of = {f"r{m * REPLICAS + i}": model for m, model in enumerate(models) for i in range(REPLICAS)}
-    labels = [Label.from_dict(inj.label(start_ts, model_of[inj.replica])) for inj in injections]
-    chunks: Iterator[Any]
-    if spec.source == "fleet":
-        from skewwatch.sim.fleet import FleetConfig, FleetSimulator
-
-        config = FleetConfig(models=tuple(models), replicas=REPLICAS, policy="round_robin", load=spec.load,
-                             seed=spec.seed, injections=tuple(injections))
-        chunks = FleetSimulator(config, start_ts, RUN_S).chunks()
-    elif spec.source == "generator":
-        from skewwatch.sim.generator import GeneratorConfig, generate_chunks
-
-        gen = GeneratorConfig(models=tuple(models), replicas=REPLICAS, rate=spec.load, seed=spec.seed,
-                              injections=tuple(injections))
-        chunks = iter(generate_chunks(gen, start_ts, RUN_S))
-    else:
-        raise ValueError(f"unknown source {spec.source!r}")
-    return chunks, labels
+    >>> [split_of(Scenario(SHAPES[s], seed), FIT_SHAPES, FIT_SEEDS) for s, seed in
+    ...  [("conv@1x", 1), ("conv@1x", 3), ("mooncake@1x", 1), ("code@3x", 2)]]
+    ['FIT', 'HOLDOUT', 'HOLDOUT', 'HOLDOUT']
+    """
+    fit = scenario.shape.name in fit_shapes and scenario.seed in fit_seeds
+    return "FIT" if fit else "HOLDOUT"
 
 
-def run_once(spec: RunSpec, bootstrap: str, workdir: Path) -> dict[str, Any]:
-    """One run through the real worker: produce, read alerts and corrections back, keep them raw."""
+def simulate(scenario: Scenario) -> tuple[Any, Iterator[TrafficChunk], LoadMeter]:
+    """The scenario's simulator, its chunks (lazy) and the meter they pass through."""
+    from skewwatch.sim.fleet import FleetSimulator
+
+    sim = FleetSimulator(scenario.fleet_config(), START_TS, scenario.run_s)
+    meter = LoadMeter(scenario)
+
+    def chunks() -> Iterator[TrafficChunk]:
+        for chunk in sim.chunks():
+            meter.add(chunk)
+            yield chunk
+
+    return sim, chunks(), meter
+
+
+def run_fast(scenario: Scenario, profiles: Sequence[str], split: str) -> list[Run]:
+    """One simulation through every profile's in-process pipeline at once."""
+    from skewwatch.sim.local_pipeline import LocalPipeline
+
+    began = time.monotonic()
+    pipes = {p: LocalPipeline(profile_settings(p, EVERY_STEP_ENV)) for p in profiles}
+    sim, chunks, meter = simulate(scenario)
+    for chunk in chunks:
+        for pipe in pipes.values():
+            pipe.feed(chunk)
+    stats = {"wall_s": round(time.monotonic() - began, 2), **_sim_stats(sim), "load": meter.report()}
+    return [Run(scenario, p, split, "fast", pipe.alerts, pipe.corrections, stats) for p, pipe in pipes.items()]
+
+
+def _run_fast_job(job: tuple[Scenario, Sequence[str], str]) -> list[Run]:
+    """One scenario in fast mode, the profiles named as the report names them (a process pool's task)."""
+    made = run_fast(*job)
+    for run in made:
+        run.profile = parse_profile(run.profile)[0]
+    return made
+
+
+def _sim_stats(sim: Any) -> dict[str, Any]:
+    s = sim.stats()
+    return {"arrivals": s["arrivals"], "finished": s["finished"], "failed": s["failed"],
+            "quiet_dropped": sim.quiet_dropped}
+
+
+def run_worker(scenario: Scenario, profile: str, split: str, bootstrap: str, workdir: Path) -> Run:
+    """One scenario through the real worker: produce, read alerts and corrections back."""
     import orjson
 
     from skewwatch.sim.emit import produce_traffic
 
     settings = fresh_settings(bootstrap)
     topics = settings.topics
-    chunks, labels = run_traffic(spec)
+    sim, chunks, meter = simulate(scenario)
     began = time.monotonic()
-    rundir = workdir / spec.name.replace("/", "_").replace("=", "")
-    worker = Worker(settings, rundir, spec.profile, extra_env=EVERY_STEP_ENV)
+    rundir = workdir / f"{profile}_{scenario.name}".replace("/", "_").replace("=", "").replace("@", "_")
+    worker = Worker(settings, rundir, profile, extra_env=EVERY_STEP_ENV)
     try:
         worker.start()
-        stats = asyncio.run(produce_traffic(bootstrap, chunks, requests_topic=topics.requests,
-                                            telemetry_topic=topics.gpu_telemetry, batch=50))
-        produced_s = time.monotonic() - began
-        wanted = START_TS + SCORED_UNTIL_S
-        models = set(pools())
+        produced = asyncio.run(produce_traffic(bootstrap, chunks, requests_topic=topics.requests,
+                                               telemetry_topic=topics.gpu_telemetry, batch=50))
+        # the last step the worker can close: its watermark is the newest event time minus the lateness
+        # (a bursty trace may fall silent before the scored span ends: no step after its last event closes)
+        step, lateness = settings.window.step_s, settings.window.allowed_lateness_s
+        last = math.floor((meter.last_ts - lateness) / step) * step
+        wanted = min(START_TS + scenario.scored[1], last)
+        models = set(scenario.pools())
         settled: list[float] = []
+        seen = [0, time.monotonic()]  # records read, when that count last grew
 
         def done(records: list[Any]) -> bool:
+            if len(records) != seen[0]:
+                seen[:] = [len(records), time.monotonic()]
             reached = {m for m in models if any(
                 r.topic == topics.routing_corrections and r.key == m.encode()
                 and orjson.loads(r.value)["ts"] >= wanted for r in records)}
-            if reached != models:
+            # every model there, or some and nothing new for 15 s (a pool whose replicas all went idle
+            # and were released gets no correction for the last steps)
+            if reached != models and not (reached and time.monotonic() - seen[1] >= 15.0):
                 return False
             settled.append(time.monotonic())
             return time.monotonic() - settled[0] >= 2.0  # alerts of the same steps: give them 2 s
 
         records = read_topics(bootstrap, [topics.alerts, topics.routing_corrections], done, timeout_s=300)
         if not settled:
-            raise RuntimeError(f"{spec.name}: corrections never reached step {SCORED_UNTIL_S:.0f} s\n"
+            raise RuntimeError(f"{scenario.name}: corrections never reached step {scenario.scored[1]:.0f} s\n"
                                f"{worker.log_tail()}")
     finally:
         worker.stop()
         delete_run_topics(bootstrap, settings)
     alerts = [orjson.loads(r.value) for r in records if r.topic == topics.alerts]
     corrections = [orjson.loads(r.value) for r in records if r.topic == topics.routing_corrections]
-    return {"spec": asdict(spec), "events": stats.events, "produce_s": round(produced_s, 1),
-            "wall_s": round(time.monotonic() - began, 1), "labels": [asdict(lb) for lb in labels],
-            "alerts": alerts, "corrections": corrections}
+    stats = {"wall_s": round(time.monotonic() - began, 1), "events": produced.events, **_sim_stats(sim),
+             "load": meter.report()}
+    return Run(scenario, profile, split, "worker", alerts, corrections, stats)
 
 
-def episodes_of(run: Mapping[str, Any]) -> list[Episode]:
-    scored_from, scored_to = START_TS + WARMUP_S, START_TS + SCORED_UNTIL_S
-    return (alert_episodes(run["alerts"], scored_from, scored_to)
-            + weight_episodes(run["corrections"], scored_from, scored_to))
+# ----------------------------------------------------------------------------- scoring a group
 
 
-def summarize(runs: Sequence[Mapping[str, Any]], profile: str) -> dict[str, Any]:
-    """Score a group of runs (one profile and source) and judge each detector against the targets."""
-    # Runs share model names: tell them apart so a label only matches alerts of its own run.
+def run_labels(run: Run) -> list[Label]:
+    return [Label.from_dict(lb) for lb in run.scenario.labels(START_TS)]
+
+
+def run_episodes(run: Run) -> list[Episode]:
+    lo, hi = (START_TS + s for s in run.scenario.scored)
+    return (alert_episodes(run.alerts, lo, hi) + pool_alert_episodes(run.alerts, lo, hi)
+            + weight_episodes(run.corrections, lo, hi))
+
+
+def run_corrections(run: Run) -> dict[str, Any]:
+    lo, hi = (START_TS + s for s in run.scenario.scored)
+    return correction_report(run.corrections, run_labels(run), lo, hi)
+
+
+def delay_targets(profile: str) -> dict[str, float | None]:
+    """Per detector, the delay target (persistence + 10 s); the pool alert has none."""
+    settings = profile_settings(profile).detectors
+    return {d: (None if d == "pool" else persistence_s(settings, d)) for d in DETECTORS}
+
+
+def summarize(runs: Sequence[Run], persistence: Mapping[str, float | None]) -> dict[str, Any]:
+    """Score a group of runs (one profile) and judge every target."""
     episodes: list[Episode] = []
     labels: list[Label] = []
+    clean_models: list[str] = []
+    low_rate_models: list[str] = []
+    clean_hours = low_hours = 0.0
+    reports: list[tuple[int, dict[str, Any]]] = []
     for i, run in enumerate(runs):
+        # runs share model names: tell them apart so a label only matches alerts of its own run
         episodes += [Episode(f"{i}:{e.model}", e.replica, e.detector, e.rule, e.start, e.carried)
-                     for e in episodes_of(run)]
-        labels += [Label(f"{i}:{lb['model']}", lb["replica"], lb["kind"], lb["start"], lb["end"])
-                   for lb in run["labels"]]
-    clean_models = [f"{i}:{m}" for i in range(len(runs)) for m in CLEAN_POOLS]
-    clean_hours = len(clean_models) * (SCORED_UNTIL_S - WARMUP_S) / 3600.0
+                     for e in run_episodes(run)]
+        labels += [Label(f"{i}:{lb.model}", lb.replica, lb.kind, lb.start, lb.end) for lb in run_labels(run)]
+        span_h = (run.scenario.scored[1] - run.scenario.scored[0]) / 3600.0
+        clean_models += [f"{i}:{m}" for m in run.scenario.clean_pools()]
+        clean_hours += span_h * len(run.scenario.clean_pools())
+        if run.scenario.low_rate:
+            low_rate_models.append(f"{i}:{LOW_RATE_POOL}")
+            low_hours += span_h
+        reports.append((i, run_corrections(run)))
     per = score(episodes, labels, clean_models, clean_hours)
-    settings = detector_settings(profile)
     for detector, summary in per.items():
-        summary["persistence_s"] = persistence_s(settings, detector)
+        summary["persistence_s"] = persistence.get(detector)
         summary["targets_met"] = judge(summary, summary["persistence_s"])
     false_total = sum(s["clean_false"] for s in per.values())
-    return {"runs": len(runs), "clean_pool_hours": round(clean_hours, 3),
-            "clean_false_total": false_total, "clean_false_per_hour": false_total / clean_hours,
-            "detectors": per, "confusion": confusion(episodes, labels),
-            "carried_alerts": sum(e.carried for e in episodes)}
+    low_false = sum(1 for e in episodes if e.model in low_rate_models)
+    quiet_false = sum(1 for e in episodes if e.model.endswith(f":{QUIET_POOL}") and e.replica)
+    return {
+        "runs": len(runs),
+        "clean_pool_hours": round(clean_hours, 3),
+        "clean_false_total": false_total,
+        "clean_false_per_hour": false_total / clean_hours if clean_hours else None,
+        "low_rate_false_per_hour": low_false / low_hours if low_hours else None,
+        "quiet_pool_replica_alerts": quiet_false,
+        "detectors": per,
+        "corrections": _corrections_summary(reports, persistence),
+        "confusion": confusion(episodes, labels),
+        "carried_alerts": sum(e.carried for e in episodes),
+    }
+
+
+def _corrections_summary(reports: Sequence[tuple[int, dict[str, Any]]],
+                         persistence: Mapping[str, float | None]) -> dict[str, Any]:
+    healthy_zero = [[f"{i}:{m}", r, t] for i, rep in reports for m, r, t in rep["healthy_zero"]]
+    zero_pools = sorted({f"{i}:{m}" for i, rep in reports for m, _ in rep["all_zero"]})
+    below: dict[str, dict[str, Any]] = {}
+    for kind in REPLICA_FAULT_KINDS:
+        target = persistence.get(DETECTOR_OF[kind])
+        delays = [b["delay_s"] for _, rep in reports for b in rep["below"] if b["kind"] == kind]
+        found = sorted(d for d in delays if d is not None)
+        met = sum(1 for d in found if target is not None and d <= target + 10.0)
+        below[kind] = {"faults": len(delays), "below": len(found), "within_target": met,
+                       "target_s": None if target is None else target + 10.0,
+                       "share": met / len(delays) if delays else None,
+                       "delay_median_s": statistics.median(found) if found else None}
+    faults = sum(b["faults"] for b in below.values())
+    met = sum(b["within_target"] for b in below.values())
+    return {"healthy_zero": len(healthy_zero), "healthy_zero_steps": sum(r["healthy_zero_steps"] for _, r in reports),
+            "healthy_zero_where": healthy_zero[:50], "all_zero_pools": len(zero_pools),
+            "all_zero_steps": sum(len(r["all_zero"]) for _, r in reports), "all_zero_where": zero_pools[:50],
+            "panic_corrections": sum(r["panic"] for _, r in reports), "below": below,
+            "below_share": met / faults if faults else None,
+            "corrections": sum(r["corrections"] for _, r in reports)}
 
 
 # ----------------------------------------------------------------------------- report
@@ -451,71 +374,112 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
-def table(summary: Mapping[str, Any]) -> str:
-    """One profile/source group as a Markdown table (✗ marks a missed target)."""
-    head = ("| detector | faults | recall | alerts | precision | delay median (s) | delay P95 (s) | "
-            "target delay (s) | false alerts / h (clean) |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for detector, s in summary["detectors"].items():
-        def mark(key: str, met: Mapping[str, bool | None] = s["targets_met"]) -> str:
-            return " ✗" if met[key] is False else ""
-
-        lines.append(
-            f"| {detector} | {s['labels']} | {_fmt(s['recall'])}{mark('recall')} | {s['alerts']} | "
-            f"{_fmt(s['precision'])}{mark('precision')} | {_fmt(s['delay_median_s'], 0)}{mark('delay')} | "
-            f"{_fmt(s['delay_p95_s'], 0)} | ≤ {s['persistence_s'] + 10:.0f} | "
-            f"{_fmt(s['false_per_hour'], 1)}{mark('false_per_hour')} |")
-    lines.append(f"| **all** | | | | | | | | {summary['clean_false_per_hour']:.1f}"
-                 f"{' ✗' if summary['clean_false_per_hour'] > 1 else ''} |")
-    return "\n".join(lines)
+def _miss(ok: bool | None) -> str:
+    return " ✗" if ok is False else ""
 
 
-def side_by_side(groups: Mapping[str, Mapping[str, Any]], source: str) -> str:
-    """The seed's defaults and the tuned profile on one source, one row per detector (README table)."""
-    profiles = [p for p in ("seed", "tuned") if f"{p}/{source}" in groups]
+def detector_table(groups: Mapping[str, Mapping[str, Any]], scope: str, profiles: Sequence[str]) -> str:
+    """Per detector, the profiles side by side (recall, precision, delay, clean false alerts)."""
+    present = [p for p in profiles if f"{p}|{scope}" in groups]
     head = "| detector | target delay (s) | " + " | ".join(
-        f"{p}: recall | precision | delay median / P95 (s) | false alerts/h" for p in profiles) + " |"
-    lines = [head, "|---|---:|" + "---:|---:|---:|---:|" * len(profiles)]
-
-    def cells(s: Mapping[str, Any]) -> str:
-        met = s["targets_met"]
-
-        def mark(key: str) -> str:
-            return " ✗" if met[key] is False else ""
-
-        delay = f"{_fmt(s['delay_median_s'], 0)} / {_fmt(s['delay_p95_s'], 0)}"
-        return (f"{_fmt(s['recall'])}{mark('recall')} | {_fmt(s['precision'])}{mark('precision')} | "
-                f"{delay}{mark('delay')} | {_fmt(s['false_per_hour'], 1)}{mark('false_per_hour')}")
-
+        f"{p}: recall | precision | delay median / P95 (s) | false alerts/h" for p in present) + " |"
+    lines = [head, "|---|---:|" + "---:|---:|---:|---:|" * len(present)]
     for detector in DETECTORS:
-        per = [groups[f"{p}/{source}"]["detectors"][detector] for p in profiles]
-        target = " / ".join(sorted({f"≤ {s['persistence_s'] + 10:.0f}" for s in per}))
-        lines.append(f"| {detector} | {target} | " + " | ".join(cells(s) for s in per) + " |")
-    totals = ["**all detectors**", ""]
-    for p in profiles:
-        rate = groups[f"{p}/{source}"]["clean_false_per_hour"]
-        totals += ["", "", "", f"{rate:.1f}{' ✗' if rate > 1 else ''}"]
-    lines.append("| " + " | ".join(totals) + " |")
+        per = [groups[f"{p}|{scope}"]["detectors"][detector] for p in present]
+        targets = sorted({"—" if s["persistence_s"] is None else f"≤ {s['persistence_s'] + 10:.0f}" for s in per})
+        cells = []
+        for s in per:
+            met = s["targets_met"]
+            cells.append(f"{_fmt(s['recall'])}{_miss(met['recall'])} | {_fmt(s['precision'])}{_miss(met['precision'])}"
+                         f" | {_fmt(s['delay_median_s'], 0)} / {_fmt(s['delay_p95_s'], 0)}{_miss(met['delay'])}"
+                         f" | {_fmt(s['false_per_hour'], 1)}{_miss(met['false_per_hour'])}")
+        lines.append(f"| {detector} | {' / '.join(targets)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def confusion_table(summary: Mapping[str, Any]) -> str:
-    kinds = [*FAULT_KINDS, "clean"]
-    lines = ["| alerts of \\ where | " + " | ".join(kinds) + " |", "|---|" + "---:|" * len(kinds)]
-    for detector in DETECTORS:
-        row = summary["confusion"].get(detector, {})
-        lines.append(f"| {detector} | " + " | ".join(str(row.get(k, 0)) for k in kinds) + " |")
+def outcome_table(groups: Mapping[str, Mapping[str, Any]], scope: str, profiles: Sequence[str]) -> str:
+    """All detectors and the corrections, the profiles side by side."""
+    present = [p for p in profiles if f"{p}|{scope}" in groups]
+    lines = ["| outcome | target | " + " | ".join(present) + " |", "|---|---|" + "---:|" * len(present)]
+
+    def row(name: str, target: str, cell: Any) -> None:
+        lines.append(f"| {name} | {target} | " + " | ".join(cell(groups[f'{p}|{scope}']) for p in present) + " |")
+
+    def rate(value: float | None) -> str:
+        return f"{_fmt(value, 1)}{_miss(None if value is None else value <= FALSE_PER_HOUR_TARGET)}"
+
+    def count(value: int) -> str:
+        return f"{value}{_miss(value == 0)}"
+
+    row("false alerts / clean pool-hour, all detectors", "≤ 1", lambda g: rate(g["clean_false_per_hour"]))
+    row("… of which on the low-rate pool (per its pool-hour)", "≤ 1", lambda g: rate(g["low_rate_false_per_hour"]))
+    row("healthy replicas at weight 0 (episodes)", "0", lambda g: count(g["corrections"]["healthy_zero"]))
+    row("all-zero pools", "0", lambda g: count(g["corrections"]["all_zero_pools"]))
+
+    def below(g: Mapping[str, Any]) -> str:
+        c = g["corrections"]
+        share = c["below_share"]
+        met = sum(b["within_target"] for b in c["below"].values())
+        faults = sum(b["faults"] for b in c["below"].values())
+        return f"{met}/{faults}{_miss(None if share is None else share >= RECALL_TARGET)}"
+
+    row("faulty replica below every healthy one within its delay target", "≥ 0.95", below)
+    row("quiet pool: replica alerts on its replicas", "0", lambda g: count(g["quiet_pool_replica_alerts"]))
+    row("panic corrections (mode: panic)", "—", lambda g: str(g["corrections"]["panic_corrections"]))
     return "\n".join(lines)
 
 
-def plot(groups: Mapping[str, Mapping[str, Any]], path: Path) -> None:
-    """Detection delay per detector (one panel per profile/source group), target marked."""
-    import matplotlib
+def overview_table(groups: Mapping[str, Mapping[str, Any]], scopes: Sequence[str], profiles: Sequence[str],
+                   splits: Mapping[str, str]) -> str:
+    """One line per scope: targets missed, false alerts/h, healthy at 0, all-zero pools, per profile."""
+    present = [p for p in profiles if any(f"{p}|{s}" in groups for s in scopes)]
+    lines = ["| scope | split | " + " | ".join(f"{p}: targets missed | false alerts/h | healthy at 0 | all-zero pools"
+                                              for p in present) + " |",
+             "|---|---|" + "---:|---:|---:|---:|" * len(present)]
+    for scope in scopes:
+        cells = []
+        for p in present:
+            g = groups.get(f"{p}|{scope}")
+            if g is None:
+                cells.append("— | — | — | —")
+                continue
+            missed = sum(v is False for s in g["detectors"].values() for v in s["targets_met"].values())
+            c = g["corrections"]
+            cells.append(f"{missed} | {_fmt(g['clean_false_per_hour'], 1)} | {c['healthy_zero']} | "
+                         f"{c['all_zero_pools']}")
+        lines.append(f"| {scope} | {splits.get(scope, '')} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
+
+def live_table(groups: Mapping[str, Mapping[str, Any]], scope: str, profiles: Sequence[str]) -> str:
+    """Median / P95 delay per detector with and without the engines' live signals."""
+    present = [p for p in profiles if f"{p}|{scope}" in groups and f"{p}|{scope}|no-live" in groups]
+    lines = ["| detector | " + " | ".join(f"{p}: live signals | without" for p in present) + " |",
+             "|---|" + "---:|---:|" * len(present)]
+    for detector in DETECTORS:
+        cells = []
+        for p in present:
+            for key in (f"{p}|{scope}", f"{p}|{scope}|no-live"):
+                s = groups[key]["detectors"][detector]
+                cells.append(f"{_fmt(s['delay_median_s'], 0)} / {_fmt(s['delay_p95_s'], 0)} "
+                             f"({s['detected']}/{s['labels']})")
+        lines.append(f"| {detector} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(groups: Mapping[str, Mapping[str, Any]], names: Sequence[str], path: Path) -> None:
+    """Detection delay per detector, one panel per group, target marked."""
+    try:
+        import matplotlib
+    except ImportError:  # the bench extra is not installed: the tables and JSON are the result
+        print(f"(no plot {path}: matplotlib is not installed; pip install -e '.[bench]')", file=sys.stderr)
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(groups)
+    names = [n for n in names if n in groups]
+    if not names:
+        return
     cols = 2 if len(names) > 1 else 1
     rows = -(-len(names) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6.0 * cols, 3.9 * rows), squeeze=False, sharey=True)
@@ -528,87 +492,177 @@ def plot(groups: Mapping[str, Mapping[str, Any]], path: Path) -> None:
             delays = s["delays_s"]
             if delays:
                 ax.boxplot([delays], positions=[i], widths=0.5, showfliers=False)
-                jitter = [i + 0.12 * ((k % 5) - 2) / 2 for k in range(len(delays))]
-                ax.scatter(jitter, delays, s=10, alpha=0.6)
-            ax.hlines(s["persistence_s"] + 10, i - 0.35, i + 0.35, colors="red", linestyles="dashed")
+                ax.scatter([i + 0.12 * ((k % 5) - 2) / 2 for k in range(len(delays))], delays, s=8, alpha=0.5)
+            if s["persistence_s"] is not None:
+                ax.hlines(s["persistence_s"] + 10, i - 0.35, i + 0.35, colors="red", linestyles="dashed")
             ax.text(i, -8, f"{s['detected']}/{s['labels']}", ha="center", fontsize=8)
         ax.set_xticks(range(len(DETECTORS)), DETECTORS, rotation=35, ha="right", fontsize=8)
-        ax.set_title(name, fontsize=10)
+        ax.set_title(name.replace("|", " / "), fontsize=10)
         ax.set_ylim(bottom=-12)
         ax.grid(axis="y", alpha=0.3)
     for row in axes:
         row[0].set_ylabel("delay from fault start (s)")
-    fig.suptitle("Detection delay per detector, event time (red: target = persistence + 10 s; "
-                 "under each box: detected / faults)", fontsize=10)
+    fig.suptitle("Detection delay per detector, event time (red: persistence + 10 s; under each box: "
+                 "detected / faults)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def run_record(run: Run, keep_episodes: bool) -> dict[str, Any]:
+    """What the JSON keeps of a run: its scenario, load check and counts (``keep_episodes``: everything)."""
+    episodes = run_episodes(run)
+    report = run_corrections(run)
+    record: dict[str, Any] = {
+        "profile": run.profile, "split": run.split, "mode": run.mode, "scenario": run.scenario.describe(),
+        "stats": run.stats,
+        "episodes_per_detector": {d: sum(e.detector == d for e in episodes) for d in DETECTORS},
+        "corrections": {"read": report["corrections"], "healthy_zero": len(report["healthy_zero"]),
+                        "healthy_zero_steps": report["healthy_zero_steps"], "all_zero_steps": len(report["all_zero"]),
+                        "panic": report["panic"], "below": report["below"]},
+    }
+    if keep_episodes:
+        record["episodes"] = [asdict(e) for e in episodes]
+        record["corrections"] = report
+    return record
+
+
+def scenarios_of(args: argparse.Namespace) -> list[Scenario]:
+    lives = {"on": (True,), "off": (False,), "both": (True, False)}[args.live_signals]
+    if args.quick and not args.shape:
+        pairs = list(QUICK)
+    else:
+        shapes = args.shape or list(SHAPES)
+        seeds = args.seeds[:1] if args.quick else args.seeds
+        pairs = [(s, seed) for s in shapes for seed in seeds]
+    return [Scenario(make_shape(shape), seed, live) for live in lives for shape, seed in pairs]
+
+
+def group_runs(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    """Runs by ``profile|scope``: the split (FIT, HOLDOUT) and every shape (``|no-live`` apart)."""
+    out: dict[str, list[Run]] = {}
+    for run in runs:
+        suffix = "" if run.scenario.live_signals else "|no-live"
+        for scope in (run.split, run.scenario.shape.name):
+            out.setdefault(f"{run.profile}|{scope}{suffix}", []).append(run)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="one seed and one load per source (smoke run)")
-    parser.add_argument("--profile", action="append", choices=["seed", "tuned"],
-                        help="detector profile(s) (default: both)")
-    parser.add_argument("--source", action="append", choices=list(LOADS), help="traffic source(s) (default: both)")
+    parser.add_argument("--quick", action="store_true", help="one fit and one holdout run (a smoke run, < 60 s)")
+    parser.add_argument("--mode", choices=["fast", "worker"], default="fast",
+                        help="fast: the pipeline in-process; worker: the real worker on a real broker")
+    parser.add_argument("--profile", action="append", metavar="NAME[=PATH]",
+                        help=f"detector profile(s) (default: {', '.join(PROFILES_DEFAULT)})")
+    parser.add_argument("--shape", action="append", metavar="TRACE@SCALEx",
+                        help=f"shape(s) (default: all: {', '.join(SHAPES)})")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    parser.add_argument("--fit-shapes", nargs="+", default=list(FIT_SHAPES))
+    parser.add_argument("--fit-seeds", type=int, nargs="+", default=list(FIT_SEEDS))
+    parser.add_argument("--live-signals", choices=["on", "off", "both"], default="on",
+                        help="the engines' live gauges and latency histograms in the simulated telemetry")
+    parser.add_argument("--no-live-signals", dest="live_signals", action="store_const", const="off",
+                        help="same as --live-signals off")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="fast mode: scenarios simulated in parallel processes (default 1)")
+    parser.add_argument("--keep-episodes", action="store_true",
+                        help="write every run's alert episodes and correction lists to the JSON (large)")
     parser.add_argument("--out", type=Path, default=RESULTS / "quality.json")
-    parser.add_argument("--plot", type=Path, default=RESULTS / "quality_delays.png")
+    parser.add_argument("--plot", type=Path, help="delay plot (default: next to --out, not in --quick runs)")
     args = parser.parse_args(argv)
-    profiles = args.profile or ["seed", "tuned"]
-    sources = args.source or list(LOADS)
-    seeds = args.seeds[:1] if args.quick else args.seeds
-    specs = [RunSpec(source, load, seed, profile) for profile in profiles for source in sources
-             for load in (LOADS[source][-1:] if args.quick else LOADS[source]) for seed in seeds]
-    workdir = Path(tempfile.mkdtemp(prefix="skewwatch-quality-"))
-    runs: list[dict[str, Any]] = []
-    failures: list[str] = []
+    profiles = args.profile or list(PROFILES_DEFAULT)
+    try:
+        names = [parse_profile(p)[0] for p in profiles]
+        scenarios = scenarios_of(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if len(set(names)) != len(names):
+        parser.error(f"profile names must differ: {names}")
     began = time.monotonic()
-    with kafka(workdir) as bootstrap:
-        for i, spec in enumerate(specs, 1):
-            try:
-                run = run_once(spec, bootstrap, workdir)
-            except Exception as exc:  # noqa: BLE001 - one broken run must not lose the others
-                failures.append(f"{spec.name}: {exc}")
-                print(f"[{i}/{len(specs)}] {spec.name}: FAILED {str(exc)[:2000]}", file=sys.stderr)
-                continue
-            runs.append(run)
-            print(f"[{i}/{len(specs)}] {spec.name}: {run['events']} events, {len(run['alerts'])} alert records, "
-                  f"{run['wall_s']} s", file=sys.stderr)
-    groups: dict[str, dict[str, Any]] = {}
-    for profile in profiles:
-        for source in sources:
-            mine = [r for r in runs if r["spec"]["profile"] == profile and r["spec"]["source"] == source]
-            if mine:
-                groups[f"{profile}/{source}"] = summarize(mine, profile)
-    for name, summary in groups.items():
-        print(f"\n## {name}  ({summary['runs']} runs, {summary['clean_pool_hours']:.2f} clean pool-hours)\n")
-        print(table(summary))
-        print("\nalerts by where they fired:\n")
-        print(confusion_table(summary))
-    for source in sources:
-        if any(name.endswith(f"/{source}") for name in groups):
-            print(f"\n## {source}: profiles side by side\n")
-            print(side_by_side(groups, source))
+    runs: list[Run] = []
+    failures: list[str] = []
+    workdir = Path(tempfile.mkdtemp(prefix="skewwatch-quality-"))
+    total = len(scenarios) * (1 if args.mode == "fast" else len(profiles))
+    done = 0
+
+    def report(run: Run) -> None:
+        nonlocal done
+        done += 1
+        print(f"[{done}/{total}] {run.key} ({run.split}): {run.stats['arrivals']} requests, "
+              f"{len(run.alerts)} alert records, {len(run.corrections)} corrections, {run.stats['wall_s']} s",
+              file=sys.stderr)
+
+    if args.mode == "fast":
+        jobs = [(scenario, profiles, split_of(scenario, args.fit_shapes, args.fit_seeds)) for scenario in scenarios]
+        with concurrent.futures.ProcessPoolExecutor(args.jobs) if args.jobs > 1 else contextlib.nullcontext() as pool:
+            results = pool.map(_run_fast_job, jobs) if pool is not None else map(_run_fast_job, jobs)
+            for made in results:
+                runs.extend(made)
+                report(made[-1])
+    else:
+        with kafka(workdir) as bootstrap:
+            for scenario in scenarios:
+                split = split_of(scenario, args.fit_shapes, args.fit_seeds)
+                for profile in profiles:
+                    try:
+                        run = run_worker(scenario, profile, split, bootstrap, workdir)
+                    except Exception as exc:  # noqa: BLE001 - one broken run must not lose the others
+                        failures.append(f"{profile}|{scenario.name}: {exc}")
+                        print(f"{profile}|{scenario.name}: FAILED {str(exc)[:2000]}", file=sys.stderr)
+                        continue
+                    run.profile = parse_profile(profile)[0]
+                    runs.append(run)
+                    report(run)
+    targets = {name: delay_targets(spec) for name, spec in zip(names, profiles, strict=True)}
+    groups = {key: summarize(members, targets[members[0].profile]) for key, members in group_runs(runs).items()}
+    splits = {run.scenario.shape.name: "fit" if any(r.split == "FIT" for r in runs
+                                                   if r.scenario.shape.name == run.scenario.shape.name)
+              else "holdout" for run in runs}
+    shape_order = [s for s in SHAPES if s in splits] + [s for s in splits if s not in SHAPES]
+    scopes = [s for s in ("FIT", "HOLDOUT") if any(k.endswith(f"|{s}") for k in groups)] + shape_order
+    fit_desc = (f"FIT = shapes {', '.join(args.fit_shapes)} x seeds {', '.join(map(str, args.fit_seeds))}; "
+                "HOLDOUT = every other run")
+    print(f"\n# Detection quality ({args.mode} mode; {fit_desc})\n")
+    print(overview_table(groups, scopes, names, {**splits, "FIT": "fit", "HOLDOUT": "holdout"}))
+    for scope in scopes:
+        members = group_runs(runs).get(f"{names[0]}|{scope}", [])
+        seeds = sorted({r.scenario.seed for r in members})
+        print(f"\n## {scope} ({len(members)} runs, seeds {', '.join(map(str, seeds))})\n")
+        print(detector_table(groups, scope, names))
+        print()
+        print(outcome_table(groups, scope, names))
+        if args.live_signals == "both":
+            print("\ndelay median / P95 (s) with and without the engines' live signals:\n")
+            print(live_table(groups, scope, names))
     out = {
         "machine": machine(),
+        "mode": args.mode,
         "wall_s": round(time.monotonic() - began, 1),
-        "setup": {"replicas_per_pool": REPLICAS, "pools_per_run": pools(), "run_s": RUN_S, "warmup_s": WARMUP_S,
-                  "fault_at_s": FAULT_AT_S, "fault_for_s": FAULT_FOR_S, "grace_s": GRACE_S,
-                  "scored_until_s": SCORED_UNTIL_S, "weight_drop": WEIGHT_DROP, "loads": LOADS, "seeds": seeds,
-                  "router": "round_robin", "detector_of": DETECTOR_OF, "quick": args.quick},
+        "split": {"fit_shapes": args.fit_shapes, "fit_seeds": args.fit_seeds,
+                  "runs": {r.key: r.split for r in runs}},
+        "setup": {"profiles": dict(zip(names, profiles, strict=True)), "seeds": args.seeds, "quick": args.quick,
+                  "live_signals": args.live_signals, "detector_of": DETECTOR_OF,
+                  "shapes": {s: make_shape(s).describe() for s in shape_order},
+                  "targets": {"recall": RECALL_TARGET, "precision": RECALL_TARGET, "delay": "persistence + 10 s",
+                              "false_per_clean_pool_hour": FALSE_PER_HOUR_TARGET, "healthy_zero": 0,
+                              "all_zero_pools": 0, "faulty_below_within_target": RECALL_TARGET}},
         "groups": groups,
         "failures": failures,
-        "runs": [{k: v for k, v in r.items() if k not in ("alerts", "corrections")}
-                 | {"episodes": [asdict(e) for e in episodes_of(r)]} for r in runs],
+        "runs": [run_record(r, args.keep_episodes) for r in runs],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1, default=str) + "\n")
-    if groups:
-        plot(groups, args.plot)
+    plot_path = args.plot or (None if args.quick else args.out.with_name(args.out.stem + "_delays.png"))
+    if plot_path is not None:
+        plot(groups, [f"{p}|{s}" for s in ("FIT", "HOLDOUT") for p in names], plot_path)
     if not failures:  # broker data and worker logs: kept only when something went wrong
         shutil.rmtree(workdir, ignore_errors=True)
-    print(f"\nwrote {args.out} and {args.plot} in {out['wall_s']:.0f} s", file=sys.stderr)
+    print(f"\nwrote {args.out}{' and ' + str(plot_path) if plot_path else ''} in {out['wall_s']:.0f} s",
+          file=sys.stderr)
     return 1 if failures else 0
 
 

@@ -1,14 +1,18 @@
-"""The seed's routing table, reproduced on the fleet simulator.
+"""The seed's routing table, reproduced on the fleet simulator, on two traffic shapes (benchmark 2).
 
 Seed claim (seed §1), P99 latency deviation / GPU-utilisation spread: round robin
 ±380 ms / ±22 %, least connections ±290 ms / ±18 %, multi-signal dynamic weights ±65 ms / ±5 %.
+Target: ``dynamic_least_request`` at least 3x tighter P99 deviation than round robin and no worse
+than least connections, on both shapes.
 
-**Scenario** (one for every policy, so only the router differs): the bundled Azure ``conv``
-trace, ``REPLICAS`` replicas of one 70B-class model, ``LOAD`` of the fleet's estimated capacity,
-``RUN_S`` of arrivals, seed ``SEED``, and the faults of :data:`FAULTS` — a thermally throttled
-replica for most of the run, KV-cache fragmentation and a batch-scheduler collapse, each on
-another replica. (No context burst: in the simulator a burst belongs to the replica — whatever
-is routed there gets long prompts — so it says nothing about a router.) The first ``WARMUP_S`` are not measured.
+**Scenario** (one for every policy, so only the router differs), on each trace of ``--trace``
+(default ``conv``, the Azure conversation trace, and ``mooncake``, the long-context FAST'25
+synthetic trace, on the engine its prompts need: :mod:`skewwatch.sim.shapes`): ``REPLICAS``
+replicas of one 70B-class model, ``LOAD`` of the fleet's estimated capacity, ``RUN_S`` of
+arrivals, seed ``SEED``, and the faults of :data:`FAULTS` — a thermally throttled replica for
+most of the run, KV-cache fragmentation and a batch-scheduler collapse, each on another replica.
+(No context burst: in the simulator a burst belongs to the replica — whatever is routed there
+gets long prompts — so it says nothing about a router.) The first ``WARMUP_S`` are not measured.
 
 **Policies** (the simulator's ``--policy`` list, :mod:`skewwatch.sim.router`). ``round_robin``
 and ``least_connections`` route on their own. ``dynamic`` and ``dynamic_least_request`` are the
@@ -16,14 +20,15 @@ pipeline in the loop: the real ``skewwatch worker`` on a real broker reads the
 simulator's events and telemetry and publishes ``llm.routing-corrections``; the simulator
 applies each step's correction before simulating the next step (lockstep on event time,
 :func:`skewwatch.sim.loop.run_kafka_loop`, two steps of lag for the allowed lateness). It runs
-once per detector profile (``seed``: the seed's formula and defaults; ``tuned``:
-``bench/profiles/tuned.toml``). ``dynamic`` applies the weights by smooth weighted round robin
+once per detector profile (``default``: the worker's defaults; ``tuned``:
+``bench/profiles/tuned.toml``; ``seed``: the seed's rules, ``bench/common.py``). ``dynamic`` applies
+the weights by smooth weighted round robin
 (the seed's reading: traffic in proportion to the weights); ``dynamic_least_request`` applies the
 same corrections as weighted least request, each request to ``argmin (in_flight + 1) / weight``
 (as Envoy and nginx do it), so between two corrections the router also sees its own in-flight
-counts. Extra rows ``... (in-process)`` close the same loops with the pure weights
-(:class:`~skewwatch.sim.loop.LocalWeightsLoop`: no Kafka, no lag, no detectors' actions), for
-comparison only.
+counts. Extra rows ``... (in-process)`` close the same loops with the worker's stages in-process
+(:class:`~skewwatch.sim.local_pipeline.LocalPipeline`: detectors, actions and weights, no Kafka, the
+same two steps of lag), for comparison; ``--in-process`` runs only those (no broker: seconds).
 
 **Definitions** (:func:`routing_metrics`; requests that *arrived* in the measured span):
 
@@ -39,10 +44,12 @@ comparison only.
   measured span), CUDA-failed requests, and dropped requests (never served: could not fit the
   KV cache, or still in flight when the drain limit passed).
 
-    .venv/bin/python bench/routing.py            # ~5 min on 2 cores
-    .venv/bin/python bench/routing.py --quick    # 5 simulated minutes
+    .venv/bin/python bench/routing.py                 # both traces, ~15 min on 2 cores
+    .venv/bin/python bench/routing.py --quick         # 5 simulated minutes each
+    .venv/bin/python bench/routing.py --in-process    # no broker: the loops in-process only
 
-Prints the table, writes ``bench/results/routing.json`` and ``bench/results/routing.png``.
+Prints one table per trace, writes ``bench/results/routing.json`` and ``bench/results/routing.png``
+(``routing_mooncake.png`` for the second trace).
 
 >>> import numpy as np
 >>> from skewwatch.schemas.requests.columns import RequestColumns
@@ -57,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import shutil
 import sys
@@ -75,12 +83,14 @@ if str(REPO) not in sys.path:
 
 from bench.common import (  # noqa: E402
     EVERY_STEP_ENV,
+    PROFILES,
     RESULTS,
     Worker,
     delete_run_topics,
     fresh_settings,
     kafka,
     machine,
+    profile_settings,
 )
 from skewwatch.schemas.requests.columns import RequestColumns  # noqa: E402
 from skewwatch.schemas.telemetry_sample import TelemetrySample  # noqa: E402
@@ -108,8 +118,12 @@ SEED_TABLE: dict[str, tuple[float, float]] = {  # the seed's claim: P99 deviatio
 }
 
 
+TRACES: tuple[str, ...] = ("conv", "mooncake")
+
+
 @dataclass(frozen=True, slots=True)
 class Scenario:
+    trace: str = "conv"
     replicas: int = REPLICAS
     load: float = LOAD
     seed: int = SEED
@@ -200,10 +214,11 @@ def routing_metrics(requests: RequestColumns, telemetry: Sequence[TelemetrySampl
 
 
 def _simulator(scenario: Scenario, policy: str, on_step: Callable[..., None] | None) -> Any:
-    from skewwatch.sim.fleet import FleetConfig, FleetSimulator
+    from skewwatch.sim.fleet import FleetSimulator
+    from skewwatch.sim.shapes import make_shape
 
-    config = FleetConfig(replicas=scenario.replicas, policy=policy, load=scenario.load, seed=scenario.seed,
-                         injections=scenario.injections())
+    config = make_shape(scenario.trace).fleet_config(replicas=scenario.replicas, policy=policy, load=scenario.load,
+                                                      seed=scenario.seed, injections=scenario.injections())
     return FleetSimulator(config, START_TS, scenario.run_s, on_step=on_step)
 
 
@@ -216,14 +231,12 @@ def _finish(sim: Any, requests: list[RequestColumns], telemetry: list[TelemetryS
 
 
 def run_local(scenario: Scenario, policy: str, profile: str | None = None) -> dict[str, Any]:
-    """A policy without Kafka; the dynamic policies with the pure weights in-process."""
-    from skewwatch.sim.loop import LocalWeightsLoop
+    """A policy without Kafka; the dynamic policies with the worker's stages in-process, lag 2 steps."""
+    from skewwatch.sim.local_pipeline import LocalPipeline
 
     loop = None
     if policy in CORRECTION_POLICIES:
-        from bench.common import detector_settings
-
-        loop = LocalWeightsLoop(weights=detector_settings(profile or "seed").weights)
+        loop = LocalPipeline(profile_settings(profile or "default", EVERY_STEP_ENV), apply=True, lag_steps=2)
     requests: list[RequestColumns] = []
     telemetry: list[TelemetrySample] = []
 
@@ -278,7 +291,8 @@ def run_worker_loop(scenario: Scenario, bootstrap: str, workdir: Path, profile: 
         finally:
             await corrections.stop()
 
-    worker = Worker(settings, workdir / f"routing-{policy}-{profile}", profile, extra_env=EVERY_STEP_ENV)
+    worker = Worker(settings, workdir / f"routing-{scenario.trace}-{policy}-{profile}", profile,
+                    extra_env=EVERY_STEP_ENV)
     try:
         worker.start()
         asyncio.run(loop())
@@ -333,8 +347,11 @@ def breakdown(rows: dict[str, dict[str, Any]], faulty: Sequence[str]) -> str:
 
 def plot(rows: dict[str, dict[str, Any]], scenario: Scenario, path: Path) -> None:
     """Per-step P99 spread and utilisation spread over time, one line per policy."""
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError:  # the bench extra is not installed: the tables and JSON are the result
+        print(f"(no plot {path}: matplotlib is not installed; pip install -e '.[bench]')", file=sys.stderr)
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -357,8 +374,8 @@ def plot(rows: dict[str, dict[str, Any]], scenario: Scenario, path: Path) -> Non
     axes[1].set_ylabel("std across replicas of\nGPU utilisation (pp)")
     axes[1].set_xlabel("event time (s)")
     axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    axes[0].set_title(f"Routing policies, {scenario.replicas} replicas, load {scenario.load:g}, conv trace "
-                      "(gray: injected faults)", fontsize=10)
+    axes[0].set_title(f"Routing policies, {scenario.replicas} replicas, load {scenario.load:g}, {scenario.trace} "
+                      "trace (gray: injected faults)", fontsize=10)
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()  # keeps the legend on the right inside the figure
@@ -369,55 +386,100 @@ def plot(rows: dict[str, dict[str, Any]], scenario: Scenario, path: Path) -> Non
 def row_name(policy: str, profile: str, in_process: bool = False) -> str:
     """``dynamic``, ``dynamic (tuned)``, ``dynamic_least_request (tuned, in-process)``, ...
 
-    >>> row_name("dynamic", "seed"), row_name("dynamic_least_request", "tuned", in_process=True)
+    >>> row_name("dynamic", "default"), row_name("dynamic_least_request", "tuned", in_process=True)
     ('dynamic', 'dynamic_least_request (tuned, in-process)')
     """
-    notes = [n for n in (None if profile == "seed" else profile, "in-process" if in_process else None) if n]
+    notes = [n for n in (None if profile == "default" else profile, "in-process" if in_process else None) if n]
     return f"{policy} ({', '.join(notes)})" if notes else policy
+
+
+def verdict(rows: dict[str, dict[str, Any]], profile: str, in_process: bool = False) -> dict[str, Any] | None:
+    """The target: ``dynamic_least_request`` >= 3x tighter P99 deviation than round robin, and no
+    worse than least connections.
+
+    >>> rows = {"round_robin": {"p99_deviation_ms": 900.0}, "least_connections": {"p99_deviation_ms": 400.0},
+    ...         "dynamic_least_request": {"p99_deviation_ms": 250.0}}
+    >>> verdict(rows, "default")["met"]
+    True
+    """
+    row = rows.get(row_name("dynamic_least_request", profile, in_process))
+    if row is None or row.get("p99_deviation_ms") is None:
+        return None
+    dlr, rr, lc = (r["p99_deviation_ms"] for r in (row, rows["round_robin"], rows["least_connections"]))
+    ratio = rr / dlr if dlr else float("inf")
+    return {"vs_round_robin": ratio, "vs_least_connections": lc / dlr if dlr else float("inf"),
+            "met": ratio >= 3.0 and dlr <= lc}
+
+
+def run_trace(scenario: Scenario, profiles: Sequence[str], bootstrap: str | None, workdir: Path) -> dict[str, Any]:
+    """Every policy on one trace: the fixed routers, the loops through the worker (with a broker) and
+    in-process."""
+    rows: dict[str, dict[str, Any]] = {}
+    for policy in ("round_robin", "least_connections"):
+        rows[policy] = run_local(scenario, policy)
+        print(f"{scenario.trace} {policy}: {rows[policy]['wall_s']} s", file=sys.stderr)
+    looped = [(policy, profile) for policy in CORRECTION_POLICIES for profile in profiles]
+    if bootstrap is not None:
+        for policy, profile in looped:
+            name = row_name(policy, profile)
+            rows[name] = run_worker_loop(scenario, bootstrap, workdir, profile, policy)
+            print(f"{scenario.trace} {name}: {rows[name]['wall_s']} s, lockstep misses "
+                  f"{rows[name]['lockstep_misses']}", file=sys.stderr)
+    for policy, profile in looped:
+        rows[row_name(policy, profile, in_process=True)] = run_local(scenario, policy, profile)
+    targets = {row_name("dynamic_least_request", p, local): verdict(rows, p, local)
+               for p in profiles for local in (False, True)}
+    return {"scenario": {"trace": scenario.trace, "replicas": scenario.replicas, "load": scenario.load,
+                         "seed": scenario.seed, "run_s": scenario.run_s, "warmup_s": scenario.warmup_s,
+                         "faults": [{"kind": k, "replica": r, "at_s": a, "for_s": d, "params": p}
+                                    for k, r, a, d, p in FAULTS if a < scenario.run_s]},
+            "target": {k: v for k, v in targets.items() if v is not None}, "rows": rows}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="300 simulated seconds (smoke run)")
-    parser.add_argument("--profile", action="append", choices=["seed", "tuned"],
-                        help="detector profile(s) for the dynamic policy (default: both)")
+    parser.add_argument("--trace", action="append", choices=list(TRACES), help="trace(s) (default: all)")
+    parser.add_argument("--profile", action="append", choices=list(PROFILES),
+                        help="detector profile(s) for the dynamic policies (default: default and tuned)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="close the dynamic loops in-process only (no broker, no worker)")
     parser.add_argument("--out", type=Path, default=RESULTS / "routing.json")
     parser.add_argument("--plot", type=Path, default=RESULTS / "routing.png")
     args = parser.parse_args(argv)
-    scenario = Scenario(run_s=300.0) if args.quick else Scenario()
-    profiles = args.profile or ["seed", "tuned"]
-    rows: dict[str, dict[str, Any]] = {}
+    traces = args.trace or list(TRACES)
+    profiles = args.profile or ["default", "tuned"]
     began = time.monotonic()
-    for policy in ("round_robin", "least_connections"):
-        rows[policy] = run_local(scenario, policy)
-        print(f"{policy}: {rows[policy]['wall_s']} s", file=sys.stderr)
     workdir = Path(tempfile.mkdtemp(prefix="skewwatch-routing-"))
-    looped = [(policy, profile) for policy in CORRECTION_POLICIES for profile in profiles]
-    with kafka(workdir) as bootstrap:
-        for policy, profile in looped:
-            name = row_name(policy, profile)
-            rows[name] = run_worker_loop(scenario, bootstrap, workdir, profile, policy)
-            print(f"{name}: {rows[name]['wall_s']} s, lockstep misses {rows[name]['lockstep_misses']}",
-                  file=sys.stderr)
-    for policy, profile in looped:
-        rows[row_name(policy, profile, in_process=True)] = run_local(scenario, policy, profile)
-    faulty = sorted({inj.replica for inj in scenario.injections()}, key=lambda r: int(r[1:]))
-    print(table(rows, faulty))
-    print()
-    print(breakdown(rows, faulty))
-    out = {"machine": machine(), "wall_s": round(time.monotonic() - began, 1),
-           "scenario": {"trace": "conv", "replicas": scenario.replicas, "load": scenario.load, "seed": scenario.seed,
-                        "run_s": scenario.run_s, "warmup_s": scenario.warmup_s,
-                        "faults": [{"kind": k, "replica": r, "at_s": a, "for_s": d, "params": p}
-                                   for k, r, a, d, p in FAULTS if a < scenario.run_s],
-                        "quick": args.quick},
+    results: dict[str, dict[str, Any]] = {}
+    with contextlib.ExitStack() as stack:
+        bootstrap = None if args.in_process else stack.enter_context(kafka(workdir))
+        for trace in traces:
+            scenario = Scenario(trace=trace, run_s=300.0) if args.quick else Scenario(trace=trace)
+            results[trace] = run_trace(scenario, profiles, bootstrap, workdir)
+    plots = []
+    for trace, result in results.items():
+        scenario = Scenario(trace=trace, run_s=result["scenario"]["run_s"])
+        faulty = sorted({inj.replica for inj in scenario.injections()}, key=lambda r: int(r[1:]))
+        print(f"\n## {trace} trace: {scenario.replicas} replicas, load {scenario.load:g}\n")
+        print(table(result["rows"], faulty))
+        print()
+        print(breakdown(result["rows"], faulty))
+        for name, v in result["target"].items():
+            print(f"\n{name}: P99 deviation {v['vs_round_robin']:.1f}x tighter than round robin (target >= 3), "
+                  f"least connections' / its = {v['vs_least_connections']:.2f} (target >= 1): "
+                  f"{'met' if v['met'] else 'missed ✗'}")
+        path = args.plot if trace == traces[0] else args.plot.with_name(f"{args.plot.stem}_{trace}{args.plot.suffix}")
+        plot(result["rows"], scenario, path)
+        plots.append(str(path))
+    out = {"machine": machine(), "wall_s": round(time.monotonic() - began, 1), "quick": args.quick,
+           "profiles": profiles, "in_process_only": args.in_process,
            "seed_claim": {k: {"p99_deviation_ms": v[0], "utilization_spread_pct": v[1]} for k, v in SEED_TABLE.items()},
-           "rows": rows}
+           "traces": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
-    plot(rows, scenario, args.plot)
     shutil.rmtree(workdir, ignore_errors=True)  # broker data and worker logs (a failure raised before this)
-    print(f"wrote {args.out} and {args.plot} in {out['wall_s']:.0f} s", file=sys.stderr)
+    print(f"wrote {args.out} and {', '.join(plots)} in {out['wall_s']:.0f} s", file=sys.stderr)
     return 0
 
 

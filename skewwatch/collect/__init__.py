@@ -5,6 +5,8 @@
 * :mod:`skewwatch.collect.engine_maps` maps Prometheus expositions (vLLM, SGLang, TGI, DCGM
   exporter) to :class:`~skewwatch.schemas.telemetry_sample.TelemetrySample` through one data table
   per engine; :mod:`skewwatch.collect.scrape_command` is the ``skewwatch scrape`` command.
+* :mod:`skewwatch.collect.histogram` reads an engine's latency histograms between two scrapes (the
+  live ``tpot_*`` / ``ttft_*`` fields, contract v1.3); the fleet simulator's engines report through it.
 * Everything is published through :class:`skewwatch.client.bounded_producer.BoundedProducer`,
   key = replica id, so a broker outage costs a counter, never a stalled sampling loop.
 

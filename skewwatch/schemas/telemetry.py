@@ -60,6 +60,15 @@ TELEMETRY_FIELDS: Final[tuple[FieldSpec, ...]] = (
     FieldSpec("memory_reserved_bytes", "number", False),
     FieldSpec("memory_allocated_bytes", "number", False),
     FieldSpec("batch_capacity", "integer", False, minimum=1),  # v1.1: the engine's max running batch
+    # v1.3: live per-token latencies since the previous sample (delta of the engine's histograms)
+    FieldSpec("tpot_count", "integer", False),
+    FieldSpec("tpot_mean_s", "number", False),
+    FieldSpec("tpot_p50_s", "number", False),
+    FieldSpec("tpot_p99_s", "number", False),
+    FieldSpec("ttft_count", "integer", False),
+    FieldSpec("ttft_mean_s", "number", False),
+    FieldSpec("ttft_p50_s", "number", False),
+    FieldSpec("ttft_p99_s", "number", False),
 )
 _MAX_PROBLEMS_SHOWN = 5
 

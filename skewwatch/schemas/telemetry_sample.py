@@ -45,6 +45,17 @@ class TelemetrySample:
     memory_reserved_bytes: float | None = None  # torch caching allocator, reserved
     memory_allocated_bytes: float | None = None  # torch caching allocator, allocated
     batch_capacity: int | None = None  # engine's max running batch (vLLM --max-num-seqs), v1.1
+    # v1.3, live per-token latencies since the previous sample (the delta of the engine's histograms,
+    # skewwatch.collect.histogram): output tokens after the first (vllm:time_per_output_token_seconds) ...
+    tpot_count: int | None = None
+    tpot_mean_s: float | None = None
+    tpot_p50_s: float | None = None
+    tpot_p99_s: float | None = None
+    # ... and first tokens (vllm:time_to_first_token_seconds), seen as they are produced, not at finish
+    ttft_count: int | None = None
+    ttft_mean_s: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p99_s: float | None = None
     v: int = TELEMETRY_SCHEMA_VERSION
 
     @property

@@ -22,15 +22,26 @@ The engine model, per replica (every constant in :class:`FleetConfig`, defaults 
   queue at its finish, ``kv_cache_hit_rate`` its prefix-cache hit share.
 - **Telemetry** every 5 s of event time per replica: an SM-activity-like GPU utilisation
   (prefill time counts fully, decode steps in proportion to batch fill), KV usage, memory =
-  weights + runtime + KV in use, power and temperature from utilisation, queue and running batch.
-- **Faults** (:mod:`skewwatch.sim.faults`): ``slow_replica`` multiplies the decode step,
-  ``batch_collapse`` makes the scheduler admit only while the running batch is under 1-2
-  (a ``stuck_share`` of ``phase_s`` phases) or under 4..``max_batch`` (the other phases),
-  ``context_burst`` gives requests routed to the replica long prompts, ``gpu_fault`` fails a
-  ``share`` of its requests with CUDA errors (XID in telemetry for hardware faults),
-  ``kv_pressure`` lowers the prefix-cache hit rate (more prefill) and shrinks the usable KV
-  cache by the fragmentation, ``replica_silence`` keeps the replica serving but hides its
-  events and telemetry. ``long_tail`` slows a ``share`` of its requests' decode.
+  weights + runtime + KV in use, power and temperature from utilisation, queue and running batch,
+  and what a vLLM engine exports live (``live_signals``): the interval's time per output token
+  (every decode step gives each running request a token; its latency is the step's duration)
+  and time to first token (at the end of the admitting iteration), as vLLM's histograms would
+  show them between two scrapes (:mod:`skewwatch.collect.histogram`, contract v1.2).
+- **Faults** (:mod:`skewwatch.sim.faults`), relative to the trace and the replica:
+  ``slow_replica`` multiplies the replica's decode step, ``batch_collapse`` makes the scheduler
+  admit only while the running batch is under 1-2 (a ``stuck_share`` of ``phase_s`` phases) or
+  under 4..``max_batch`` (the other phases), ``context_burst`` gives requests routed to the
+  replica prompts of ``factor`` x the trace's P90, ``gpu_fault`` fails a ``share`` of its requests
+  with CUDA errors (XID in telemetry for hardware faults), ``kv_pressure`` lowers the
+  prefix-cache hit rate (more prefill) and shrinks the usable KV cache by the fragmentation,
+  ``replica_silence`` keeps the replica serving but hides its events and telemetry,
+  ``long_tail`` stalls a ``share`` of its requests by (k - 1) x the replica's own median latency
+  (over its last finished requests), spread over their output tokens, ``quiet_pool`` stops every
+  arrival of a model (its engines idle; their telemetry goes on unless ``telemetry=0``).
+
+**Traffic.** One arrival stream for the fleet, time-scaled to ``rate`` (or ``load`` x capacity),
+each arrival picking a model uniformly; or, with ``model_rates``, one stream per model at its own
+rate (each replays the trace from its own seeded offset, so every pool sees the trace's shape).
 
 Runs are deterministic under a seed and as fast as the machine allows (an hour of 4 replicas in
 seconds). :meth:`FleetSimulator.chunks` yields one :class:`~skewwatch.sim.generator.TrafficChunk`
@@ -58,9 +69,10 @@ from typing import Any
 
 import numpy as np
 
+from skewwatch.collect.histogram import TPOT_BUCKETS_S, TTFT_BUCKETS_S, IntervalHistogram
 from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
-from skewwatch.sim.faults import CUDA_ERRORS, Injection
+from skewwatch.sim.faults import CUDA_ERRORS, FaultError, Injection, applies_to, target_model
 from skewwatch.sim.generator import STEP_S, TrafficChunk
 from skewwatch.sim.router import POLICIES, DynamicWeightRouter, make_router
 from skewwatch.sim.trace import Trace, load_trace
@@ -69,6 +81,13 @@ GIB = float(1 << 30)
 # Event kinds, in the order they are handled at equal times: a step closes before anything
 # that happens at its boundary, so a chunk holds exactly the requests with ts < its end.
 _STEP, _ITER_END, _ARRIVAL = 0, 1, 2
+# Telemetry fields an engine exports live (its scrape bridge); FleetConfig.live_signals=False leaves them out.
+LIVE_ENGINE_FIELDS: tuple[str, ...] = (
+    "queue_length", "running_requests", "kv_cache_usage", "tpot_count", "tpot_mean_s", "tpot_p50_s", "tpot_p99_s",
+    "ttft_count", "ttft_mean_s", "ttft_p50_s", "ttft_p99_s")
+# long_tail: a replica's median latency is taken over its last this many finished requests (not stalled ones)
+MEDIAN_OVER = 101
+MEDIAN_MIN = 5  # fewer finished so far: the engine's unloaded latency of the trace's median request
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +116,12 @@ class FleetConfig:
     # -- traffic
     load: float = 0.8  # target share of the fleet's estimated capacity (ignored when rate is set)
     rate: float | None = None  # fleet requests/s; None: load x capacity
+    model_rates: tuple[float, ...] | None = None  # requests/s per model (in models order); overrides both
     trace: Trace | None = field(default=None, compare=False)  # None: the bundled "conv" trace
     seed: int = 0
     injections: tuple[Injection, ...] = ()
     telemetry: bool = True
+    live_signals: bool = True  # telemetry carries the engine's live gauges and latency histograms
     drain_s: float = 600.0  # after the end, in-flight requests get this long to finish, then fail
 
     def __post_init__(self) -> None:
@@ -112,11 +133,15 @@ class FleetConfig:
             raise ValueError("replicas, max_batch and kv_capacity_tokens must be positive")
         if self.rate is None and not self.load > 0:
             raise ValueError(f"load must be > 0, got {self.load}")
-        names = {name for _, name in fleet_replicas(self)}
+        if self.model_rates is not None and (len(self.model_rates) != len(self.models)
+                                             or not all(r > 0 for r in self.model_rates)):
+            raise ValueError(f"model_rates: one rate > 0 per model ({len(self.models)}), got {self.model_rates!r}")
+        pairs = fleet_replicas(self)
         for inj in self.injections:
-            if inj.replica not in names:
-                raise ValueError(f"--inject {inj.kind}: no replica {inj.replica!r} "
-                                 f"(replicas: {', '.join(sorted(names))})")
+            try:
+                target_model(inj, pairs)
+            except FaultError as exc:
+                raise ValueError(str(exc)) from exc
 
 
 def fleet_replicas(config: FleetConfig) -> list[tuple[str, str]]:
@@ -140,9 +165,22 @@ def replica_capacity_rps(config: FleetConfig, trace: Trace) -> float:
     return 1000.0 / service_ms
 
 
+def unloaded_latency_s(config: FleetConfig, prompt: float, completion: float) -> float:
+    """Seconds one request of these lengths takes alone on an idle replica (prefill of its uncached
+    share, then one decode step per token at batch 1).
+
+    >>> round(unloaded_latency_s(FleetConfig(), 1020, 129), 2)
+    2.92
+    """
+    prefill_ms = prompt * (1.0 - config.kv_hit_rate_mean) * config.prefill_ms_per_token
+    step_ms = (config.decode_base_ms + config.decode_per_seq_ms
+               + config.decode_per_context_token_ms * (prompt + completion / 2.0))
+    return (prefill_ms + max(completion, 1.0) * step_ms) / 1000.0
+
+
 class _Request:
     __slots__ = ("rid", "model", "arrival", "prompt", "completion", "hit", "kv", "ctx",
-                 "first_token", "batch", "finish_iter", "slow")
+                 "first_token", "batch", "finish_iter", "stall_s")
 
     def __init__(self, rid: int, model: str, arrival: float, prompt: int, completion: int) -> None:
         self.rid = rid
@@ -156,7 +194,7 @@ class _Request:
         self.first_token = math.nan
         self.batch = 0
         self.finish_iter = 0
-        self.slow = 1.0  # long_tail: this request's decode factor
+        self.stall_s = 0.0  # long_tail: how much later than its engine time this request finishes
 
 
 class _Replica:
@@ -174,6 +212,12 @@ class _Replica:
         self.busy_s = 0.0  # busy seconds inside the current telemetry interval
         self.busy_carry_s = 0.0  # of an iteration that runs past the interval's end
         self.faults = [(inj, *inj.window(start_ts)) for inj in injections]
+        self.recent_latency: deque[float] = deque(maxlen=MEDIAN_OVER)  # seconds, finished and not stalled
+        self.stalled: dict[int, float] = {}  # rid -> extra seconds per output token, while running
+        self.tpot = IntervalHistogram(TPOT_BUCKETS_S)  # this telemetry interval's live latencies
+        self.ttft = IntervalHistogram(TTFT_BUCKETS_S)
+        self.iteration_s = 0.0  # the running iteration's duration and how many requests decode in it
+        self.decoding = 0
         self.rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(10, index)))
         self.fault_rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(11, index)))
         self.telemetry_rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(12, index)))
@@ -213,8 +257,10 @@ class FleetSimulator:
         self.router = make_router(config.policy)
         self.on_step = on_step  # called after each chunk is built, before it is yielded
         pairs = fleet_replicas(config)
+        targets = [target_model(inj, pairs) for inj in config.injections]
         self.replicas = [
-            _Replica(i, model, name, [inj for inj in config.injections if inj.replica == name],
+            _Replica(i, model, name, [inj for inj, target in zip(config.injections, targets, strict=True)
+                                      if applies_to(inj, model, name, target)],
                      self.start_ts, config.seed)
             for i, (model, name) in enumerate(pairs)
         ]
@@ -223,29 +269,43 @@ class FleetSimulator:
             self.pools.setdefault(r.model, []).append(r)
         per_replica = replica_capacity_rps(config, self.trace)
         self.capacity_rps = per_replica * len(self.replicas)
-        self.rate = config.rate if config.rate is not None else config.load * self.capacity_rps
+        if config.model_rates is not None:
+            self.rate = float(sum(config.model_rates))
+        else:
+            self.rate = config.rate if config.rate is not None else config.load * self.capacity_rps
+        self._prompt_p90 = self.trace.prompt_quantile(0.9)  # context_burst is relative to it
+        # long_tail before a replica has finished enough requests: the trace's median request, unloaded
+        self._median_fallback_s = unloaded_latency_s(config, float(np.median(self.trace.prompt_tokens)),
+                                                     float(np.median(self.trace.completion_tokens)))
         self._arrival_rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(13,)))
-        self._events: list[tuple[float, int, int, int]] = []  # (time, kind, seq, replica index)
+        self._events: list[tuple[float, int, int, int]] = []  # (time, kind, seq, replica index or stream)
         self._seq = 0
         self._done: list[dict[str, Any]] = []  # finished rows not yet released in a chunk
         self._rid = 0
-        self._arrivals = self._arrival_times()
+        self.quiet_dropped = 0  # arrivals that never came: their model's pool was quiet
+        # arrival streams: one for the fleet (a model picked per arrival), or one per model
+        if config.model_rates is None:
+            self._streams = [self._arrival_times(self.rate, self._arrival_rng)]
+        else:
+            self._streams = [self._arrival_times(rate, np.random.default_rng(
+                np.random.SeedSequence(config.seed, spawn_key=(13, m + 1))))
+                for m, rate in enumerate(config.model_rates)]
         self._step_end = self.start_ts + STEP_S  # end of the telemetry interval being accumulated
 
     # -- traffic -------------------------------------------------------------------------------
-    def _arrival_times(self) -> Iterator[tuple[float, int]]:
-        """Trace arrivals (time-scaled to the target rate, looping) as (event time, trace row)."""
+    def _arrival_times(self, rate: float, rng: np.random.Generator) -> Iterator[tuple[float, int]]:
+        """Trace arrivals (time-scaled to ``rate``, looping) as (event time, trace row)."""
         trace = self.trace
         span = trace.duration_s
         n = len(trace)
         if n < 2 or span <= 0:  # no usable timing: Poisson at the target rate over the rows
             t = self.start_ts
             while True:
-                t += float(self._arrival_rng.exponential(1.0 / self.rate))
-                yield t, int(self._arrival_rng.integers(0, n))
-        scale = trace.mean_rate / self.rate  # trace seconds -> event seconds
+                t += float(rng.exponential(1.0 / rate))
+                yield t, int(rng.integers(0, n))
+        scale = trace.mean_rate / rate  # trace seconds -> event seconds
         period = span * n / (n - 1)  # one lap of the trace, keeping its mean gap at the seam
-        first = int(self._arrival_rng.integers(0, n))  # start somewhere in the trace, per seed
+        first = int(rng.integers(0, n))  # start somewhere in the trace, per seed
         base = float(trace.offset_s[first])
         lap, i = 0, first
         while True:
@@ -272,6 +332,7 @@ class FleetSimulator:
         if pressure is not None and pressure.param("mode") == "fragmentation":
             kv_cap = int(kv_cap * (1.0 - float(pressure.param("fragmentation"))))
         prefill_tokens = 0.0
+        decoding = r.running  # requests that get an output token after their first from this iteration
         while r.waiting and r.running < cap:
             req = r.waiting[0]
             if req.kv > kv_cap:  # can never fit: fail it rather than block the queue forever
@@ -286,6 +347,8 @@ class FleetSimulator:
             r.ctx_tokens += req.ctx
             req.batch = r.running
             req.finish_iter = r.iteration + req.completion
+            if req.stall_s:
+                r.stalled[req.rid] = req.stall_s / req.completion  # extra seconds per output token
             heapq.heappush(r.finishing, (req.finish_iter, req.rid, req))
             r.prefilling.append(req)
             prefill_tokens += req.prompt * (1.0 - req.hit)
@@ -307,6 +370,7 @@ class FleetSimulator:
         # read ~100 % whenever anything runs, which says nothing about spread across replicas.)
         active_ms = prefill_ms + step_ms * min(r.running / cfg.max_batch, 1.0)
         self._account_busy(r, t, duration_s, active_ms / 1000.0)
+        r.iteration_s, r.decoding = duration_s, decoding  # for the live histograms, at its end
         self._push(t + duration_s, _ITER_END, r.index)
 
     def _collapsed_cap(self, r: _Replica, collapse: Injection, t: float) -> int:
@@ -336,6 +400,7 @@ class FleetSimulator:
 
     def _iteration_end(self, r: _Replica, t: float) -> None:
         r.iteration += 1
+        self._observe_tokens(r, t)
         for req in r.prefilling:
             req.first_token = t
         r.prefilling.clear()
@@ -344,12 +409,28 @@ class FleetSimulator:
             r.running -= 1
             r.kv_used -= req.kv
             r.ctx_tokens -= req.ctx
-            if req.slow > 1.0:  # long_tail: this request's remaining decode runs slower
-                extra = (t - req.first_token) * (req.slow - 1.0)
-                self._finish(r, req, t + extra)
-            else:
-                self._finish(r, req, t)
+            r.stalled.pop(req.rid, None)
+            # long_tail: a stalled request finishes its stall later; the live histograms spread the
+            # stall over its tokens (_observe_tokens), its batch slot and KV are freed at engine time
+            self._finish(r, req, t + req.stall_s)
         self._admit_and_run(r, t)
+
+    def _observe_tokens(self, r: _Replica, t: float) -> None:
+        """The live histograms of the iteration ending at ``t`` (counted in the telemetry interval it
+        ends in, as an engine observes a token when it is produced): each request that was decoding
+        got a token one iteration after its previous one (a stalled request its stall's share of
+        the iteration more), each admitted one its first token."""
+        duration, decoding = r.iteration_s, r.decoding
+        if r.stalled:
+            admitted = {req.rid for req in r.prefilling}
+            extras = [extra for rid, extra in r.stalled.items() if rid not in admitted]
+            r.tpot.observe(duration, decoding - len(extras))
+            for extra in extras:
+                r.tpot.observe(duration + extra)
+        else:
+            r.tpot.observe(duration, decoding)
+        for req in r.prefilling:
+            r.ttft.observe(t - req.arrival)
 
     def _finish(self, r: _Replica, req: _Request, t: float, failed: bool = False) -> None:
         cfg = self.config
@@ -366,6 +447,8 @@ class FleetSimulator:
                 name = names[int(r.fault_rng.integers(0, len(names)))]
                 cuda_error = CUDA_ERRORS[name] if float(fault.param("codes")) else name
         latency_ms = max((t - req.arrival) * 1000.0, 0.001)
+        if status == "ok" and req.stall_s == 0.0:
+            r.recent_latency.append(latency_ms / 1000.0)
         ttft_ms = latency_ms if math.isnan(req.first_token) else (req.first_token - req.arrival) * 1000.0
         row: dict[str, Any] = {
             "request_id": f"s{cfg.seed}-{r.name}-{req.rid}", "ts": round(t, 6), "model": r.model,
@@ -386,11 +469,17 @@ class FleetSimulator:
                 return True
         return False
 
-    def _arrive(self, t: float, row: int) -> None:
+    def _arrive(self, t: float, row: int, stream: int) -> None:
         cfg = self.config
-        model = cfg.models[int(self._arrival_rng.integers(0, len(cfg.models)))] if len(cfg.models) > 1 \
-            else cfg.models[0]
+        if cfg.model_rates is not None:
+            model = cfg.models[stream]
+        else:
+            model = cfg.models[int(self._arrival_rng.integers(0, len(cfg.models)))] if len(cfg.models) > 1 \
+                else cfg.models[0]
         pool = self.pools[model]
+        if pool[0].active("quiet_pool", t) is not None:  # nobody sends this model anything now
+            self.quiet_dropped += 1
+            return
         pick = self.router.choose(model, [r.name for r in pool], [r.inflight for r in pool], t)
         r = pool[pick]
         self._rid += 1
@@ -398,10 +487,10 @@ class FleetSimulator:
                        int(self.trace.completion_tokens[row]))
         burst = r.active("context_burst", t)
         if burst is not None:
-            mean, cv = float(burst.param("mean_tokens")), float(burst.param("cv"))
+            mean, cv = burst.burst_mean_tokens(self._prompt_p90), float(burst.param("cv"))
             sigma = math.sqrt(math.log1p(cv * cv))
             prompt = r.fault_rng.lognormal(math.log(mean) - sigma * sigma / 2.0, sigma)
-            req.prompt = int(min(max(round(prompt), 1), float(burst.param("max_tokens"))))
+            req.prompt = int(min(max(round(prompt), 1), burst.burst_max_tokens(self._prompt_p90)))
             req.kv = req.prompt + req.completion
             req.ctx = req.prompt + req.completion // 2
         target = cfg.kv_hit_rate_mean
@@ -412,7 +501,10 @@ class FleetSimulator:
         req.hit = float(r.rng.beta(target * conc, (1.0 - target) * conc))
         tail = r.active("long_tail", t)
         if tail is not None and r.fault_rng.random() < float(tail.param("share")):
-            req.slow = float(r.fault_rng.uniform(float(tail.param("factor_min")), float(tail.param("factor_max"))))
+            k = float(r.fault_rng.uniform(float(tail.param("factor_min")), float(tail.param("factor_max"))))
+            median = (float(np.median(r.recent_latency)) if len(r.recent_latency) >= MEDIAN_MIN
+                      else self._median_fallback_s)
+            req.stall_s = (k - 1.0) * median  # a request of median length then takes k x the median
         r.arrivals += 1
         r.waiting.append(req)
         if not r.busy:
@@ -424,7 +516,8 @@ class FleetSimulator:
         noise = r.telemetry_rng.standard_normal(2).tolist()
         frag = float(r.telemetry_rng.uniform(0.05, 0.15))
         overlapping = r.overlapping(t - STEP_S, t)
-        if any(inj.kind == "replica_silence" for inj in overlapping):
+        if any(inj.kind == "replica_silence" or (inj.kind == "quiet_pool" and not float(inj.param("telemetry")))
+               for inj in overlapping):
             return None
         xid: int | None = None
         for inj in overlapping:
@@ -445,28 +538,40 @@ class FleetSimulator:
             power_w=round(cfg.idle_power_w + (cfg.max_power_w - cfg.idle_power_w) * util + 5.0 * noise[0], 1),
             temperature_c=round(35.0 + 40.0 * util + noise[1], 1),
             xid_last=xid, xid_count_5m=r.xid_count if xid is not None else None,
-            queue_length=len(r.waiting), running_requests=r.running,
-            kv_cache_usage=round(r.kv_used / cfg.kv_capacity_tokens, 4),
             kv_cache_hit_rate=None,
             memory_reserved_bytes=float(round(reserved)),
             memory_allocated_bytes=float(round(reserved * (1.0 - frag))),
+            **(self._live_signals(r) if cfg.live_signals else {}),
         )
+
+    def _live_signals(self, r: _Replica) -> dict[str, Any]:
+        """What the engine's scrape bridge reports live: gauges now, the latency histograms' deltas
+        since the previous sample (quantiles as Prometheus interpolates them; None without tokens)."""
+        def rounded(value: float | None) -> float | None:
+            return None if value is None else round(value, 6)
+
+        return {
+            "queue_length": len(r.waiting), "running_requests": r.running,
+            "kv_cache_usage": round(r.kv_used / self.config.kv_capacity_tokens, 4),
+            "tpot_count": r.tpot.count, "tpot_mean_s": rounded(r.tpot.mean()),
+            "tpot_p50_s": rounded(r.tpot.quantile(0.5)), "tpot_p99_s": rounded(r.tpot.quantile(0.99)),
+            "ttft_count": r.ttft.count, "ttft_mean_s": rounded(r.ttft.mean()),
+            "ttft_p50_s": rounded(r.ttft.quantile(0.5)), "ttft_p99_s": rounded(r.ttft.quantile(0.99)),
+        }
 
     # -- the run -------------------------------------------------------------------------------
     def chunks(self) -> Iterator[TrafficChunk]:
         self._step_end = self.start_ts + STEP_S
         self._push(self._step_end, _STEP)
-        t_next, row_next = next(self._arrivals)
-        if t_next < self.end_ts:
-            self._push(t_next, _ARRIVAL, row_next)
+        rows = [0] * len(self._streams)  # each stream's next arrival's trace row
+        for stream in range(len(self._streams)):
+            self._next_arrival(stream, rows)
         hard_stop = self.end_ts + self.config.drain_s
         while self._events:
             t, kind, _, data = heapq.heappop(self._events)
             if kind == _ARRIVAL:
-                self._arrive(t, data)
-                t_next, row_next = next(self._arrivals)
-                if t_next < self.end_ts:
-                    self._push(t_next, _ARRIVAL, row_next)
+                self._arrive(t, rows[data], data)
+                self._next_arrival(data, rows)
             elif kind == _ITER_END:
                 self._iteration_end(self.replicas[data], t)
             else:
@@ -484,6 +589,12 @@ class FleetSimulator:
                 self._step_end = t + STEP_S
                 self._push(self._step_end, _STEP)
 
+    def _next_arrival(self, stream: int, rows: list[int]) -> None:
+        """Schedule ``stream``'s next arrival (none at or past the end)."""
+        t, rows[stream] = next(self._streams[stream])
+        if t < self.end_ts:
+            self._push(t, _ARRIVAL, stream)
+
     def _release(self, before: float) -> RequestColumns:
         ready = [row for row in self._done if row["ts"] < before]
         self._done = [row for row in self._done if row["ts"] >= before]
@@ -498,6 +609,8 @@ class FleetSimulator:
                 if sample is not None:
                     telemetry.append(sample)
             r.busy_s, r.busy_carry_s = min(r.busy_carry_s, STEP_S), max(r.busy_carry_s - STEP_S, 0.0)
+            r.tpot.reset()  # the next sample reports the next interval's tokens
+            r.ttft.reset()
         return TrafficChunk(end_ts=t, requests=self._release(t), telemetry=telemetry)
 
     def _fail_in_flight(self, t: float) -> None:

@@ -1,4 +1,4 @@
-"""The statistical traffic generator behind ``skewwatch generate``, with injected faults.
+"""The statistical traffic generator behind ``skewwatch generate`` (faults in skewwatch.sim.faults).
 
 N replicas of one or two models receive Poisson arrivals at ``rate`` requests/s each. Every
 request draws its prompt and completion lengths jointly from a real trace row (the bundled
@@ -30,6 +30,7 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Iterator
@@ -41,7 +42,7 @@ import numpy.typing as npt
 
 from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
-from skewwatch.sim.faults import CUDA_ERRORS, Injection
+from skewwatch.sim.faults import CUDA_ERRORS, FaultError, Injection, applies_to, target_model
 from skewwatch.sim.trace import Trace, load_trace
 
 FloatArray = npt.NDArray[np.float64]
@@ -91,11 +92,12 @@ class GeneratorConfig:
             raise ValueError("batch_fill_mean must be in (0, 1], kv_hit_rate_mean in (0, 1)")
         if self.latency_median_ms <= self.ttft_median_ms:
             raise ValueError("latency_median_ms must exceed ttft_median_ms")
-        replicas = {r for _, r in replica_ids(self)}
+        pairs = replica_ids(self)
         for inj in self.injections:
-            if inj.replica not in replicas:
-                raise ValueError(f"--inject {inj.kind}: no replica {inj.replica!r} "
-                                 f"(replicas: {', '.join(sorted(replicas))})")
+            try:
+                target_model(inj, pairs)
+            except FaultError as exc:
+                raise ValueError(str(exc)) from exc
 
 
 def replica_ids(config: GeneratorConfig) -> list[tuple[str, str]]:
@@ -106,8 +108,8 @@ def replica_ids(config: GeneratorConfig) -> list[tuple[str, str]]:
 
 def labels(config: GeneratorConfig, start_ts: float) -> list[dict[str, Any]]:
     """Ground truth of the run's injections (the labels file's content)."""
-    model_of = {r: m for m, r in replica_ids(config)}
-    return [inj.label(start_ts, model_of[inj.replica]) for inj in config.injections]
+    pairs = replica_ids(config)
+    return [inj.label(start_ts, target_model(inj, pairs)) for inj in config.injections]
 
 
 @dataclass(slots=True)
@@ -163,8 +165,13 @@ class TrafficGenerator:
         self._seq = [0] * len(self.replicas)
         self._prompt_ref = max(float(np.median(self.trace.prompt_tokens)), 1.0)
         self._completion_ref = max(float(np.median(self.trace.completion_tokens)), 1.0)
+        self._prompt_p90 = self.trace.prompt_quantile(0.9)  # context_burst is relative to it
         self._pending = RequestColumns.empty()
         self._xid_count = [0] * len(self.replicas)
+        # per replica, the injections acting on it (a pool-level fault acts on every replica of its model)
+        self._faults = [[inj for inj in config.injections
+                         if applies_to(inj, model, replica, target_model(inj, self.replicas))]
+                        for model, replica in self.replicas]
 
     # -- one replica, one chunk ------------------------------------------------------------
     def _draw(self, i: int, t0: float, t1: float) -> _Drawn:
@@ -216,10 +223,11 @@ class TrafficGenerator:
             d.queue[hit] += np.round(queue)
             d.wait_ms[hit] += d.queue[hit] * float(inj.param("wait_ms_per_queued"))
         elif inj.kind == "context_burst":
-            mean, cv = float(inj.param("mean_tokens")), float(inj.param("cv"))
+            mean, cv = inj.burst_mean_tokens(self._prompt_p90), float(inj.param("cv"))
             sigma = math.sqrt(math.log1p(cv * cv))
             prompts = rng.lognormal(math.log(mean) - sigma * sigma / 2.0, sigma, k)
-            d.prompt[hit] = np.clip(np.round(prompts), 1, float(inj.param("max_tokens"))).astype(np.int64)
+            cap = inj.burst_max_tokens(self._prompt_p90)
+            d.prompt[hit] = np.clip(np.round(prompts), 1, cap).astype(np.int64)
         elif inj.kind == "gpu_fault":
             chosen = rng.random(k) < float(inj.param("share"))
             names = inj.cuda_error_choices()
@@ -239,8 +247,8 @@ class TrafficGenerator:
                 d.completion[hit] = rng.integers(1, top + 1, k)
             conc = cfg.kv_hit_rate_concentration
             d.hit_rate[hit] = rng.beta(target * conc, (1.0 - target) * conc, k)
-        elif inj.kind == "replica_silence":
-            d.dropped[hit] = True
+        elif inj.kind in ("replica_silence", "quiet_pool"):
+            d.dropped[hit] = True  # silence: served but not reported; quiet pool: never arrived
 
     def _columns(self, i: int, d: _Drawn) -> RequestColumns:
         """Latencies from tokens and noise, then the v1 event columns (dropping silenced ones)."""
@@ -255,8 +263,8 @@ class TrafficGenerator:
         ttft = ttft + d.wait_ms
         ts = d.arrival + latency / 1000.0
         keep = ~d.dropped
-        for inj in cfg.injections:  # silence also hides requests that finish inside the window
-            if inj.replica == replica and inj.kind == "replica_silence":
+        for inj in self._faults[i]:  # silence also hides requests that finish inside the window
+            if inj.kind == "replica_silence":
                 start, end = inj.window(self.start_ts)
                 keep &= ~((ts >= start) & (ts < end))
         n = int(keep.sum())
@@ -287,10 +295,15 @@ class TrafficGenerator:
         noise = rng.standard_normal(4).tolist()  # fixed draw count: determinism does not depend on faults
         frag_base = float(rng.uniform(0.05, 0.15))
         # Faults whose window overlaps the interval [ts - STEP_S, ts) this sample describes.
-        active = [inj for inj in cfg.injections if inj.replica == self.replicas[i][1]
-                  and inj.window(self.start_ts)[0] < ts and inj.window(self.start_ts)[1] > ts - STEP_S]
+        active = [inj for inj in self._faults[i]
+                  if inj.window(self.start_ts)[0] < ts and inj.window(self.start_ts)[1] > ts - STEP_S]
         if any(inj.kind == "replica_silence" for inj in active):
             return None
+        quiet = [inj for inj in active if inj.kind == "quiet_pool"]
+        if quiet and not all(float(inj.param("telemetry")) for inj in quiet):
+            return None
+        if quiet:  # an idle engine: nothing running, nothing waiting
+            d = dataclasses.replace(d, batch=d.batch[:0], queue=d.queue[:0], hit_rate=d.hit_rate[:0])
         fill = float(d.batch.mean()) / cfg.batch_capacity if len(d.batch) else 0.0
         kv_usage = float(np.clip(0.9 * fill + 0.03 * noise[0], 0.0, 1.0))
         fragmentation = frag_base
@@ -337,9 +350,8 @@ class TrafficGenerator:
             for i in range(len(self.replicas)):
                 # Always draw the whole chunk, then cut at the end: a shorter run is a prefix.
                 d = self._draw(i, t0, t1)
-                for inj in cfg.injections:
-                    if inj.replica == self.replicas[i][1]:
-                        self._inject(i, d, inj)
+                for inj in self._faults[i]:
+                    self._inject(i, d, inj)
                 if last:
                     d.dropped |= d.arrival >= self.end_ts
                 new.append(self._columns(i, d))

@@ -1,11 +1,10 @@
 """The closed routing loop without Kafka: the pipeline's pure weights computed in-process.
 
-The simulator's ``dynamic`` policies (``dynamic``, ``dynamic_least_request``) apply the weights
-the worker publishes on ``llm.routing-corrections``, in lockstep on event time. The full loop runs
-the real worker on a real broker; this module is the same loop with the broker and worker
-replaced by the pure code they run (:class:`skewwatch.pipeline.window.PartitionWindows` for the
-60 s windows, one partition holding every replica, and
-:func:`skewwatch.pipeline.weights.compute_weights` for the seed §1 formula),
+The ``dynamic`` routing policies (``dynamic``, ``dynamic_least_request``) apply the weights the
+worker publishes on ``llm.routing-corrections``, in lockstep on event time. The full loop runs the real worker on a
+real broker; this module is the same loop with the broker and worker replaced by the pure
+code they run (:class:`skewwatch.pipeline.window.PartitionWindows` for the 60 s windows, one partition
+holding every replica, and :func:`skewwatch.pipeline.weights.compute_weights` for the seed's formula),
 so a seeded closed loop runs in CI in seconds and the simulator's router can be checked on its own.
 
 Use it as the simulator's ``on_step``: after step k's chunk is built, it computes every

@@ -48,12 +48,13 @@ from skewwatch.kafka_security import client_options
 from skewwatch.logs import logging_options, quiet_libraries, setup_logging
 from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
-from skewwatch.sim.faults import FAULT_KINDS, FaultError, write_labels
+from skewwatch.sim.faults import FAULT_KINDS, FaultError, target_model, write_labels
 from skewwatch.sim.fleet import FleetConfig, FleetSimulator, fleet_replicas
 from skewwatch.sim.generate_command import build_injections, parse_speed, parse_start_ts
 from skewwatch.sim.generator import TrafficChunk, event_rows
 from skewwatch.sim.loop import LocalWeightsLoop
 from skewwatch.sim.router import CORRECTION_POLICIES, POLICIES
+from skewwatch.sim.shapes import SHAPES, make_shape
 from skewwatch.sim.trace import ColumnMapping, TraceError, load_trace
 
 
@@ -116,7 +117,10 @@ def _jsonl_lines(chunk: TrafficChunk, requests_topic: str, telemetry_topic: str)
 @click.option("--start-ts", default="now", show_default=True, help="Event time of the start: 'now' or epoch s.")
 @click.option("--trace", "trace_name", default="conv", show_default=True,
               help="Arrivals and lengths from 'conv' or 'code' (bundled Azure 2023 traces) or a CSV path.")
-@click.option("--columns", help="CSV column mapping, e.g. ts=time,prompt=input_tokens,completion=output_tokens.")
+@click.option("--columns", help="CSV column mapping, e.g. ts=time,prompt=input_tokens,completion=output_tokens"
+                               ",ts_unit=ms.")
+@click.option("--shape", help=f"A traffic shape instead of --trace/--load/--rate: a bundled trace at a multiple of its "
+                             f"base rate per replica, on the engine it needs ({', '.join(SHAPES)}; any TRACE@Kx).")
 @click.option("--max-batch", default=32, show_default=True, type=click.IntRange(min=1))
 @click.option("--kv-capacity-tokens", default=52_000, show_default=True, type=click.IntRange(min=1))
 @click.option("--inject", "inject_kinds", multiple=True, metavar="KIND[:name=value,...]",
@@ -133,6 +137,9 @@ def _jsonl_lines(chunk: TrafficChunk, requests_topic: str, telemetry_topic: str)
 @click.option("--topic", help="Request events topic (default: config topics.requests).")
 @click.option("--telemetry-topic", help="GPU telemetry topic (default: config topics.gpu_telemetry).")
 @click.option("--no-telemetry", is_flag=True, help="Do not emit simulated GPU telemetry.")
+@click.option("--no-live-signals", is_flag=True,
+              help="Telemetry without the engines' live gauges and latency histograms (queue, running, KV usage, "
+                   "tpot_*, ttft_*).")
 @click.option("--batch", default=100, show_default=True, type=click.IntRange(min=1), help="Events per message.")
 @click.option("--speed", default="max", show_default=True, help="Pace by event time: 'max', 1.0, 10, ...")
 @click.option("--output", "output_path", type=click.Path(dir_okay=False),
@@ -150,11 +157,12 @@ def _jsonl_lines(chunk: TrafficChunk, requests_topic: str, telemetry_topic: str)
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), help="Also write the summary here.")
 @logging_options
 def simulate_command(models: str, replicas: int, policy: str, load: float, rate: float | None, duration: float,
-                     seed: int, start_ts: str, trace_name: str, columns: str | None, max_batch: int,
+                     seed: int, start_ts: str, trace_name: str, columns: str | None, shape: str | None,
+                     max_batch: int,
                      kv_capacity_tokens: int, inject_kinds: tuple[str, ...], inject_replicas: tuple[str, ...],
                      inject_at: tuple[float, ...], inject_for: tuple[float, ...], inject_params: tuple[str, ...],
                      labels_path: str | None, bootstrap: str | None, config_path: str | None, topic: str | None,
-                     telemetry_topic: str | None, no_telemetry: bool, batch: int, speed: str,
+                     telemetry_topic: str | None, no_telemetry: bool, no_live_signals: bool, batch: int, speed: str,
                      output_path: str | None, weights_source: str, corrections_topic: str | None,
                      lockstep_lag: int, lockstep_timeout: float, summary_path: str | None, loglevel: str,
                      log_format: str) -> None:
@@ -164,12 +172,17 @@ def simulate_command(models: str, replicas: int, policy: str, load: float, rate:
     start = parse_start_ts(start_ts)
     pace = parse_speed(speed)
     try:
-        trace = load_trace(trace_name, ColumnMapping.parse(columns) if columns else None)
         injections = build_injections(inject_kinds, inject_replicas, inject_at, inject_for, inject_params)
-        config = FleetConfig(models=tuple(m.strip() for m in models.split(",") if m.strip()), replicas=replicas,
-                             policy=policy, load=load, rate=rate, seed=seed, trace=trace, max_batch=max_batch,
-                             kv_capacity_tokens=kv_capacity_tokens, injections=tuple(injections),
-                             telemetry=not no_telemetry)
+        names = tuple(m.strip() for m in models.split(",") if m.strip())
+        common: dict[str, Any] = {"models": names, "replicas": replicas, "policy": policy, "seed": seed,
+                                  "max_batch": max_batch, "injections": tuple(injections),
+                                  "telemetry": not no_telemetry, "live_signals": not no_live_signals}
+        if shape:
+            chosen = make_shape(shape)
+            config = chosen.fleet_config(**common, model_rates=(replicas * chosen.rate_per_replica,) * len(names))
+        else:
+            trace = load_trace(trace_name, ColumnMapping.parse(columns) if columns else None)
+            config = FleetConfig(**common, load=load, rate=rate, trace=trace, kv_capacity_tokens=kv_capacity_tokens)
     except (TraceError, FaultError, ValueError) as exc:
         raise ConfigProblem(str(exc)) from exc
     to_kafka = bool(not output_path and (bootstrap or settings.kafka.bootstrap))
@@ -178,8 +191,8 @@ def simulate_command(models: str, replicas: int, policy: str, load: float, rate:
         check_kafka(require_bootstrap(bootstrap, settings, "to produce to"), settings)
     options = client_options(settings.kafka)
     if labels_path:
-        model_of = {r: m for m, r in fleet_replicas(config)}
-        write_labels(labels_path, [inj.label(start, model_of[inj.replica]) for inj in config.injections])
+        pairs = fleet_replicas(config)
+        write_labels(labels_path, [inj.label(start, target_model(inj, pairs)) for inj in config.injections])
     closed = policy in CORRECTION_POLICIES
     kafka_loop = closed and weights_source == "kafka"
     loop = LocalWeightsLoop() if closed and not kafka_loop else None

@@ -8,6 +8,7 @@ README's numbers, so a mistake here would misreport every run.
 from __future__ import annotations
 
 import doctest
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,19 +20,22 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench import common, quality, routing  # noqa: E402
-from bench.quality import (  # noqa: E402
+from bench import common, quality, routing, scenarios, scoring  # noqa: E402
+from bench.scoring import (  # noqa: E402
     Episode,
     Label,
     alert_episodes,
     confusion,
+    correction_report,
     judge,
     match,
+    pool_alert_episodes,
     score,
     weight_episodes,
 )
 from skewwatch.schemas.requests.columns import RequestColumns  # noqa: E402
 from skewwatch.schemas.telemetry_sample import TelemetrySample  # noqa: E402
+from skewwatch.sim.shapes import SHAPES  # noqa: E402
 
 
 def alert(ts: float, state: str, replica: str | None = "r1", detector: str = "long_tail", model: str = "m",
@@ -40,7 +44,7 @@ def alert(ts: float, state: str, replica: str | None = "r1", detector: str = "lo
             "evidence": {} if rule is None else {"rule": rule}}
 
 
-@pytest.mark.parametrize("module", [common, quality, routing], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [common, quality, routing, scenarios, scoring], ids=lambda m: m.__name__)
 def test_doctests(module: Any) -> None:
     result = doctest.testmod(module)
     assert result.failed == 0 and result.attempted > 0
@@ -174,24 +178,113 @@ def test_judge_against_the_issue_targets() -> None:
 
 def test_runs_are_scored_apart_even_with_the_same_model_names() -> None:
     # two runs with the same pools: an alert in run 0 must not detect run 1's fault
-    label = {"model": "long_tail", "replica": "r1", "kind": "long_tail", "start": quality.START_TS + 120,
-             "end": quality.START_TS + 270}
-    hit = alert(quality.START_TS + 150, "open", model="long_tail")
-    runs = [{"labels": [label], "alerts": [hit], "corrections": []},
-            {"labels": [label], "alerts": [], "corrections": []}]
-    s = quality.summarize(runs, "seed")["detectors"]["long_tail"]
+    sc = scenarios.Scenario(SHAPES["conv@1x"], seed=1)
+    label = next(lb for lb in sc.labels() if lb["kind"] == "long_tail")
+    hit = alert(label["start"] + 30, "open", model="long_tail", replica=label["replica"])
+    runs = [quality.Run(sc, "default", "FIT", "fast", [hit], []), quality.Run(sc, "default", "FIT", "fast", [], [])]
+    s = quality.summarize(runs, quality.delay_targets("default"))["detectors"]["long_tail"]
     assert (s["labels"], s["detected"], s["precision"]) == (2, 1, 1.0)
 
 
-def test_every_fault_kind_has_a_pool_and_a_detector() -> None:
+def test_every_fault_kind_has_a_pool_a_label_and_a_detector() -> None:
     from skewwatch.sim.faults import FAULT_KINDS
 
-    assert set(quality.DETECTOR_OF) == set(FAULT_KINDS)
-    chunks, labels = quality.run_traffic(quality.RunSpec("generator", 2.0, 3, "seed"))
-    assert {lb.kind for lb in labels} == set(FAULT_KINDS)
-    assert all(lb.replica.endswith(("3", "7", "11", "15", "19", "23", "27")) for lb in labels)  # seed 3 -> index 3
-    first = next(chunks)
-    assert {str(m) for m in first.requests.model} <= set(quality.pools())
+    assert set(scoring.DETECTOR_OF) == set(FAULT_KINDS)
+    sc = scenarios.Scenario(SHAPES["code@1x"], seed=3)
+    labels = sc.labels()
+    assert {lb["kind"] for lb in labels} == set(FAULT_KINDS)
+    replica_labels = [lb for lb in labels if lb["kind"] != "quiet_pool"]
+    # seed 3 -> replica index 3 of each pool, the pool named after its fault
+    assert all(lb["model"] == lb["kind"] and int(lb["replica"][1:]) % 4 == 3 for lb in replica_labels)
+    quiet = next(lb for lb in labels if lb["kind"] == "quiet_pool")
+    assert quiet["replica"] is None and quiet["model"] == "quiet_pool" and quiet["end"] - quiet["start"] == 180
+    config = sc.fleet_config()
+    assert config.models == tuple(sc.pools()) and len(config.model_rates or ()) == len(sc.pools())
+    rates = dict(zip(config.models, config.model_rates or (), strict=True))
+    assert rates["low-rate"] == pytest.approx(4 * scenarios.LOW_RATE) and scenarios.LOW_RATE <= 0.1
+    assert rates["clean-a"] == pytest.approx(4 * SHAPES["code@1x"].rate_per_replica)
+
+
+def test_a_pool_alert_is_right_only_on_a_quiet_pool_and_replica_alerts_there_are_false() -> None:
+    quiet = Label("q", None, "quiet_pool", 100.0, 280.0)
+    recs = [alert(130.0, "open", replica=None, model="q", detector="weights", rule="all_zero"),
+            alert(135.0, "open", replica="r1", model="q", detector="stale"),
+            alert(140.0, "open", replica=None, model="clean", detector="weights")]
+    eps = pool_alert_episodes(recs, 60.0, 400.0) + alert_episodes(recs, 60.0, 400.0)
+    s = score(eps, [quiet], clean_models=["clean"], clean_hours=1.0)
+    assert (s["pool"]["recall"], s["pool"]["precision"], s["pool"]["delays_s"]) == (1.0, 0.5, [30.0])
+    assert s["pool"]["clean_false"] == 1
+    assert s["stale"]["precision"] == 0.0  # a replica alert on the quiet pool is a false alert
+    assert confusion(eps, [quiet])["stale"] == {"quiet_pool": 1}
+
+
+def test_correction_report_counts_healthy_zeros_all_zero_pools_and_lasting_drops() -> None:
+    labels = [Label("m", "c", "slow_replica", 100.0, 150.0), Label("m", "d", "gpu_fault", 100.0, 120.0)]
+    series = [
+        (95.0, {"a": 0.3, "b": 0.3, "c": 0.2, "d": 0.2}),  # c below before its fault: does not count
+        (100.0, {"a": 0.3, "b": 0.3, "c": 0.25, "d": 0.15}),
+        (105.0, {"a": 0.3, "b": 0.35, "c": 0.2, "d": 0.15}),  # c below every other one ...
+        (110.0, {"a": 0.0, "b": 0.5, "c": 0.5, "d": 0.0}),  # ... not any more (d is not "other healthy", still)
+        (115.0, {"a": 0.0, "b": 0.6, "c": 0.4, "d": 0.0}),  # a at 0 while healthy: one episode over 2 steps
+        (120.0, {"a": 0.3, "b": 0.5, "c": 0.2, "d": 0.0}),  # from here c stays below until 150
+        (125.0, {"a": 0.4, "b": 0.5, "c": 0.1, "d": 0.0}),
+        (140.0, {"a": 0.5, "b": 0.4, "c": 0.1, "d": 0.0}),  # d stays drained after its fault: not "healthy"
+        (160.0, {"a": 0.0, "b": 0.0, "c": 0.0, "d": 0.0}),  # all-zero
+    ]
+    recs = [{"model": "m", "ts": t, "weights": w, "actions": [], **({"mode": "panic"} if t == 140.0 else {})}
+            for t, w in series]
+    r = correction_report(recs, labels, 60.0, 300.0)
+    below = {b["replica"]: b["delay_s"] for b in r["below"]}
+    assert below == {"c": None, "d": None}  # c: 0.1 in the 140 record is below, but 0.0 of d is not above it
+    assert r["healthy_zero"] == [["m", "a", 110.0], ["m", "a", 160.0], ["m", "b", 160.0]]
+    assert r["healthy_zero_steps"] == 4 and r["all_zero"] == [["m", 160.0]] and r["panic"] == 1
+
+
+def test_correction_report_delay_of_a_lasting_drop() -> None:
+    labels = [Label("m", "c", "slow_replica", 100.0, 150.0)]
+    weights = [(100.0, 0.30), (105.0, 0.20), (110.0, 0.30), (115.0, 0.20), (120.0, 0.15), (145.0, 0.10), (155.0, 0.4)]
+    recs = [{"model": "m", "ts": t, "weights": {"a": 0.3, "b": 0.3, "c": w}, "actions": []} for t, w in weights]
+    assert correction_report(recs, labels, 60.0, 300.0)["below"][0]["delay_s"] == 15.0  # from 115 to the end
+
+
+def test_summary_of_a_run_whose_answer_is_known() -> None:
+    sc = scenarios.Scenario(SHAPES["conv@1x"], seed=2)
+    start = scenarios.START_TS
+    lo, hi = (start + s for s in sc.scored)
+    pools = sc.pools()
+    replicas = {p: [sc.replica(p, i) for i in range(4)] for p in pools}
+    faulty = {lb["kind"]: lb for lb in sc.labels() if lb["replica"] is not None}
+    corrections, alerts = [], []
+    t = lo
+    while t <= hi:
+        for pool in pools:
+            weights = {r: 0.25 for r in replicas[pool]}
+            kind_label = faulty.get(pool)
+            if kind_label is not None and kind_label["start"] <= t < kind_label["end"]:
+                weights = {r: (0.1 if r == kind_label["replica"] else 0.3) for r in replicas[pool]}
+            if pool == "low-rate" and t >= start + 200:
+                weights[replicas[pool][0]] = 0.0  # one healthy replica at 0 from 200 s on
+            if pool == "quiet_pool" and start + 150 <= t < start + 200:
+                weights = {r: 0.0 for r in replicas[pool]}  # the pool goes all-zero
+            corrections.append({"model": pool, "ts": t, "weights": weights, "actions": []})
+        t += 5.0
+    gpu = faulty["gpu_fault"]
+    alerts += [alert(gpu["start"] + 5, "open", model="gpu_fault", replica=gpu["replica"], detector="gpu_health"),
+               alert(start + 100, "open", model="clean-a", replica=replicas["clean-a"][0], detector="long_tail"),
+               alert(start + 130, "open", model="quiet_pool", replica=replicas["quiet_pool"][1], detector="stale")]
+    summary = quality.summarize([quality.Run(sc, "default", "FIT", "fast", alerts, corrections)],
+                                quality.delay_targets("default"))
+    c = summary["corrections"]
+    assert (c["healthy_zero"], c["all_zero_pools"]) == (5, 1)  # the low-rate replica + 4 quiet ones; one pool
+    assert c["below_share"] == 1.0 and c["below"]["slow_replica"]["delay_median_s"] == 0.0
+    assert summary["quiet_pool_replica_alerts"] == 5  # the stale alert and the 4 replicas' weight-0 episodes
+    hours = (sc.scored[1] - sc.scored[0]) / 3600.0
+    # clean pools: the long_tail alert on clean-a and the low-rate replica's stale (weight 0) episode
+    assert summary["clean_false_per_hour"] == pytest.approx(2 / (3 * hours))
+    assert summary["low_rate_false_per_hour"] == pytest.approx(1 / hours)
+    gh = summary["detectors"]["gpu_health"]
+    assert (gh["recall"], gh["precision"], gh["delays_s"]) == (1.0, 1.0, [5.0])
+    assert summary["detectors"]["weights"]["recall"] == 1.0  # 0.1 < 80 % of an equal share (0.25)
 
 
 # ------------------------------------------------------------------ routing metrics
@@ -232,3 +325,34 @@ def test_per_step_p99_spread_skips_replicas_with_too_few_requests() -> None:
     cols = RequestColumns.from_rows(rows("a", [100.0] * 80) + rows("b", [500.0] * 80) + rows("c", [9e6], t0=130.0))
     m = routing.routing_metrics(cols, [], t0=100.0, t1=180.0)
     assert m["p99_deviation_per_step_ms"]["mean"] == pytest.approx(200.0)
+
+
+# ------------------------------------------------------------------ the harness end to end (in-process)
+
+
+def test_quick_run_scores_a_fit_and_a_holdout_run(tmp_path: Path) -> None:
+    out = tmp_path / "quality.json"
+    assert quality.main(["--quick", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["mode"] == "fast" and set(data["split"]["runs"].values()) == {"FIT", "HOLDOUT"}
+    assert {"default|FIT", "default|HOLDOUT", "seed|FIT", "seed|HOLDOUT", "default|conv@1x",
+            "seed|mooncake@1x"} <= set(data["groups"])
+    for name, group in data["groups"].items():
+        assert group["detectors"]["gpu_health"]["labels"] == group["runs"], name  # one gpu fault per run
+        assert group["detectors"]["pool"]["labels"] == group["runs"]  # and one quiet pool
+        assert group["clean_pool_hours"] > 0 and group["corrections"]["corrections"] > 0
+    for run in data["runs"]:
+        load = run["stats"]["load"]
+        assert load["runaway"] is False and 0 < load["low_rate_per_replica"] <= 0.1
+        assert run["stats"]["quiet_dropped"] > 0 and run["scenario"]["shape"]["trace"] in ("conv", "mooncake")
+
+
+def test_routing_runs_both_traces_in_process() -> None:
+    scenario = routing.Scenario(trace="mooncake", run_s=150.0, warmup_s=30.0)
+    result = routing.run_trace(scenario, ["default"], None, Path("."))
+    rows = result["rows"]
+    assert set(rows) == {"round_robin", "least_connections", "dynamic (in-process)",
+                         "dynamic_least_request (in-process)"}
+    assert result["scenario"]["trace"] == "mooncake"
+    assert all(r["requests"] > 50 and r["dropped"] == 0 for r in rows.values())
+    assert set(result["target"]) == {"dynamic_least_request (in-process)"}

@@ -51,6 +51,7 @@ ALLOWED_DATES = {
 SKIPPED_PREFIXES = ("bench/results/",)
 SKIPPED_SUFFIXES = (".csv", ".png", ".jpg", ".gz")
 DATA_PREFIXES = ("tests/fixtures/",)  # checked for EVERYWHERE only
+SELF = "tests/unit/test_repository_text.py"  # its examples are what the patterns must catch
 
 
 def tracked_files() -> list[str]:
@@ -96,7 +97,7 @@ def findings(name: str, text: str) -> Iterator[str]:
 def test_the_repository_speaks_only_of_itself() -> None:
     problems: list[str] = []
     for name in tracked_files():
-        if name.startswith(SKIPPED_PREFIXES) or name.endswith(SKIPPED_SUFFIXES):
+        if name.startswith(SKIPPED_PREFIXES) or name.endswith(SKIPPED_SUFFIXES) or name == SELF:
             continue
         try:
             text = (ROOT / name).read_text(encoding="utf-8")

@@ -1,0 +1,135 @@
+"""The detection-quality scenario: one run of labelled fault pools and clean pools on one traffic shape.
+
+One *run* = one shape (:mod:`skewwatch.sim.shapes`) x one seed. It holds independent model pools
+of ``REPLICAS`` replicas each, every pool replaying the shape's trace at the shape's rate per
+replica from its own offset (the pipeline keeps models apart, so this is a dozen scenarios per
+simulation instead of one):
+
+- one pool per replica fault kind (``long_tail``, ``slow_replica``, ``batch_collapse``,
+  ``context_burst``, ``gpu_fault``, ``kv_pressure``, ``replica_silence``), the fault on replica
+  ``seed % REPLICAS`` of the pool from ``FAULT_AT_S``, with the faults' relative defaults
+  (:mod:`skewwatch.sim.faults`);
+- ``quiet_pool``: every replica of the pool receives nothing for ``QUIET_FOR_S`` (its engines
+  idle, their telemetry going on) while the other pools keep event time moving;
+- two clean pools at the shape's rate and ``low-rate``, a clean pool at ``LOW_RATE`` requests/s
+  per replica whatever the shape.
+
+**How long a fault lasts.** A fault must give the pipeline evidence to judge: it lasts
+``FAULT_FOR_S`` or long enough for ``MIN_FAULT_REQUESTS`` requests to reach the faulty replica,
+whichever is longer (conv@0.1x: 300 s, mooncake@0.1x: 1,223 s), and the run goes on ``GRACE_S`` +
+30 s past the last fault. The router is ``round_robin``: no routing reaction changes what a fault
+looks like.
+
+>>> from skewwatch.sim.shapes import SHAPES
+>>> s = Scenario(SHAPES["conv@1x"], seed=1)
+>>> s.fault_for_s, s.run_s, s.faulty_index, len(s.pools())
+(150.0, 420.0, 1, 11)
+>>> [(lb["model"], lb["replica"], lb["kind"]) for lb in s.labels(0.0)][-2:]
+[('replica_silence', 'r25', 'replica_silence'), ('quiet_pool', None, 'quiet_pool')]
+>>> Scenario(SHAPES["mooncake@0.1x"], seed=1).fault_for_s > 1200
+True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from skewwatch.sim.faults import Injection
+from skewwatch.sim.fleet import FleetConfig
+from skewwatch.sim.shapes import Shape
+
+REPLICA_FAULTS: tuple[str, ...] = ("long_tail", "slow_replica", "batch_collapse", "context_burst", "gpu_fault",
+                                   "kv_pressure", "replica_silence")
+QUIET_POOL = "quiet_pool"
+CLEAN_POOLS: tuple[str, ...] = ("clean-a", "clean-b")
+LOW_RATE_POOL = "low-rate"
+REPLICAS = 4  # per pool
+LOW_RATE = 0.06  # requests/s per replica of the low-rate clean pool (<= 0.1 where the trace bunches up)
+START_TS = 1_700_000_000.0
+WARMUP_S = 60.0  # one window: not scored
+FAULT_AT_S = 120.0
+FAULT_FOR_S = 150.0  # at least
+MIN_FAULT_REQUESTS = 30  # expected requests on the faulty replica during its fault, at least
+QUIET_FOR_S = 180.0
+GRACE_S = 90.0  # after a fault's end, an alert still belongs to it
+TAIL_S = 30.0  # the run's last seconds are not scored (every pool's corrections reach the end before it)
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """One shape and seed; ``live_signals=False`` drops the engines' live gauges and histograms.
+
+    The other fields shrink the run for tests (fewer pools, shorter faults); the benchmark uses
+    the defaults.
+    """
+
+    shape: Shape
+    seed: int
+    live_signals: bool = True
+    replica_faults: tuple[str, ...] = REPLICA_FAULTS
+    quiet: bool = True
+    clean: tuple[str, ...] = CLEAN_POOLS
+    low_rate: bool = True
+    min_fault_s: float = FAULT_FOR_S
+    quiet_for_s: float = QUIET_FOR_S
+
+    @property
+    def name(self) -> str:
+        return f"{self.shape.name}/seed={self.seed}" + ("" if self.live_signals else "/no-live")
+
+    @property
+    def faulty_index(self) -> int:
+        return self.seed % REPLICAS
+
+    @property
+    def fault_for_s(self) -> float:
+        needed = MIN_FAULT_REQUESTS / self.shape.rate_per_replica
+        return float(max(self.min_fault_s, 5.0 * math.ceil(needed / 5.0)))
+
+    @property
+    def run_s(self) -> float:
+        return FAULT_AT_S + max(self.fault_for_s, self.quiet_for_s if self.quiet else 0.0) + GRACE_S + TAIL_S
+
+    @property
+    def scored(self) -> tuple[float, float]:
+        """Event-time span whose alerts and corrections are scored, as offsets from the start."""
+        return WARMUP_S, self.run_s - TAIL_S
+
+    def pools(self) -> list[str]:
+        """Model names of the run, in replica-numbering order."""
+        return [*self.replica_faults, *([QUIET_POOL] if self.quiet else []), *self.clean,
+                *([LOW_RATE_POOL] if self.low_rate else [])]
+
+    def clean_pools(self) -> list[str]:
+        return [*self.clean, *([LOW_RATE_POOL] if self.low_rate else [])]
+
+    def replica(self, pool: str, index: int) -> str:
+        return f"r{self.pools().index(pool) * REPLICAS + index}"
+
+    def injections(self) -> tuple[Injection, ...]:
+        faults = [Injection(kind, self.replica(kind, self.faulty_index), FAULT_AT_S, self.fault_for_s)
+                  for kind in self.replica_faults]
+        quiet = [Injection(QUIET_POOL, QUIET_POOL, FAULT_AT_S, self.quiet_for_s)] if self.quiet else []
+        return (*faults, *quiet)
+
+    def labels(self, start_ts: float = START_TS) -> list[dict[str, Any]]:
+        """Ground truth: one label per injection (the quiet pool's with ``replica`` null)."""
+        return [inj.label(start_ts, inj.replica if inj.pool_level else inj.kind) for inj in self.injections()]
+
+    def model_rates(self) -> tuple[float, ...]:
+        rate = self.shape.rate_per_replica
+        return tuple(REPLICAS * (LOW_RATE if pool == LOW_RATE_POOL else rate) for pool in self.pools())
+
+    def fleet_config(self) -> FleetConfig:
+        return self.shape.fleet_config(models=tuple(self.pools()), replicas=REPLICAS, policy="round_robin",
+                                       model_rates=self.model_rates(), seed=self.seed,
+                                       injections=self.injections(), live_signals=self.live_signals)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": self.shape.describe(), "seed": self.seed,
+                "live_signals": self.live_signals, "faulty_replica_index": self.faulty_index,
+                "fault_at_s": FAULT_AT_S, "fault_for_s": self.fault_for_s,
+                "quiet_for_s": self.quiet_for_s if self.quiet else None, "pools": self.pools(),
+                "run_s": self.run_s, "scored_s": list(self.scored), "low_rate_per_replica": LOW_RATE}
