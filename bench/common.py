@@ -67,13 +67,13 @@ def detector_settings(profile: str) -> DetectorSettings:
 def persistence_s(settings: DetectorSettings, detector: str) -> float:
     """Seconds of persistence before ``detector`` can open (its ``persistence`` steps x 5 s).
 
-    ``gpu_health`` opens on the step that sees the error; the weights' staleness rule needs
-    ``stale_steps`` silent steps; the latency weight reacts on the next step.
+    ``gpu_health`` opens on the step that sees the error; the weights' staleness rule judges no
+    silence shorter than ``stale_min_s``; the latency weight reacts on the next step.
     """
     if detector == "gpu_health":
         return STEP_S
     if detector == "stale":
-        return settings.weights.stale_steps * STEP_S
+        return settings.weights.stale_min_s
     if detector == "weights":
         return STEP_S
     return float(getattr(settings, detector).persistence) * STEP_S
