@@ -65,7 +65,7 @@ def test_a_quiet_pool_fails_static_and_the_api_publishes_what_it_shows(kafka_set
     events = _events(rng, "quiet", QUIET, 0.08, START, quiet_until, lambda r: r.uniform(7000.0, 11000.0))
     events += _events(rng, "busy", ("b0", "b1"), 2.0, START, end, lambda r: r.uniform(200.0, 400.0))
     topics = kafka_settings.topics
-    with WorkerProcess(kafka_settings, tmp_path / "worker.log") as worker:
+    with WorkerProcess(kafka_settings, tmp_path / "worker.log", cwd=tmp_path / "worker") as worker:
         _send(kafka_settings, events)
 
         def done(records: list[Any]) -> bool:
@@ -115,7 +115,7 @@ def test_when_all_traffic_stops_alerts_resolve_and_corrections_go_on(kafka_setti
     events += _events(rng, "m", ("r1", "r2", "r3"), 10.0, START, end, lambda r: r.uniform(90.0, 110.0))
     topics = kafka_settings.topics
     extra = {"SKEWWATCH_DETECTORS__DECIDER__IDLE_ADVANCE_S": "5"}
-    with WorkerProcess(kafka_settings, tmp_path / "worker.log", extra):
+    with WorkerProcess(kafka_settings, tmp_path / "worker.log", extra, cwd=tmp_path / "worker"):
         _send(kafka_settings, events)
         opened = _read(kafka_settings, lambda records: any(
             r.topic == topics.alerts and orjson.loads(r.value)["replica"] == "r0"
