@@ -197,6 +197,11 @@ class PoolEvidence:
                 continue
             if evidence.arrivals.since > quiet_since and not evidence.engine_lost:
                 continue
+            if (vectors[row] is None and evidence.engine_seen is not None and not evidence.engine_lost
+                    and config.liveness_from_telemetry):
+                # its engine answered when it was last reported: stage 1 stops reporting a replica
+                # (and its telemetry) 90 s after its last request, so its liveness is unknown, not gone
+                continue
             if rates is None:
                 rates = [e.arrivals.rate() or 0.0 for e in evs]
                 # the two newest engine samples of the pool: a replica's engine counts as lost only if

@@ -45,7 +45,10 @@ the process answered its metrics endpoint) means the replica is alive whatever i
 (``liveness_from_telemetry``, default on). A replica that had engine telemetry and lost it
 (older than ``telemetry_max_age_s``) while it also finished no request for that long is stale:
 both channels went quiet — when a peer's engine answered ``telemetry_max_age_s`` after its last
-sample (every engine going quiet together is the pool, or the scraper, not one replica).
+sample (every engine going quiet together is the pool, or the scraper, not one replica). A
+replica whose engine answered when it was last reported and that is no longer reported at all
+(stage 1 stops reporting a replica, and its telemetry with it, 90 s after its last request) is
+not judged on its silence: its liveness is unknown, not gone, and its weight is held.
 
 **After an ejection.** A replica ejected gets no traffic, so its silence during the ejection
 says nothing; :meth:`ArrivalEvidence.restart` starts its silence again when the ejection ends,
