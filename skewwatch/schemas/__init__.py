@@ -17,6 +17,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from skewwatch.schemas.corrections import decode_correction, encode_correction
 from skewwatch.schemas.dead_letter import dead_letter_record, decode_dead_letter
 from skewwatch.schemas.features import decode_features, encode_features
 from skewwatch.schemas.rejection import REASON_CODES, Rejection
@@ -38,6 +39,7 @@ SCHEMA_FILES: dict[str, str] = {
     "features.v1": "features.v1.json",
     "dead-letter.v1": "dead-letter.v1.json",
     "gpu-telemetry.v1": "gpu-telemetry.v1.json",
+    "routing-correction.v1": "routing-correction.v1.json",
 }
 
 
@@ -59,11 +61,13 @@ __all__ = [
     "Rejection",
     "check_request_event",
     "dead_letter_record",
+    "decode_correction",
     "decode_dead_letter",
     "decode_features",
     "decode_request_message",
     "decode_request_messages",
     "decode_telemetry",
+    "encode_correction",
     "encode_features",
     "encode_request_event",
     "encode_request_events",
