@@ -195,6 +195,7 @@ class ModelStage(CheckpointedStage[PartitionModels]):
             sends.append(await self.producer.send(topics.alerts, key=key.encode(),
                                                   value=orjson.dumps(alert.to_dict())))
             self.metrics.alerts_out.labels(alert.detector, str(alert.severity), alert.state).inc()
+            log.info("alert %s %s %s %s: %s", alert.state, alert.severity, key, alert.detector, alert.message)
         if decision.correction is not None:
             sends.append(await self._publish_correction(decision.correction))
         gauges = self._weight_gauges
