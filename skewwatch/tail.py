@@ -163,7 +163,7 @@ async def tail(bootstrap: str, topic: str, kind: Kind, printer: Printer, *, sinc
         while follow or pending:
             batches = await consumer.getmany(timeout_ms=500, max_records=5000)
             rows: list[tuple[int, bytes, dict[str, Any]]] = []
-            for tp, messages in batches.items():
+            for messages in batches.values():
                 for message in messages:
                     if message.value is None:
                         continue
