@@ -29,12 +29,37 @@ build() {  # build NAME MODULE_PACKAGE VERSION
   echo "tools.sh: built $name in $((SECONDS - start)) s" >&2
 }
 
+build_alertmanager() {
+  # Alertmanager's web UI is built with npm and embedded from ui/app/dist, which its Go module does not
+  # ship: build from a copy of the module with an empty placeholder UI (the v2 API, all the tests
+  # use, is unaffected).
+  local version=$ALERTMANAGER_VERSION dir="$CACHE/tools/alertmanager-$ALERTMANAGER_VERSION"
+  if [ -x "$dir/alertmanager" ]; then return 0; fi
+  if ! command -v go >/dev/null; then
+    echo "tools.sh: building alertmanager needs the Go toolchain (go) on PATH" >&2; return 1
+  fi
+  local start=$SECONDS src work
+  echo "tools.sh: building alertmanager $version from github.com/prometheus/alertmanager (cached in $dir)" >&2
+  src=$(go mod download -json "github.com/prometheus/alertmanager@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  work=$(mktemp -d)
+  cp -r "$src/." "$work/"; chmod -R u+w "$work"
+  for ui in elm mantine; do
+    mkdir -p "$work/ui/app/dist/$ui"
+    echo "<html><body>Alertmanager built without its web UI; use the API under /api/v2/.</body></html>" \
+      > "$work/ui/app/dist/$ui/index.html"
+  done
+  mkdir -p "$dir.tmp"
+  (cd "$work" && nice -n 5 go build -ldflags=-s -o "$dir.tmp/alertmanager" ./cmd/alertmanager)
+  rm -rf "$work" "$dir"; mv "$dir.tmp" "$dir"
+  echo "tools.sh: built alertmanager in $((SECONDS - start)) s" >&2
+}
+
 want=${*:-promtool prometheus alertmanager helm haproxy}
 for tool in $want; do
   case $tool in
     promtool)     build promtool github.com/prometheus/prometheus/cmd/promtool "$PROMETHEUS_VERSION" ;;
     prometheus)   build prometheus github.com/prometheus/prometheus/cmd/prometheus "$PROMETHEUS_VERSION" ;;
-    alertmanager) build alertmanager github.com/prometheus/alertmanager/cmd/alertmanager "$ALERTMANAGER_VERSION" ;;
+    alertmanager) build_alertmanager ;;
     helm)         build helm helm.sh/helm/v4/cmd/helm "$HELM_VERSION" ;;
     haproxy)      bash scripts/haproxy.sh ;;
     *) echo "tools.sh: unknown tool $tool" >&2; exit 2 ;;
