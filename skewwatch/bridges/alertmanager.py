@@ -204,11 +204,10 @@ def create_bridge_app(bootstrap: str, alerts_topic: str, url: str, *, group_id: 
                 log.error("%s", exc)
 
     @app.service
-    class CloseClient(faust.Service):  # type: ignore[misc]
+    class CloseClient(faust.Service):
         async def on_stop(self) -> None:
             await client.close()
 
-    app.alertmanager_client = client
     return app
 
 
