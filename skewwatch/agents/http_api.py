@@ -111,6 +111,8 @@ class WorkerApi:
         return web.json_response({"models": models})
 
     async def metrics(self, request: web.Request) -> web.Response:
+        ready, _ = self.state.readiness()  # the rules' "worker not ready" reads what /readyz says
+        self.state.metrics.ready.set(1.0 if ready else 0.0)
         return web.Response(body=self.state.metrics.exposition(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 

@@ -198,6 +198,10 @@ class ModelStage(CheckpointedStage[PartitionModels]):
             log.info("alert %s %s %s %s: %s", alert.state, alert.severity, key, alert.detector, alert.message)
         if decision.correction is not None:
             sends.append(await self._publish_correction(decision.correction))
+        current = decision.current or decision.correction
+        self.metrics.replicas.observe_step(step.model, replica_features, telemetry,
+                                           mode=str(getattr(current, "mode", "normal")),
+                                           published_at=time.time() if decision.correction is not None else None)
         gauges = self._weight_gauges
         for replica, w in decision.weights.items():
             gauge = gauges.get((step.model, replica))
