@@ -23,6 +23,7 @@ removed at that model's next step.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -101,10 +102,8 @@ class ReplicaGauges:
         for attr, replica, quantile in self._series.get(model, set()) - current:
             gauge = getattr(self, attr)
             labels = (model, replica, quantile) if quantile else (model, replica)
-            try:
+            with contextlib.suppress(KeyError):
                 gauge.remove(*labels)
-            except KeyError:
-                pass
         self._series[model] = current
         self.panic.labels(model).set(1.0 if mode == "panic" else 0.0)
         if published_at is not None:
