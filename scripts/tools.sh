@@ -4,6 +4,7 @@
 #   promtool, prometheus   github.com/prometheus/prometheus   (rules and dashboard queries)
 #   alertmanager           github.com/prometheus/alertmanager (the Alertmanager bridge's peer)
 #   helm                   helm.sh/helm/v4                    (chart lint and render)
+#   k8s-validate           tools/k8s-validate (client-go)     (rendered manifests vs the Kubernetes API types)
 # and fetches HAProxy from Debian's packages (scripts/haproxy.sh). Needs the Go toolchain; the module
 # proxy is the only network it uses. Usage: scripts/tools.sh [TOOL...]  (default: all)
 set -euo pipefail
@@ -54,14 +55,29 @@ build_alertmanager() {
   echo "tools.sh: built alertmanager in $((SECONDS - start)) s" >&2
 }
 
-want=${*:-promtool prometheus alertmanager helm haproxy}
+build_k8s_validate() {
+  # tools/k8s-validate: the rendered chart checked against the Kubernetes API's Go types (strict decoding)
+  local hash dir
+  hash=$(cat tools/k8s-validate/go.mod tools/k8s-validate/go.sum tools/k8s-validate/main.go | sha1sum | cut -c1-12)
+  dir="$CACHE/tools/k8s-validate-$hash"
+  if [ -x "$dir/k8s-validate" ]; then return 0; fi
+  local start=$SECONDS
+  echo "tools.sh: building k8s-validate (cached in $dir)" >&2
+  mkdir -p "$dir.tmp"
+  (cd tools/k8s-validate && nice -n 5 go build -ldflags=-s -o "$dir.tmp/k8s-validate" .)
+  rm -rf "$dir"; mv "$dir.tmp" "$dir"
+  echo "tools.sh: built k8s-validate in $((SECONDS - start)) s" >&2
+}
+
+want=${*:-promtool prometheus alertmanager helm k8s-validate haproxy}
 for tool in $want; do
   case $tool in
     promtool)     build promtool github.com/prometheus/prometheus/cmd/promtool "$PROMETHEUS_VERSION" ;;
     prometheus)   build prometheus github.com/prometheus/prometheus/cmd/prometheus "$PROMETHEUS_VERSION" ;;
     alertmanager) build_alertmanager ;;
     helm)         build helm helm.sh/helm/v4/cmd/helm "$HELM_VERSION" ;;
-    haproxy)      bash scripts/haproxy.sh ;;
+    k8s-validate) build_k8s_validate ;;
+    haproxy)      bash scripts/haproxy.sh >/dev/null ;;
     *) echo "tools.sh: unknown tool $tool" >&2; exit 2 ;;
   esac
 done

@@ -6,6 +6,7 @@ broken set-up (scripts/test.sh runs scripts/tools.sh before pytest).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -28,8 +29,12 @@ def tool_version(name: str) -> str:
 
 
 def tool(name: str) -> Path:
-    """The path of ``name`` (promtool, prometheus, alertmanager, helm, haproxy), or fail the test."""
-    if name == "haproxy":
+    """The path of ``name`` (promtool, prometheus, alertmanager, helm, k8s-validate, haproxy), or fail the test."""
+    if name == "k8s-validate":
+        source = ROOT / "tools" / "k8s-validate"
+        digest = hashlib.sha1(b"".join((source / f).read_bytes() for f in ("go.mod", "go.sum", "main.go")))
+        candidate = CACHE / "tools" / f"k8s-validate-{digest.hexdigest()[:12]}" / name
+    elif name == "haproxy":
         found = shutil.which("haproxy")
         candidate = Path(found) if found else CACHE / "haproxy" / "bin" / "haproxy"
     else:
