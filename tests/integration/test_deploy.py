@@ -216,6 +216,8 @@ def test_compose_services_and_their_commands() -> None:
     assert services["kafka"]["image"].startswith("apache/kafka:")
     assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft
     assert "--simulate" in services["collect-gpu"]["command"]
+    assert services["prometheus"]["configs"][0]["target"] == "/etc/prometheus/api-token"
+    assert compose()["configs"]["api-token"]["content"] == "${SKEWWATCH_WEB_TOKEN}"
     for name, service in services.items():
         for port in service.get("ports", []):
             assert port.startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
@@ -246,6 +248,10 @@ def test_compose_configs_load_in_the_real_tools(tmp_path: Path) -> None:
     config = yaml.safe_load((DOCKER / "prometheus" / "prometheus.yml").read_text())
     assert config["rule_files"] == ["/etc/prometheus/rules.yml"]
     config["rule_files"] = [str(DOCKER / "prometheus" / "rules.yml")]
+    scrape = config["scrape_configs"][0]
+    assert scrape["authorization"]["credentials_file"] == "/etc/prometheus/api-token"
+    (tmp_path / "api-token").write_text("t0ken")
+    scrape["authorization"]["credentials_file"] = str(tmp_path / "api-token")
     local = tmp_path / "prometheus.yml"
     local.write_text(yaml.safe_dump(config))
     checked = run(str(tool("promtool")), "check", "config", str(local))
