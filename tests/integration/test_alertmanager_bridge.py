@@ -6,7 +6,6 @@ ends it."""
 from __future__ import annotations
 
 import asyncio
-import doctest
 import json
 import os
 import subprocess
@@ -22,7 +21,6 @@ from typing import Any
 import orjson
 import pytest
 
-import skewwatch.bridges.alertmanager as alertmanager_module
 from skewwatch.config import Settings
 from tests.integration.worker_proc import free_port, produce, settings_env
 from tests.tools import tool
@@ -86,9 +84,6 @@ def alertmanager(tmp_path: Path) -> Iterator[Alertmanager]:
     yield am
     am.stop()
 
-
-def test_docstring_examples() -> None:
-    assert doctest.testmod(alertmanager_module).failed == 0
 
 
 def test_alert_opened_on_the_topic_appears_in_alertmanager_and_resolving_ends_it(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import csv
-import doctest
 import http.client
 import io
 import os
@@ -25,7 +24,6 @@ from typing import Any
 import orjson
 import pytest
 
-import skewwatch.bridges.haproxy as haproxy_module
 from skewwatch.bridges.haproxy import RuntimeAPI
 from skewwatch.config import Settings
 from tests.integration.worker_proc import free_port, produce, settings_env
@@ -146,9 +144,6 @@ def assert_close(measured: dict[str, float], expected: dict[str, float]) -> None
     for name in REPLICAS:
         assert abs(measured[name] - expected[name]) <= TOLERANCE, (measured, expected)
 
-
-def test_docstring_examples() -> None:
-    assert doctest.testmod(haproxy_module).failed == 0
 
 
 def test_apply_haproxy_follows_corrections(kafka_settings: Settings, haproxy: tuple[int, str],

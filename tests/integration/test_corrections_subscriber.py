@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import doctest
 import time
 from typing import Any
 
 import orjson
 import pytest
 
-import skewwatch.client.corrections as corrections_module
 from skewwatch.client import Change, CorrectionsError, CorrectionsSubscriber
 from skewwatch.client.corrections import ChangeStream
 from skewwatch.config import Settings
@@ -30,9 +28,6 @@ async def next_change(changes: ChangeStream, timeout: float = 20.0) -> Change:
     change: Change = await asyncio.wait_for(changes.__anext__(), timeout)
     return change
 
-
-def test_docstring_examples() -> None:
-    assert doctest.testmod(corrections_module).failed == 0
 
 
 async def test_latest_per_model_and_seq_that_goes_backwards_is_ignored(kafka_settings: Settings) -> None:

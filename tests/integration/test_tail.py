@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import doctest
 import os
 import pty
 import subprocess
@@ -13,7 +12,6 @@ import time
 import orjson
 import pytest
 
-import skewwatch.tail as tail_module
 from skewwatch.config import Settings
 from tests.integration.worker_proc import produce, settings_env
 
@@ -47,9 +45,6 @@ def run_tail(settings: Settings, *args: str, tty: bool = False, timeout: float =
     os.close(leader)
     return proc.wait(timeout=timeout), b"".join(chunks).decode(errors="replace")
 
-
-def test_docstring_examples() -> None:
-    assert doctest.testmod(tail_module).failed == 0
 
 
 def test_tail_alerts_json_lines_table_and_filters(kafka_settings: Settings) -> None:
