@@ -201,16 +201,10 @@ def tail_command(kind: Kind, model: str | None, replica: str | None, since: str 
     """Print skewwatch's alerts, routing corrections or feature vectors: a table on a terminal, JSON lines
     otherwise."""
     from skewwatch.broker import describe_exception, quiet_client_logs, run_blocking
-    from skewwatch.config import ConfigError, load_settings
+    from skewwatch.client.command import reader_settings
 
     quiet_client_logs()
-    try:
-        settings = load_settings(config_path)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
-    bootstrap = bootstrap or settings.kafka.bootstrap
-    if not bootstrap:
-        raise click.ClickException("no Kafka to read: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP")
+    settings, bootstrap_servers = reader_settings(config_path, bootstrap)
     try:
         since_s = parse_duration(since) if since else (None if kind == "corrections" else 600.0)
     except ValueError as exc:
@@ -220,12 +214,13 @@ def tail_command(kind: Kind, model: str | None, replica: str | None, since: str 
     printer = Printer(kind, sys.stdout, table=sys.stdout.isatty() and not as_json)
     with contextlib.suppress(KeyboardInterrupt):
         try:
-            run_blocking(tail(bootstrap, topic, kind, printer, since_s=since_s, follow=follow, model=model,
+            run_blocking(tail(bootstrap_servers, topic, kind, printer, since_s=since_s, follow=follow, model=model,
                               replica=replica))
         except click.ClickException:
             raise
         except Exception as exc:
-            raise click.ClickException(f"cannot read {topic} at {bootstrap}: {describe_exception(exc)}") from None
+            raise click.ClickException(f"cannot read {topic} at {bootstrap_servers}: {describe_exception(exc)}") \
+                from None
 
 
 __all__ = ["COLUMNS", "Printer", "format_row", "matches", "parse_duration", "tail", "tail_command"]

@@ -228,18 +228,12 @@ def alertmanager_bridge_command(url: str, resend_s: float, group_id: str, bootst
     """Forward skewwatch's alerts (llm.alerts) to Prometheus Alertmanager; resolve ends them."""
     import faust
 
-    from skewwatch.config import ConfigError, load_settings
+    from skewwatch.client.command import reader_settings
 
     if resend_s <= 0:
         raise click.BadParameter("must be > 0", param_hint="--resend-s")
-    try:
-        settings = load_settings(config_path)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
-    bootstrap = bootstrap or settings.kafka.bootstrap
-    if not bootstrap:
-        raise click.ClickException("no Kafka to read: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP")
-    app = create_bridge_app(bootstrap, settings.topics.alerts, url, group_id=group_id, resend_s=resend_s,
+    settings, bootstrap_servers = reader_settings(config_path, bootstrap)
+    app = create_bridge_app(bootstrap_servers, settings.topics.alerts, url, group_id=group_id, resend_s=resend_s,
                             partitions=settings.kafka.partitions,
                             replication_factor=settings.kafka.replication_factor)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)

@@ -293,28 +293,25 @@ def haproxy_command(socket_path: str | None, admin: str | None, backend_map: Pat
                     config_path: Path | None, loglevel: str) -> None:
     """Follow the routing corrections and apply them to HAProxy (weights, drain/maint, panic = all ready)."""
     from skewwatch.broker import describe_exception, quiet_client_logs, run_blocking
+    from skewwatch.client.command import reader_settings
     from skewwatch.client.corrections import CorrectionsError
-    from skewwatch.config import ConfigError, load_settings
 
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_client_logs()
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     if (socket_path is None) == (admin is None):
         raise click.UsageError("give exactly one of --socket PATH and --admin HOST:PORT")
+    settings, bootstrap_servers = reader_settings(config_path, bootstrap)
     try:
-        settings = load_settings(config_path)
         mapping = BackendMap.load(backend_map)
-    except (ConfigError, ValueError) as exc:
+    except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    bootstrap = bootstrap or settings.kafka.bootstrap
-    if not bootstrap:
-        raise click.ClickException("no Kafka to read: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP")
     api = RuntimeAPI(socket_path=socket_path, address=admin)
 
     async def main() -> None:
         await api.command("show info")  # fail now, in one line, if HAProxy is not there
-        subscriber = CorrectionsSubscriber(bootstrap, settings.topics.routing_corrections, heartbeat_s=heartbeat_s,
-                                           stale_after=stale_after, on_stale=on_stale)
+        subscriber = CorrectionsSubscriber(bootstrap_servers, settings.topics.routing_corrections,
+                                           heartbeat_s=heartbeat_s, stale_after=stale_after, on_stale=on_stale)
         await subscriber.start()
         try:
             await HAProxyBridge(subscriber, api, mapping, resync_s=resync_s).run()
