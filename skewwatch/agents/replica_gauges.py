@@ -1,11 +1,14 @@
-"""Per-replica and per-model gauges for dashboards and alerting rules, set once per model step.
+"""Per-replica and per-model gauges for dashboards and alerting rules, read from the last decided step.
 
 The Grafana dashboard (``docker/grafana/skewwatch.json``) and the Prometheus rules
 (``docker/prometheus/rules.yml``) read these; the feature vectors on Kafka stay the full record.
-They are set by stage 2 when a model's step is decided (every 5 s of event time), never per
-request event, so the hot path does not pay for them. Cardinality is bounded by the fleet: one
-series per (model, replica) and gauge, and a replica that leaves a model's steps has its series
-removed at that model's next step.
+Stage 2 hands each decided model step over (:meth:`ReplicaGauges.observe_step`: it keeps a reference,
+nothing per replica), and the series are built when Prometheus scrapes (a custom collector), so
+the hot path pays nothing per replica and a step of 10k replicas costs no more than one of 10.
+Cardinality follows the fleet: a replica appears while it is in its model's last step, and a
+model whose steps stopped for ``expire_s`` (90 s of wall clock: it moved to another worker, or its
+traffic stopped) drops its per-replica series and its panic flag. The last-correction timestamp
+stays, so a rule can see how long ago it was.
 
 >>> from prometheus_client import CollectorRegistry
 >>> from skewwatch.pipeline.features import FeatureVector
@@ -23,91 +26,101 @@ removed at that model's next step.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.telemetry import TelemetrySample
 
-# (gauge attribute, quantile label or None, how to read the value from (features, telemetry sample))
-_Reader = tuple[str, str | None, Any]
+DEFAULT_EXPIRE_S = 90.0
 
-
-def _fv(name: str) -> Any:
-    return lambda fv, sample: getattr(fv, name, None)
-
-
-def _sample(name: str) -> Any:
-    return lambda fv, sample: None if sample is None else getattr(sample, name, None)
-
-
-_READERS: list[_Reader] = [
-    ("latency", "0.5", _fv("latency_p50")),
-    ("latency", "0.99", _fv("latency_p99")),
-    ("tpot", "0.5", _fv("tpot_p50")),
-    ("tpot", "0.99", _fv("tpot_p99")),
-    ("rps", None, _fv("rps")),
-    ("batch_fill", None, _fv("batch_fill_mean")),
-    ("gpu_utilization", None, _sample("utilization_gpu")),
-    ("kv_cache_usage", None, _sample("kv_cache_usage")),
+# name, help, quantile label or None, where the value comes from ("fv" feature vector, "tel" telemetry), field
+_SERIES: list[tuple[str, str, str | None, str, str]] = [
+    ("skewwatch_replica_latency_ms", "End-to-end latency quantile over the 60 s window (ms)", "0.5", "fv",
+     "latency_p50"),
+    ("skewwatch_replica_latency_ms", "", "0.99", "fv", "latency_p99"),
+    ("skewwatch_replica_tpot_ms", "Time per output token quantile over the 60 s window (ms/token)", "0.5", "fv",
+     "tpot_p50"),
+    ("skewwatch_replica_tpot_ms", "", "0.99", "fv", "tpot_p99"),
+    ("skewwatch_replica_requests_per_second", "Requests finished per second over the window", None, "fv", "rps"),
+    ("skewwatch_replica_batch_fill", "Mean batch_size / batch_capacity over the window", None, "fv",
+     "batch_fill_mean"),
+    ("skewwatch_replica_gpu_utilization", "GPU utilisation of the replica's newest telemetry sample (0..1)", None,
+     "tel", "utilization_gpu"),
+    ("skewwatch_replica_kv_cache_usage", "KV-cache usage of the replica's newest engine sample (0..1)", None, "tel",
+     "kv_cache_usage"),
 ]
 
 
-class ReplicaGauges:
+@dataclass(slots=True)
+class _ModelStep:
+    replicas: Sequence[FeatureVector]
+    telemetry: Mapping[str, tuple[TelemetrySample, float]]
+    panic: bool
+    seen: float  # monotonic
+
+
+class ReplicaGauges(Collector):
     """The dashboard's per-replica series and the rules' per-model ones (see the module docstring)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        labels = ["model", "replica"]
-        self.latency = Gauge("skewwatch_replica_latency_ms", "End-to-end latency quantile over the 60 s window",
-                             [*labels, "quantile"], registry=registry)
-        self.tpot = Gauge("skewwatch_replica_tpot_ms", "Time per output token quantile over the 60 s window",
-                          [*labels, "quantile"], registry=registry)
-        self.rps = Gauge("skewwatch_replica_requests_per_second", "Requests finished per second over the window",
-                         labels, registry=registry)
-        self.batch_fill = Gauge("skewwatch_replica_batch_fill", "Mean batch_size / batch_capacity over the window",
-                                labels, registry=registry)
-        self.gpu_utilization = Gauge("skewwatch_replica_gpu_utilization",
-                                     "GPU utilisation of the replica's newest telemetry sample (0..1)", labels,
-                                     registry=registry)
-        self.kv_cache_usage = Gauge("skewwatch_replica_kv_cache_usage",
-                                    "KV-cache usage of the replica's newest engine sample (0..1)", labels,
-                                    registry=registry)
-        self.panic = Gauge("skewwatch_model_panic", "1 while the model's corrections are in panic mode", ["model"],
-                           registry=registry)
-        self.last_correction = Gauge("skewwatch_model_last_correction_timestamp_seconds",
-                                     "Wall-clock time the model's latest routing correction was published",
-                                     ["model"], registry=registry)
-        self._series: dict[str, set[tuple[str, str, str | None]]] = {}  # model -> (gauge, replica, quantile)
+    def __init__(self, registry: CollectorRegistry | None, expire_s: float = DEFAULT_EXPIRE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.expire_s = expire_s
+        self.clock = clock
+        self._steps: dict[str, _ModelStep] = {}
+        self._last_correction: dict[str, float] = {}
+        if registry is not None:
+            registry.register(self)
 
-    def observe_step(self, model: str, replicas: Iterable[FeatureVector],
+    def observe_step(self, model: str, replicas: Sequence[FeatureVector],
                      telemetry: Mapping[str, tuple[TelemetrySample, float]], mode: str,
                      published_at: float | None) -> None:
-        """Set the model's gauges from one decided step; remove the series of replicas no longer in it."""
-        current: set[tuple[str, str, str | None]] = set()
-        for fv in replicas:
-            replica = str(fv.replica)
-            found = telemetry.get(replica)
-            sample = found[0] if found is not None else None
-            for attr, quantile, read in _READERS:
-                value = read(fv, sample)
-                if value is None:
-                    continue
-                gauge: Gauge = getattr(self, attr)
-                child = gauge.labels(model, replica, quantile) if quantile else gauge.labels(model, replica)
-                child.set(float(value))
-                current.add((attr, replica, quantile))
-        for attr, replica, quantile in self._series.get(model, set()) - current:
-            gauge = getattr(self, attr)
-            labels = (model, replica, quantile) if quantile else (model, replica)
-            with contextlib.suppress(KeyError):
-                gauge.remove(*labels)
-        self._series[model] = current
-        self.panic.labels(model).set(1.0 if mode == "panic" else 0.0)
+        """Keep the model's newest decided step (references only; read at the next scrape)."""
+        self._steps[model] = _ModelStep(replicas, telemetry, mode == "panic", self.clock())
         if published_at is not None:
-            self.last_correction.labels(model).set(published_at)
+            self._last_correction[model] = published_at
+
+    def describe(self) -> list[Any]:
+        return []  # series appear with the fleet; nothing to check at registration
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families: dict[str, GaugeMetricFamily] = {}
+        for name, help_text, quantile, _, _ in _SERIES:
+            if name not in families:
+                labels = ["model", "replica", "quantile"] if quantile else ["model", "replica"]
+                families[name] = GaugeMetricFamily(name, help_text, labels=labels)
+        panic = GaugeMetricFamily("skewwatch_model_panic", "1 while the model's corrections are in panic mode",
+                                  labels=["model"])
+        last = GaugeMetricFamily("skewwatch_model_last_correction_timestamp_seconds",
+                                 "Wall-clock time the model's latest routing correction was published",
+                                 labels=["model"])
+        now = self.clock()
+        for model, step in list(self._steps.items()):
+            if now - step.seen > self.expire_s:
+                del self._steps[model]
+                continue
+            panic.add_metric([model], 1.0 if step.panic else 0.0)
+            for fv in step.replicas:
+                replica = str(fv.replica)
+                found = step.telemetry.get(replica)
+                for name, _, quantile, source, field in _SERIES:
+                    holder: Any = fv if source == "fv" else (found[0] if found is not None else None)
+                    value = getattr(holder, field, None) if holder is not None else None
+                    if value is None or value != value:  # unknown, or NaN
+                        continue
+                    labels = [model, replica, quantile] if quantile else [model, replica]
+                    families[name].add_metric(labels, float(value))
+        for model, ts in self._last_correction.items():
+            last.add_metric([model], ts)
+        yield from families.values()
+        yield panic
+        yield last
 
 
 __all__ = ["ReplicaGauges"]

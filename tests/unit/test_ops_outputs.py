@@ -120,7 +120,8 @@ def test_alertmanager_mapping() -> None:
 
 def test_replica_gauges_follow_the_fleet() -> None:
     registry = CollectorRegistry()
-    gauges = ReplicaGauges(registry)
+    now = [0.0]
+    gauges = ReplicaGauges(registry, expire_s=90.0, clock=lambda: now[0])
     fv = FeatureVector(model="m", replica="r1", window_start=0.0, window_end=60.0, count=5, rps=0.1,
                        latency_p50=100.0, latency_p99=300.0, batch_fill_mean=0.25)
     sample = TelemetrySample(ts=59.0, replica="r1", source="nvml", utilization_gpu=0.8, kv_cache_usage=0.4)
@@ -141,3 +142,8 @@ def test_replica_gauges_follow_the_fleet() -> None:
     assert value("skewwatch_replica_gpu_utilization", replica="r1") is None
     assert value("skewwatch_replica_latency_ms", replica="r1", quantile="0.99") == 300.0
     assert value("skewwatch_model_last_correction_timestamp_seconds") == 1234.0
+    # the model's steps stop (moved to another worker, or quiet): its replica series and panic flag go
+    now[0] = 91.0
+    assert value("skewwatch_replica_latency_ms", replica="r1", quantile="0.99") is None
+    assert value("skewwatch_model_panic") is None
+    assert value("skewwatch_model_last_correction_timestamp_seconds") == 1234.0  # the stale rule needs it
