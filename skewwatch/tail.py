@@ -139,8 +139,12 @@ async def tail(bootstrap: str, topic: str, kind: Kind, printer: Printer, *, sinc
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                 auto_offset_reset="earliest", **dict(client_kwargs or {}))
-    async with asyncio.timeout(30):
-        await consumer.start()
+    try:
+        async with asyncio.timeout(30):
+            await consumer.start()
+    except BaseException:
+        await consumer.stop()
+        raise
     printed = 0
     try:
         partitions = consumer.partitions_for_topic(topic)

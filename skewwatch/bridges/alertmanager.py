@@ -228,13 +228,19 @@ def alertmanager_bridge_command(url: str, resend_s: float, group_id: str, bootst
     """Forward skewwatch's alerts (llm.alerts) to Prometheus Alertmanager; resolve ends them."""
     import faust
 
-    from skewwatch.client.command import reader_settings
+    from skewwatch.client.command import reader_settings, topic_partitions
 
     if resend_s <= 0:
         raise click.BadParameter("must be > 0", param_hint="--resend-s")
+    from skewwatch.broker import quiet_client_logs, run_blocking
+
     settings, bootstrap_servers = reader_settings(config_path, bootstrap)
+    quiet_client_logs()
+    # one line, before Faust starts, when Kafka or the topic is missing (Faust would print a traceback);
+    # the table of open alerts is co-partitioned with the topic, so it takes the topic's partition count
+    partitions = run_blocking(topic_partitions(bootstrap_servers, settings.topics.alerts))
     app = create_bridge_app(bootstrap_servers, settings.topics.alerts, url, group_id=group_id, resend_s=resend_s,
-                            partitions=settings.kafka.partitions,
+                            partitions=partitions,
                             replication_factor=settings.kafka.replication_factor)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     logging.getLogger("skewwatch").setLevel(loglevel.upper())

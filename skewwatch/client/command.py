@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -22,3 +24,26 @@ def reader_settings(config_path: Path | None, bootstrap: str | None) -> tuple[Se
     if not bootstrap:
         raise click.ClickException("no Kafka to read: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP")
     return settings, bootstrap
+
+
+async def topic_partitions(bootstrap: str, topic: str, timeout: float = 15.0,
+                           client_kwargs: dict[str, Any] | None = None) -> int:
+    """The partition count of ``topic``, or one ClickException line: no Kafka answers, or no such topic."""
+    from aiokafka import AIOKafkaConsumer
+
+    from skewwatch.broker import describe_exception
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, **(client_kwargs or {}))
+    try:
+        async with asyncio.timeout(timeout):
+            await consumer.start()
+            await consumer._client.force_metadata_update()  # aiokafka: metadata of an unsubscribed topic
+    except Exception as exc:
+        raise click.ClickException(f"no Kafka answers at {bootstrap}: {describe_exception(exc)}") from None
+    finally:
+        await consumer.stop()
+    partitions = consumer.partitions_for_topic(topic)
+    if not partitions:
+        raise click.ClickException(f"topic {topic} does not exist at {bootstrap}: start a worker, or run "
+                                   "`skewwatch topics create`")
+    return len(partitions)

@@ -135,3 +135,13 @@ def test_alert_opened_on_the_topic_appears_in_alertmanager_and_resolving_ends_it
     log_text = log_path.read_text()
     assert "does not answer" in log_text  # the retries while Alertmanager was down were logged
     assert "Traceback" not in log_text, log_text
+
+
+def test_bridge_without_kafka_or_topic_is_one_line(kafka_bootstrap: str) -> None:
+    for args, message in ((["--bootstrap", f"127.0.0.1:{free_port()}"], "Error: no Kafka answers at"),
+                          (["--bootstrap", kafka_bootstrap], "Error: topic llm.alerts.none does not exist")):
+        done = subprocess.run([sys.executable, "-m", "skewwatch", "alertmanager-bridge", *args],
+                              env={**os.environ, "SKEWWATCH_TOPICS__ALERTS": "llm.alerts.none"},
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1
+        assert done.stderr.strip().startswith(message) and len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -97,3 +97,11 @@ def test_tail_since_skips_older_records(kafka_settings: Settings) -> None:
     code, out = run_tail(kafka_settings, "alerts", "--since", "2s")
     assert code == 0, out
     assert [orjson.loads(line)["replica"] for line in out.splitlines()] == ["r9"]
+
+
+def test_tail_without_kafka_is_one_line() -> None:
+    done = subprocess.run([sys.executable, "-m", "skewwatch", "tail", "alerts", "--bootstrap", "127.0.0.1:1"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.startswith("Error: cannot read llm.alerts at 127.0.0.1:1")
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
