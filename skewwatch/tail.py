@@ -137,8 +137,8 @@ async def tail(bootstrap: str, topic: str, kind: Kind, printer: Printer, *, sinc
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest", **dict(client_kwargs or {}))
+    consumer = AIOKafkaConsumer(**{"bootstrap_servers": bootstrap, **(client_kwargs or {})}, group_id=None,
+                                enable_auto_commit=False, auto_offset_reset="earliest")
     try:
         async with asyncio.timeout(30):
             await consumer.start()
@@ -204,11 +204,11 @@ def tail_command(kind: Kind, model: str | None, replica: str | None, since: str 
                  as_json: bool, bootstrap: str | None, config_path: Path | None) -> None:
     """Print skewwatch's alerts, routing corrections or feature vectors: a table on a terminal, JSON lines
     otherwise."""
-    from skewwatch.broker import describe_exception, quiet_client_logs, run_blocking
     from skewwatch.client.command import reader_settings
+    from skewwatch.kafka_client import describe_exception, quiet_client_logs, run_blocking
 
     quiet_client_logs()
-    settings, bootstrap_servers = reader_settings(config_path, bootstrap)
+    settings, bootstrap_servers, kwargs = reader_settings(config_path, bootstrap)
     try:
         since_s = parse_duration(since) if since else (None if kind == "corrections" else 600.0)
     except ValueError as exc:
@@ -219,7 +219,7 @@ def tail_command(kind: Kind, model: str | None, replica: str | None, since: str 
     with contextlib.suppress(KeyboardInterrupt):
         try:
             run_blocking(tail(bootstrap_servers, topic, kind, printer, since_s=since_s, follow=follow, model=model,
-                              replica=replica))
+                              replica=replica, client_kwargs=kwargs))
         except click.ClickException:
             raise
         except Exception as exc:

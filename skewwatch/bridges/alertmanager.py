@@ -38,10 +38,13 @@ import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import orjson
+
+if TYPE_CHECKING:
+    from skewwatch.config import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -155,11 +158,13 @@ class AlertmanagerClient:
 
 def create_bridge_app(bootstrap: str, alerts_topic: str, url: str, *, group_id: str = "skewwatch-alertmanager",
                       resend_s: float = DEFAULT_RESEND_S, partitions: int = 8, replication_factor: int = 1,
-                      web_port: int | None = None) -> Any:
+                      web_port: int | None = None, kafka: KafkaSettings | None = None) -> Any:
     """The Faust app: an agent on ``alerts_topic`` posting to Alertmanager, a table of open alerts, a timer."""
     import faust
 
-    app = faust.App(group_id, broker=f"kafka://{bootstrap}", autodiscover=False, store="memory://",
+    from skewwatch.kafka_client import faust_app_kwargs
+
+    app = faust.App(group_id, **faust_app_kwargs(kafka, bootstrap=bootstrap), autodiscover=False, store="memory://",
                     web_enabled=web_port is not None, web_port=web_port or 6067, web_host="127.0.0.1",
                     web_bind="127.0.0.1", topic_partitions=partitions,
                     topic_replication_factor=replication_factor)
@@ -232,15 +237,15 @@ def alertmanager_bridge_command(url: str, resend_s: float, group_id: str, bootst
 
     if resend_s <= 0:
         raise click.BadParameter("must be > 0", param_hint="--resend-s")
-    from skewwatch.broker import quiet_client_logs, run_blocking
+    from skewwatch.kafka_client import quiet_client_logs, run_blocking
 
-    settings, bootstrap_servers = reader_settings(config_path, bootstrap)
+    settings, bootstrap_servers, kwargs = reader_settings(config_path, bootstrap)
     quiet_client_logs()
     # one line, before Faust starts, when Kafka or the topic is missing (Faust would print a traceback);
     # the table of open alerts is co-partitioned with the topic, so it takes the topic's partition count
-    partitions = run_blocking(topic_partitions(bootstrap_servers, settings.topics.alerts))
+    partitions = run_blocking(topic_partitions(bootstrap_servers, settings.topics.alerts, client_kwargs=kwargs))
     app = create_bridge_app(bootstrap_servers, settings.topics.alerts, url, group_id=group_id, resend_s=resend_s,
-                            partitions=partitions,
+                            partitions=partitions, kafka=settings.kafka,
                             replication_factor=settings.kafka.replication_factor)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     logging.getLogger("skewwatch").setLevel(loglevel.upper())

@@ -292,16 +292,16 @@ def haproxy_command(socket_path: str | None, admin: str | None, backend_map: Pat
                     stale_after: float, heartbeat_s: float, resync_s: float, bootstrap: str | None,
                     config_path: Path | None, loglevel: str) -> None:
     """Follow the routing corrections and apply them to HAProxy (weights, drain/maint, panic = all ready)."""
-    from skewwatch.broker import describe_exception, quiet_client_logs, run_blocking
     from skewwatch.client.command import reader_settings
     from skewwatch.client.corrections import CorrectionsError
+    from skewwatch.kafka_client import describe_exception, quiet_client_logs, run_blocking
 
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_client_logs()
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     if (socket_path is None) == (admin is None):
         raise click.UsageError("give exactly one of --socket PATH and --admin HOST:PORT")
-    settings, bootstrap_servers = reader_settings(config_path, bootstrap)
+    settings, bootstrap_servers, kwargs = reader_settings(config_path, bootstrap)
     try:
         mapping = BackendMap.load(backend_map)
     except ValueError as exc:
@@ -311,7 +311,8 @@ def haproxy_command(socket_path: str | None, admin: str | None, backend_map: Pat
     async def main() -> None:
         await api.command("show info")  # fail now, in one line, if HAProxy is not there
         subscriber = CorrectionsSubscriber(bootstrap_servers, settings.topics.routing_corrections,
-                                           heartbeat_s=heartbeat_s, stale_after=stale_after, on_stale=on_stale)
+                                           heartbeat_s=heartbeat_s, stale_after=stale_after, on_stale=on_stale,
+                                           client_kwargs=kwargs)
         await subscriber.start()
         try:
             await HAProxyBridge(subscriber, api, mapping, resync_s=resync_s).run()

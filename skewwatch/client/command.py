@@ -11,19 +11,17 @@ import click
 from skewwatch.config import Settings
 
 
-def reader_settings(config_path: Path | None, bootstrap: str | None) -> tuple[Settings, str]:
-    """The settings (``--config`` / ``SKEWWATCH_CONFIG`` / environment) and the bootstrap servers, or one
-    :class:`click.ClickException` line naming what is wrong."""
-    from skewwatch.config import ConfigError, load_settings
+def reader_settings(config_path: Path | None, bootstrap: str | None) -> tuple[Settings, str, dict[str, Any]]:
+    """The settings (``--config`` / ``SKEWWATCH_CONFIG`` / environment), the bootstrap servers and every
+    Kafka client's connection options; or one :class:`click.ClickException` line naming what is wrong."""
+    from skewwatch.cli import command_settings
+    from skewwatch.kafka_client import client_kwargs
 
-    try:
-        settings = load_settings(config_path)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+    settings = command_settings(config_path)
     bootstrap = bootstrap or settings.kafka.bootstrap
     if not bootstrap:
         raise click.ClickException("no Kafka to read: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP")
-    return settings, bootstrap
+    return settings, bootstrap, client_kwargs(settings.kafka, bootstrap=bootstrap)
 
 
 async def topic_partitions(bootstrap: str, topic: str, timeout: float = 15.0,
@@ -31,9 +29,9 @@ async def topic_partitions(bootstrap: str, topic: str, timeout: float = 15.0,
     """The partition count of ``topic``, or one ClickException line: no Kafka answers, or no such topic."""
     from aiokafka import AIOKafkaConsumer
 
-    from skewwatch.broker import describe_exception
+    from skewwatch.kafka_client import describe_exception
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, **(client_kwargs or {}))
+    consumer = AIOKafkaConsumer(**{"bootstrap_servers": bootstrap, **(client_kwargs or {})}, group_id=None)
     try:
         async with asyncio.timeout(timeout):
             await consumer.start()

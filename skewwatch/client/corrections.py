@@ -54,7 +54,7 @@ from typing import Any, Literal
 import orjson
 
 from skewwatch.pipeline.corrections import RoutingCorrection
-from skewwatch.pipeline.detectors.base import Action
+from skewwatch.pipeline.detectors.alerts import Action
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,8 @@ class _Stats:
 class CorrectionsSubscriber:
     """The current routing corrections, per model, from the compacted topic; see the module docstring.
 
-    ``client_kwargs`` go to :class:`aiokafka.AIOKafkaConsumer` as they are (TLS/SASL settings, client id).
+    ``client_kwargs`` go to :class:`aiokafka.AIOKafkaConsumer` as they are: the connection options of
+    :func:`skewwatch.kafka_client.client_kwargs` (TLS/SASL, once configured), or your own.
     ``clock`` gives epoch seconds (tests pass their own).
     """
 
@@ -167,9 +168,8 @@ class CorrectionsSubscriber:
         """Connect, assign every partition of the topic and start reading from the beginning."""
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
-            auto_offset_reset="earliest", **self.client_kwargs)
+        consumer = AIOKafkaConsumer(**{"bootstrap_servers": self.bootstrap, **self.client_kwargs}, group_id=None,
+                                    enable_auto_commit=False, auto_offset_reset="earliest")
         try:
             async with asyncio.timeout(timeout):
                 await consumer.start()
@@ -179,7 +179,7 @@ class CorrectionsSubscriber:
                 await consumer.stop()
             if isinstance(exc, CorrectionsError):
                 raise
-            from skewwatch.broker import describe_exception
+            from skewwatch.kafka_client import describe_exception
 
             raise CorrectionsError(f"cannot read {self.topic} at {self.bootstrap}: {describe_exception(exc)}") from exc
         tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
