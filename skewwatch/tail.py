@@ -137,8 +137,10 @@ async def tail(bootstrap: str, topic: str, kind: Kind, printer: Printer, *, sinc
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    consumer = AIOKafkaConsumer(**{"bootstrap_servers": bootstrap, **(client_kwargs or {})}, group_id=None,
-                                enable_auto_commit=False, auto_offset_reset="earliest")
+    from skewwatch.kafka_client import client_kwargs as connection
+
+    options = {**connection(bootstrap=bootstrap), **(client_kwargs or {})}
+    consumer = AIOKafkaConsumer(**options, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")
     try:
         async with asyncio.timeout(30):
             await consumer.start()
@@ -208,7 +210,7 @@ def tail_command(kind: Kind, model: str | None, replica: str | None, since: str 
     from skewwatch.kafka_client import describe_exception, quiet_client_logs, run_blocking
 
     quiet_client_logs()
-    settings, bootstrap_servers, kwargs = reader_settings(config_path, bootstrap)
+    settings, servers, kwargs = reader_settings(config_path, bootstrap)
     try:
         since_s = parse_duration(since) if since else (None if kind == "corrections" else 600.0)
     except ValueError as exc:
@@ -218,12 +220,12 @@ def tail_command(kind: Kind, model: str | None, replica: str | None, since: str 
     printer = Printer(kind, sys.stdout, table=sys.stdout.isatty() and not as_json)
     with contextlib.suppress(KeyboardInterrupt):
         try:
-            run_blocking(tail(bootstrap_servers, topic, kind, printer, since_s=since_s, follow=follow, model=model,
+            run_blocking(tail(servers, topic, kind, printer, since_s=since_s, follow=follow, model=model,
                               replica=replica, client_kwargs=kwargs))
         except click.ClickException:
             raise
         except Exception as exc:
-            raise click.ClickException(f"cannot read {topic} at {bootstrap_servers}: {describe_exception(exc)}") \
+            raise click.ClickException(f"cannot read {topic} at {servers}: {describe_exception(exc)}") \
                 from None
 
 

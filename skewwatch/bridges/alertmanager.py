@@ -239,12 +239,12 @@ def alertmanager_bridge_command(url: str, resend_s: float, group_id: str, bootst
         raise click.BadParameter("must be > 0", param_hint="--resend-s")
     from skewwatch.kafka_client import quiet_client_logs, run_blocking
 
-    settings, bootstrap_servers, kwargs = reader_settings(config_path, bootstrap)
+    settings, servers, kwargs = reader_settings(config_path, bootstrap)
     quiet_client_logs()
     # one line, before Faust starts, when Kafka or the topic is missing (Faust would print a traceback);
     # the table of open alerts is co-partitioned with the topic, so it takes the topic's partition count
-    partitions = run_blocking(topic_partitions(bootstrap_servers, settings.topics.alerts, client_kwargs=kwargs))
-    app = create_bridge_app(bootstrap_servers, settings.topics.alerts, url, group_id=group_id, resend_s=resend_s,
+    partitions = run_blocking(topic_partitions(servers, settings.topics.alerts, client_kwargs=kwargs))
+    app = create_bridge_app(servers, settings.topics.alerts, url, group_id=group_id, resend_s=resend_s,
                             partitions=partitions, kafka=settings.kafka,
                             replication_factor=settings.kafka.replication_factor)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)

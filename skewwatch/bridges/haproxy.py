@@ -301,7 +301,7 @@ def haproxy_command(socket_path: str | None, admin: str | None, backend_map: Pat
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     if (socket_path is None) == (admin is None):
         raise click.UsageError("give exactly one of --socket PATH and --admin HOST:PORT")
-    settings, bootstrap_servers, kwargs = reader_settings(config_path, bootstrap)
+    settings, servers, kwargs = reader_settings(config_path, bootstrap)
     try:
         mapping = BackendMap.load(backend_map)
     except ValueError as exc:
@@ -310,7 +310,7 @@ def haproxy_command(socket_path: str | None, admin: str | None, backend_map: Pat
 
     async def main() -> None:
         await api.command("show info")  # fail now, in one line, if HAProxy is not there
-        subscriber = CorrectionsSubscriber(bootstrap_servers, settings.topics.routing_corrections,
+        subscriber = CorrectionsSubscriber(servers, settings.topics.routing_corrections,
                                            heartbeat_s=heartbeat_s, stale_after=stale_after, on_stale=on_stale,
                                            client_kwargs=kwargs)
         await subscriber.start()

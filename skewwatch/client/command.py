@@ -29,9 +29,10 @@ async def topic_partitions(bootstrap: str, topic: str, timeout: float = 15.0,
     """The partition count of ``topic``, or one ClickException line: no Kafka answers, or no such topic."""
     from aiokafka import AIOKafkaConsumer
 
+    from skewwatch.kafka_client import client_kwargs as connection
     from skewwatch.kafka_client import describe_exception
 
-    consumer = AIOKafkaConsumer(**{"bootstrap_servers": bootstrap, **(client_kwargs or {})}, group_id=None)
+    consumer = AIOKafkaConsumer(**{**connection(bootstrap=bootstrap), **(client_kwargs or {})}, group_id=None)
     try:
         async with asyncio.timeout(timeout):
             await consumer.start()

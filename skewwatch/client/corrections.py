@@ -168,8 +168,10 @@ class CorrectionsSubscriber:
         """Connect, assign every partition of the topic and start reading from the beginning."""
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
-        consumer = AIOKafkaConsumer(**{"bootstrap_servers": self.bootstrap, **self.client_kwargs}, group_id=None,
-                                    enable_auto_commit=False, auto_offset_reset="earliest")
+        from skewwatch.kafka_client import client_kwargs
+
+        options = {**client_kwargs(bootstrap=self.bootstrap), **self.client_kwargs}
+        consumer = AIOKafkaConsumer(**options, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")
         try:
             async with asyncio.timeout(timeout):
                 await consumer.start()
