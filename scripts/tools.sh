@@ -13,6 +13,8 @@ CACHE=${SKEWWATCH_CACHE:-$HOME/.cache/skewwatch}
 PROMETHEUS_VERSION=v0.316.0     # the Go module's version of Prometheus 3.16
 ALERTMANAGER_VERSION=v0.35.0
 HELM_VERSION=v4.3.2
+# the Go toolchain's usual place when it is not on PATH (a login shell adds it, CI's environment may not)
+command -v go >/dev/null || { [ -x /usr/local/go/bin/go ] && PATH="$PATH:/usr/local/go/bin"; }
 export GOPATH="$CACHE/go" GOCACHE="$CACHE/go/build-cache" GOMODCACHE="$CACHE/go/pkg/mod"
 export GOFLAGS="-mod=mod -trimpath -buildvcs=false" GOTOOLCHAIN=local CGO_ENABLED=0
 
