@@ -8,5 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/python -c "from skewwatch.broker import ensure_kafka_jars; ensure_kafka_jars()"  # fetch Kafka once, outside test timeouts
-bash scripts/tools.sh  # cold: ~12 min of Go builds on 2 cores, once; warm: instant
+# cold: ~12 min of Go builds on 2 cores, once; warm: instant. If a tool cannot be built, the suite still
+# runs and the tests that need it fail, each naming the tool and the command that installs it.
+bash scripts/tools.sh || echo "scripts/tools.sh failed (above): the tests that need those tools will fail" >&2
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
