@@ -40,6 +40,8 @@ COLUMNS: dict[str, list[str]] = {
     "features": ["window_end", "model", "replica", "count", "rps", "p50 ms", "p99 ms", "tpot p99",
                  "batch fill", "errors"],
 }
+_MIN_WIDTH = {"time": 19, "window_end": 19, "state": 8, "severity": 8, "model": 16, "replica": 10, "detector": 14,
+              "seq": 14, "mode": 6, "weights": 32, "actions": 12}
 _SEVERITY_STYLE = {"CRITICAL": "bold red", "WARNING": "yellow", "INFO": "cyan"}
 
 
@@ -117,8 +119,9 @@ class Printer:
         from rich.table import Table
 
         table = Table(show_header=not self.headed, box=None, pad_edge=False)
-        for name in COLUMNS[self.kind]:
-            table.add_column(name, no_wrap=name not in ("message", "weights", "actions"))
+        for name in COLUMNS[self.kind]:  # fixed widths: the batches of --follow line up
+            table.add_column(name, no_wrap=name not in ("message", "weights", "actions"),
+                             min_width=_MIN_WIDTH.get(name, len(name)))
         for _, record in records:
             style = _SEVERITY_STYLE.get(str(record.get("severity"))) if self.kind == "alerts" else None
             if self.kind == "alerts" and record.get("state") == "resolved":
