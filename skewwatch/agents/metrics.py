@@ -65,9 +65,9 @@ class WorkerMetrics:
                                        registry=r)
         self.watermark = Gauge("skewwatch_watermark_seconds", "Event-time watermark per input partition",
                                ["partition"], registry=r)
-        self.ready = Gauge("skewwatch_worker_ready", "1 while the worker is ready (GET /readyz: broker, partitions, lag)",
-                           registry=r)
-        self.replicas = ReplicaGauges(r)  # per-replica and per-model gauges, set once per model step
+        self.ready = Gauge("skewwatch_worker_ready",
+                           "1 while the worker is ready (GET /readyz: broker, partitions, lag)", registry=r)
+        self.replicas = ReplicaGauges(r)  # per-replica and per-model series, from each model's last decided step
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

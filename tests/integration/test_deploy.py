@@ -282,3 +282,28 @@ def test_compose_configs_load_in_the_real_tools(tmp_path: Path) -> None:
 
     assert BackendMap.load(DOCKER / "haproxy" / "backends.toml").backends == {"llama-3-8b": "llama"}
     assert load_replica_map(DOCKER / "skewwatch" / "replica-map.json") == {"0": "r0", "1": "r1", "2": "r2", "3": "r3"}
+
+
+@pytest.mark.kafka
+def test_the_worker_readiness_probe_command_asks_a_real_worker(kafka_settings: Any, tmp_path: Path) -> None:
+    import os
+
+    from tests.integration.worker_proc import WorkerProcess
+
+    worker = WorkerProcess(kafka_settings, tmp_path / "worker.log", {"SKEWWATCH_WEB_TOKEN": "probe-token-123"})
+    manifests = docs(render("--set", f"worker.port={worker.port}"))
+    pod = by_kind(manifests, "Deployment")["rel-skewwatch-worker"]["spec"]["template"]["spec"]
+    probe = pod["containers"][0]["readinessProbe"]["exec"]["command"]
+    assert probe[0] == "python"
+    env = {**os.environ, "SKEWWATCH_WEB_TOKEN": "probe-token-123"}
+    command = [str(ROOT / ".venv" / "bin" / "python"), *probe[1:]]
+    assert run_probe(command, env) != 0  # nothing listens yet: not ready
+    with worker:
+        deadline = time.monotonic() + 60
+        while run_probe(command, env) != 0:
+            assert time.monotonic() < deadline, worker.log_tail()
+            time.sleep(1)
+
+
+def run_probe(command: list[str], env: dict[str, str]) -> int:
+    return subprocess.run(command, env=env, capture_output=True, timeout=30).returncode
