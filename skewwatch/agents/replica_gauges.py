@@ -11,7 +11,7 @@ traffic stopped) drops its per-replica series and its panic flag. The last-corre
 stays, so a rule can see how long ago it was.
 
 >>> from prometheus_client import CollectorRegistry
->>> from skewwatch.pipeline.features import FeatureVector
+>>> from skewwatch.schemas.feature_vector import FeatureVector
 >>> registry = CollectorRegistry()
 >>> gauges = ReplicaGauges(registry)
 >>> gauges.observe_step("m", [FeatureVector(model="m", replica="r1", window_start=0.0, window_end=60.0, count=3,
@@ -35,8 +35,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 DEFAULT_EXPIRE_S = 90.0
 

@@ -278,7 +278,7 @@ def test_compose_configs_load_in_the_real_tools(tmp_path: Path) -> None:
         am.wait(timeout=10)
     # the bridge's backend map and the collector's replica map are what the commands read
     from skewwatch.bridges.haproxy import BackendMap
-    from skewwatch.telemetry.replica_map import load_replica_map
+    from skewwatch.collect.replica_map import load_replica_map
 
     assert BackendMap.load(DOCKER / "haproxy" / "backends.toml").backends == {"llama-3-8b": "llama"}
     assert load_replica_map(DOCKER / "skewwatch" / "replica-map.json") == {"0": "r0", "1": "r1", "2": "r2", "3": "r3"}

@@ -13,8 +13,8 @@ from skewwatch.agents.replica_gauges import ReplicaGauges
 from skewwatch.bridges.alertmanager import alert_key, to_alertmanager
 from skewwatch.bridges.haproxy import BackendMap, ServerState, desired_servers, haproxy_weights
 from skewwatch.client.corrections import CorrectionsSubscriber, ModelState
-from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.tail import format_row, matches, parse_duration
 
 MODULES = ["skewwatch.client.corrections", "skewwatch.tail", "skewwatch.bridges.haproxy",
