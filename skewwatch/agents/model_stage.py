@@ -213,8 +213,13 @@ class ModelStage(CheckpointedStage[PartitionModels]):
             sends.append(await self.producer.send(topics.alerts, key=key.encode(),
                                                   value=orjson.dumps(alert.to_dict())))
             self.metrics.alerts_out.labels(alert.detector, str(alert.severity), alert.state).inc()
+            log.info("alert %s %s %s %s: %s", alert.state, alert.severity, key, alert.detector, alert.message)
         if decision.correction is not None:
             sends.append(await self._publish_correction(decision.correction))
+        current = decision.current or decision.correction
+        self.metrics.replicas.observe_step(step.model, replica_features, telemetry,
+                                           mode=str(getattr(current, "mode", "normal")),
+                                           published_at=time.time() if decision.correction is not None else None)
         gauges = self._weight_gauges
         for replica, w in decision.weights.items():
             gauge = gauges.get((step.model, replica))
