@@ -1,4 +1,4 @@
-"""``bench/decide_bench``: the cost of stage 2's decisions (``ModelDecider.step``) per replica (issue 6).
+"""``bench/decide_bench``: the cost of stage 2's decisions (``ModelDecider.step``) per replica.
 
 In-process and pure: ``R`` replicas (default 1k and 10k) spread over 50 models, one decider per
 model, fed realistic per-replica feature vectors every 5 s step (log-normal latencies with a
@@ -30,7 +30,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import tracemalloc
@@ -44,10 +43,21 @@ if str(REPO) not in sys.path or os.environ.get("DECIDE_BENCH_PACKAGE"):
 
 import numpy as np  # noqa: E402
 
-from skewwatch.pipeline.decide import ModelDecider  # noqa: E402
-from skewwatch.pipeline.detector_settings import DetectorSettings  # noqa: E402
-from skewwatch.pipeline.features import FeatureVector  # noqa: E402
-from skewwatch.pipeline.telemetry import TelemetrySample  # noqa: E402
+# a baseline child runs an older package: each name from where its revision kept it
+try:
+    from skewwatch.pipeline.detector_settings import DetectorSettings
+except ImportError:
+    from skewwatch.pipeline.decide import DetectorSettings  # type: ignore[no-redef]
+try:
+    from skewwatch.pipeline.model_decisions import ModelDecider
+except ImportError:
+    from skewwatch.pipeline.decide import ModelDecider  # type: ignore[no-redef]
+try:
+    from skewwatch.schemas.feature_vector import FeatureVector
+    from skewwatch.schemas.telemetry_sample import TelemetrySample
+except ImportError:
+    from skewwatch.pipeline.features import FeatureVector  # type: ignore[no-redef]
+    from skewwatch.pipeline.telemetry import TelemetrySample  # type: ignore[no-redef]
 
 RESULTS = REPO / "bench" / "results"
 STEP_S = 5.0
@@ -155,17 +165,6 @@ def measure(n_replicas: int, steps: int, warm: int, seed: int = 1) -> dict[str, 
     }
 
 
-def baseline_package(rev: str, into: Path) -> Path:
-    """``skewwatch/`` as of git revision ``rev``, extracted under ``into``."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "skewwatch"], check=True,
-                             capture_output=True).stdout
-    path = into / "baseline.tar"
-    path.write_bytes(archive)
-    with tarfile.open(path) as tar:
-        tar.extractall(into, filter="data")
-    return into
-
-
 def measure_in_child(package: Path, n_replicas: int, steps: int, warm: int) -> dict[str, Any]:
     env = dict(os.environ, DECIDE_BENCH_PACKAGE=str(package))
     cmd = [sys.executable, __file__, "--child", str(n_replicas), "--steps", str(steps), "--warm", str(warm)]
@@ -192,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes, args.steps, args.warm = [200], 2, 3
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
+        from bench.revision import baseline_package  # the parent only: a child may lack the repo
+
         package = baseline_package(args.baseline, Path(tmp)) if args.baseline else None
         for n in sizes:
             row: dict[str, Any] = {"replicas": n, "current": measure_in_child(REPO, n, args.steps, args.warm)}

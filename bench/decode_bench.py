@@ -1,8 +1,8 @@
 """Decode throughput of ``llm.requests`` messages on one core (the worker's hot path), optionally
 side by side with the decoder of an earlier git revision.
 
-Seed rule measured: the hot path must not pay a per-event Python cost (DESIGN.md numbers: a plain
-aiokafka loop with ``json.loads`` reaches ~180k events/s on this class of machine). Cases:
+Rule measured: the hot path must not pay a per-event Python cost (docs/design.md, "The hot path
+reads batches": a plain aiokafka loop with ``json.loads`` reaches ~180k events/s on two cores). Cases:
 
 - ``single``: one event per message, decoded one message at a time (decode_request_message);
 - ``single_poll``: the same messages decoded a poll of 500 at a time (decode_request_messages), as
@@ -17,13 +17,15 @@ aiokafka loop with ``json.loads`` reaches ~180k events/s on this class of machin
 - ``reference_batch100``: batch100 through the general (reference) path, ``typed_fast_path=False``;
 - ``orjson_only``: orjson.loads of the batch100 messages alone, the floor for any JSON decoder.
 
-Rates are events per CPU-second of the decoding process (one core), best of 5 rounds (``--rounds``); with
-``--baseline REV`` the decoder (``skewwatch/schemas/requests.py``) of that git revision runs every
-case too, its rounds interleaved with the current decoder's so that load on a shared machine hits
-both alike. The baseline module is loaded from ``git show REV:...`` and runs against the current
-tree's other modules. Run::
+Rates are events per CPU-second of the decoding process (one core), best of 5 rounds (``--rounds``).
+Each decoder runs in a child process of its own, fed the same deterministic messages: the working
+tree's, and with ``--baseline REV`` the package of that git revision (extracted whole, so the old
+decoder runs with the modules of its own revision), the two children's rounds interleaved so that
+load on a shared machine hits both alike. Only the package's public API is used
+(``skewwatch.schemas.decode_request_message(s)``, ``encode_request_event(s)``,
+``skewwatch.config.LimitSettings``), which every revision has. Run::
 
-    .venv/bin/python bench/decode_bench.py [--seconds 2] [--rounds 5] [--baseline ff883c9]
+    .venv/bin/python bench/decode_bench.py [--seconds 2] [--rounds 5] [--baseline main]
 
 It prints a table and writes ``bench/results/decode.json``.
 """
@@ -37,22 +39,20 @@ import platform
 import random
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
-from skewwatch.config import LimitSettings
-from skewwatch.schemas import requests as current_requests
-from skewwatch.schemas.requests import REQUIRED_FIELDS, encode_request_event, encode_request_events
-
 RESULTS = Path(__file__).resolve().parent / "results" / "decode.json"
 REPO = Path(__file__).resolve().parent.parent
-DECODER_PATH = "skewwatch/schemas/requests.py"
 ROUNDS = 5
+# contract request-event.v1's required fields (the sparse case sends only these)
+REQUIRED_FIELDS = ("request_id", "ts", "model", "replica", "latency_ms", "prompt_tokens", "completion_tokens")
 
 
 def make_event(rng: random.Random, i: int) -> dict[str, Any]:
@@ -91,42 +91,51 @@ def spoil(event: dict[str, Any], i: int) -> dict[str, Any]:
     return bad
 
 
-def load_decoder_at(rev: str) -> types.ModuleType:
-    """The request decoder module as it was at git revision ``rev``."""
-    source = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{DECODER_PATH}"], check=True,
-                            capture_output=True).stdout
-    module = types.ModuleType(f"decode_bench_baseline_{rev}")
-    module.__file__ = f"{rev}:{DECODER_PATH}"
-    sys.modules[module.__name__] = module  # dataclasses look their module up while decorating
-    exec(compile(source, module.__file__, "exec"), module.__dict__)  # our own file, as it was
-    return module
+def messages(decoder: types.ModuleType, n_events: int = 5000, n_singles: int = 500, seed: int = 7
+             ) -> tuple[list[bytes], list[bytes], list[bytes], list[bytes], list[bytes]]:
+    """The cases' messages, encoded by ``decoder``'s own encoders: singles (``n_singles``), singles
+    (all), 100-event batches, batches with 10 % bad events, batches with only the required fields."""
+    rng = random.Random(seed)
+    events = [make_event(rng, i) for i in range(n_events)]
+    singles_all = [decoder.encode_request_event(e) for e in events]
+    batches = [decoder.encode_request_events(events[i:i + 100]) for i in range(0, n_events, 100)]
+    spoilt = [decoder.encode_request_events([spoil(e, i) if i % 10 == 0 else e for i, e in
+                                             enumerate(events[j:j + 100], start=j)]) for j in range(0, n_events, 100)]
+    sparse = [decoder.encode_request_events([{name: e[name] for name in REQUIRED_FIELDS} for e in events[i:i + 100]])
+              for i in range(0, n_events, 100)]
+    return singles_all[:n_singles], singles_all, batches, spoilt, sparse
 
 
-def measure_side_by_side(runs: dict[str, Callable[[], int]], seconds: float, rounds: int = ROUNDS) -> dict[str, float]:
-    """Events per CPU-second of each ``run`` (which returns the events it handled), best of
-    ``rounds`` rounds, the runs' rounds interleaved.
+def timed(run: Callable[[], int], seconds: float) -> tuple[int, float]:
+    """Call ``run`` (which returns the events it handled) for ``seconds`` of this process's CPU time:
+    (events, CPU seconds). CPU time, not wall time: "events/s on one core" is what the worker budget
+    needs, and it stays meaningful on a shared machine where other processes steal the core."""
+    events = 0
+    start = time.process_time()
+    deadline = start + seconds
+    while time.process_time() < deadline:
+        events += run()
+    return events, time.process_time() - start
 
-    CPU time of this process, not wall time: "events/s on one core" is what the worker budget
-    needs, and it stays meaningful on a shared machine where other processes steal the core.
-    """
+
+def measure_side_by_side(runs: dict[str, Callable[[float], tuple[int, float]]], seconds: float,
+                         rounds: int = ROUNDS) -> dict[str, float]:
+    """Events per CPU-second of each ``run`` (one round: given its CPU seconds, returns events and
+    CPU seconds spent), best of ``rounds`` rounds, the runs' rounds interleaved."""
     best = dict.fromkeys(runs, 0.0)
     for _ in range(rounds):
         for name, run in runs.items():
-            events = 0
-            start = time.process_time()
-            deadline = start + seconds / rounds
-            while time.process_time() < deadline:
-                events += run()
-            best[name] = max(best[name], events / (time.process_time() - start))
+            events, cpu = run(seconds / rounds)
+            best[name] = max(best[name], events / cpu)
     return best
 
 
-def cases_for(decoder: types.ModuleType, limits: LimitSettings, singles: list[bytes], singles_5000: list[bytes],
+def cases_for(decoder: types.ModuleType, limits: Any, singles: list[bytes], singles_5000: list[bytes],
               batches: list[bytes], spoilt: list[bytes], sparse: list[bytes]) -> dict[str, Callable[[], int]]:
     """Each case as a callable returning the events it decoded, for one decoder module."""
     decode_one, decode_poll = decoder.decode_request_message, decoder.decode_request_messages
     one_bad = list(singles)
-    one_bad[len(one_bad) // 2] = encode_request_event(spoil(orjson.loads(one_bad[len(one_bad) // 2]), 0))
+    one_bad[len(one_bad) // 2] = decoder.encode_request_event(spoil(orjson.loads(one_bad[len(one_bad) // 2]), 0))
 
     # sanity: the benchmark measures real decoding, not rejections
     assert len(decode_poll(singles, limits).columns) == len(singles)
@@ -172,45 +181,106 @@ def run_orjson(batches: list[bytes]) -> Callable[[], int]:
     return run
 
 
+def serve(stdin: IO[str], stdout: IO[str]) -> None:
+    """A decoder child: build the messages with this process's ``skewwatch``, then answer each request
+    line ``{"case", "seconds"}`` with ``{"events", "cpu_s"}`` (one round of that case)."""
+    import skewwatch.schemas as decoder
+    from skewwatch.config import LimitSettings
+
+    singles, singles_5000, batches, spoilt, sparse = messages(decoder)
+    cases = cases_for(decoder, LimitSettings(), singles, singles_5000, batches, spoilt, sparse)
+    cases["orjson_only"] = run_orjson(batches)
+    stdout.write(json.dumps({"ready": list(cases), "package": str(Path(decoder.__file__).parents[2]),
+                             "event_bytes_mean": round(sum(map(len, singles)) / len(singles))}) + "\n")
+    stdout.flush()
+    for line in stdin:
+        request = json.loads(line)
+        events, cpu = timed(cases[request["case"]], float(request["seconds"]))
+        stdout.write(json.dumps({"events": events, "cpu_s": cpu}) + "\n")
+        stdout.flush()
+
+
+class DecoderChild:
+    """A ``serve`` child importing ``skewwatch`` from ``package`` (None: the working tree)."""
+
+    def __init__(self, package: Path | None) -> None:
+        from bench.revision import child_env
+
+        self.process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        env=child_env(package), cwd=tempfile.gettempdir())
+        hello = self._read()
+        self.cases: list[str] = hello["ready"]
+        self.event_bytes_mean: int = hello["event_bytes_mean"]
+        self.package = Path(hello["package"])
+        expected = (package if package is not None else REPO).resolve()
+        if self.package.resolve() != expected:  # the child must run the code it was given
+            raise RuntimeError(f"decoder child imported skewwatch from {self.package}, not {expected}")
+
+    def _read(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"decoder child exited ({self.process.wait()})")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def round(self, case: str) -> Callable[[float], tuple[int, float]]:
+        def run(seconds: float) -> tuple[int, float]:
+            assert self.process.stdin is not None
+            self.process.stdin.write(json.dumps({"case": case, "seconds": seconds}) + "\n")
+            self.process.stdin.flush()
+            answer = self._read()
+            return int(answer["events"]), float(answer["cpu_s"])
+        return run
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(timeout=30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="CPU time per case and decoder")
     parser.add_argument("--baseline", metavar="REV", help="also run the decoder of this git revision")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help="rounds per case (best kept): more rounds ride out a busy machine's bursts")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    rng = random.Random(7)
-    limits = LimitSettings()
-    events = [make_event(rng, i) for i in range(5000)]
-    singles_5000 = [encode_request_event(e) for e in events]
-    singles = singles_5000[:500]
-    batches = [encode_request_events(events[i:i + 100]) for i in range(0, 5000, 100)]
-    spoilt = [encode_request_events([spoil(e, i) if i % 10 == 0 else e for i, e in
-                                     enumerate(events[j:j + 100], start=j)]) for j in range(0, 5000, 100)]
-    sparse = [encode_request_events([{name: e[name] for name in REQUIRED_FIELDS} for e in events[i:i + 100]])
-              for i in range(0, 5000, 100)]
+    if args.serve:
+        serve(sys.stdin, sys.stdout)
+        return
+    if str(REPO) not in sys.path:  # `python bench/decode_bench.py` puts bench/ first, not the repo
+        sys.path.insert(0, str(REPO))
+    from bench.revision import baseline_package
 
-    decoders = {"now": current_requests}
-    if args.baseline:
-        decoders = {"baseline": load_decoder_at(args.baseline), **decoders}
-    cases = {label: cases_for(module, limits, singles, singles_5000, batches, spoilt, sparse)
-             for label, module in decoders.items()}
-    names = [*cases["now"], "orjson_only"]
-    results: dict[str, dict[str, int]] = {}
-    for name in names:
-        runs = ({label: run_orjson(batches) for label in ("now",)} if name == "orjson_only"
-                else {label: case[name] for label, case in cases.items()})
-        measured = measure_side_by_side(runs, args.seconds, args.rounds)
-        results[name] = {label: round(rate) for label, rate in measured.items()}
-
+    with tempfile.TemporaryDirectory(prefix="decode-bench-") as tmp:
+        children: dict[str, DecoderChild] = {}
+        try:
+            if args.baseline:
+                children["baseline"] = DecoderChild(baseline_package(args.baseline, Path(tmp)))
+            children["now"] = DecoderChild(None)
+            names = children["now"].cases
+            event_bytes_mean = children["now"].event_bytes_mean
+            results: dict[str, dict[str, int]] = {}
+            for name in names:
+                runs = {label: child.round(name) for label, child in children.items()
+                        if name in child.cases and (name != "orjson_only" or label == "now")}
+                measured = measure_side_by_side(runs, args.seconds, args.rounds)
+                results[name] = {label: round(rate) for label, rate in measured.items()}
+        finally:
+            for child in children.values():
+                child.close()
+    labels = list(children)
     width = max(map(len, names))
-    header = f"{'case':<{width}}  " + "  ".join(f"{label:>12}" for label in decoders)
+    header = f"{'case':<{width}}  " + "  ".join(f"{label:>12}" for label in labels)
     if args.baseline:
         header += "  now/baseline"
     print(header + "   (events per CPU-second)")
     for name, rates in results.items():
         line = f"{name:<{width}}  " + "  ".join(f"{rates[label]:>12,}" if label in rates else f"{'':>12}"
-                                                 for label in decoders)
+                                                 for label in labels)
         if args.baseline and "baseline" in rates:
             line += f"  {rates['now'] / rates['baseline']:>11.2f}x"
         print(line)
@@ -224,7 +294,7 @@ def main() -> None:
         "rounds": args.rounds,
         "seconds_per_case": args.seconds,
         "load_average_1m": round(os.getloadavg()[0], 2),  # > cores: other processes shared the machine
-        "event_bytes_mean": round(sum(map(len, singles)) / len(singles)),
+        "event_bytes_mean": event_bytes_mean,
         "python": platform.python_version(),
         "machine": platform.machine(),
         "processor": platform.processor() or None,

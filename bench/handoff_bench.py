@@ -1,17 +1,11 @@
-"""Per replica step: publishing + the stage 1 -> stage 2 hand-off + stage 2's decode, format 1 vs 2.
+"""Per replica step: publishing + the stage 1 -> stage 2 hand-off + stage 2's decode.
 
 One process, one real broker (``KAFKA_BOOTSTRAP`` or the embedded one). A fleet of ``R`` replicas over
 ``M`` models on 8 partitions of windows (``bench/scale.py``'s synthetic traffic, full 60 s windows),
-every replica with a telemetry sample; one closed step of every partition is published and handed over
-both ways, rounds interleaved, CPU time (``process_time``) per replica step until the broker acknowledged
-every record:
-
-format 1 (before): per replica ``send()`` of the FeatureVector to the features topic and ``send()`` of
-    ``{"summary": to_dict, "features", "telemetry", "telemetry_stale"}`` JSON to the replica-steps
-    topic; stage 2 ``orjson.loads`` each record to route it, then ``orjson.loads`` + ``from_body``.
-format 2 (now): the features through ``KeyedPublisher`` (one batch per partition), one
-    ``encode_model_step`` record per (partition, model, step) with its header; stage 2 reads the header
-    and ``decode_model_step``.
+every replica with a telemetry sample; one closed step of every partition is published and handed over,
+CPU time (``process_time``) per replica step until the broker acknowledged every record: the features
+through ``KeyedPublisher`` (one batch per partition), one ``encode_model_step`` record per (partition,
+model, step) with its header; stage 2 reads the header and ``decode_model_step``.
 
 The stage 2 side decodes the bytes it was given (no consumer: fetching is the same per record either
 way and format 2 has far fewer records). One producer, configured as the worker's (``agents/app.py``).
@@ -33,23 +27,21 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import orjson  # noqa: E402
 from aiokafka import AIOKafkaProducer  # noqa: E402
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
 
 from bench.scale import Fleet, fleet_replicas  # noqa: E402
 from skewwatch.agents.publish import KeyedPublisher  # noqa: E402
 from skewwatch.broker import EmbeddedBroker  # noqa: E402
-from skewwatch.pipeline.assembler import ReplicaStepInput  # noqa: E402
-from skewwatch.pipeline.handoff import (  # noqa: E402
+from skewwatch.pipeline.replica_step_record import (  # noqa: E402
     decode_model_step,
     encode_model_step,
     read_step_header,
     step_header,
 )
-from skewwatch.pipeline.telemetry import TelemetrySample  # noqa: E402
 from skewwatch.pipeline.window import ReplicaStep  # noqa: E402
 from skewwatch.schemas.features import encode_features  # noqa: E402
+from skewwatch.schemas.telemetry_sample import TelemetrySample  # noqa: E402
 
 PARTITIONS = 8
 
@@ -69,30 +61,7 @@ def sample_of(step: ReplicaStep) -> TelemetrySample:
                            power_w=420.0, temperature_c=61.0, xid_count_5m=0)
 
 
-async def format1(producer: AIOKafkaProducer | None, partitions: list[list[ReplicaStep]],
-                  topics: tuple[str, str]) -> int:
-    features_topic, steps_topic = topics
-    records: list[bytes] = []
-    futures = []
-    for steps in partitions:  # stage 1, one input partition at a time
-        for step in steps:
-            fv = step.features
-            sample = sample_of(step)
-            body = orjson.dumps({"summary": step.summary.to_dict(), "features": fv, "telemetry": sample.to_dict(),
-                                 "telemetry_stale": []})
-            if producer is not None:
-                futures.append(await producer.send(features_topic, key=fv.key.encode(), value=encode_features(fv)))
-                futures.append(await producer.send(steps_topic, key=fv.model.encode(), value=body))
-            records.append(body)
-    await asyncio.gather(*futures)
-    held = []
-    for raw in records:  # stage 2: route, hold, then decode at completion
-        fv = orjson.loads(raw)["features"]
-        held.append((fv["model"], float(fv["window_end"]), str(fv["replica"]), raw))
-    return len([ReplicaStepInput.from_body(orjson.loads(raw)) for *_, raw in held])
-
-
-async def format2(producer: AIOKafkaProducer | None, publisher: KeyedPublisher | None,
+async def hand_off(producer: AIOKafkaProducer | None, publisher: KeyedPublisher | None,
                   partitions: list[list[ReplicaStep]], topics: tuple[str, str]) -> int:
     features_topic, steps_topic = topics
     records: list[tuple[bytes, list[tuple[str, bytes]]]] = []
@@ -139,15 +108,13 @@ async def run(bootstrap: str | None, fleets: list[tuple[int, int]], rounds: int)
             n = sum(map(len, partitions))
             per_chunk = n / len({(source, s.features.model) for source, steps in enumerate(partitions) for s in steps})
             for round_ in range(rounds):
-                for label in ("format 1", "format 2"):
-                    gc.collect()
-                    cpu = time.process_time()
-                    decoded = await (format1(producer, partitions, topics) if label == "format 1"
-                                     else format2(producer, publisher, partitions, topics))
-                    spent = time.process_time() - cpu
-                    assert decoded == n, (decoded, n)
-                    print(f"{replicas:>6} replicas {models:>3} models ({per_chunk:5.1f} per record)  round {round_}  "
-                          f"{label}  {spent / n * 1e6:7.2f} µs CPU per replica step", flush=True)
+                gc.collect()
+                cpu = time.process_time()
+                decoded = await hand_off(producer, publisher, partitions, topics)
+                spent = time.process_time() - cpu
+                assert decoded == n, (decoded, n)
+                print(f"{replicas:>6} replicas {models:>3} models ({per_chunk:5.1f} per record)  round {round_}  "
+                      f"{spent / n * 1e6:7.2f} µs CPU per replica step", flush=True)
     finally:
         if producer is not None:
             await producer.stop()

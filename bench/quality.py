@@ -54,6 +54,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import math
 import shutil
 import statistics
 import sys
@@ -100,7 +101,7 @@ from bench.scoring import (  # noqa: E402
     score,
     weight_episodes,
 )
-from skewwatch.pipeline.telemetry import TelemetrySample  # noqa: E402
+from skewwatch.schemas.telemetry_sample import TelemetrySample  # noqa: E402
 from skewwatch.sim.generator import TrafficChunk  # noqa: E402
 from skewwatch.sim.shapes import SHAPES, make_shape  # noqa: E402
 
@@ -141,6 +142,7 @@ class LoadMeter:
         self.low_rate = ({scenario.replica(LOW_RATE_POOL, i) for i in range(REPLICAS)} if scenario.low_rate
                          else set())
         self.end = START_TS + scenario.run_s
+        self.last_ts = START_TS  # the newest request event time seen
         self.queue: list[float] = []
         self.util: list[float] = []
         self.requests = {"clean": 0, "low-rate": 0}
@@ -149,6 +151,8 @@ class LoadMeter:
         for sample in chunk.telemetry:
             if sample.replica in self.clean and sample.ts <= self.end:
                 self._sample(sample)
+        if len(chunk.requests):
+            self.last_ts = max(self.last_ts, float(chunk.requests.ts.max()))
         replicas = chunk.requests.replica
         self.requests["clean"] += int(np.isin(replicas, list(self.clean)).sum()) if len(replicas) else 0
         self.requests["low-rate"] += int(np.isin(replicas, list(self.low_rate)).sum()) if len(replicas) else 0
@@ -175,13 +179,14 @@ class LoadMeter:
 
 
 def split_of(scenario: Scenario, fit_shapes: Sequence[str], fit_seeds: Sequence[int]) -> str:
-    """FIT when both the shape and the seed are in the fit set (and live signals are on), else HOLDOUT.
+    """FIT when both the shape and the seed are in the fit set, else HOLDOUT (runs without live signals
+    are grouped apart, ``|no-live``).
 
     >>> [split_of(Scenario(SHAPES[s], seed), FIT_SHAPES, FIT_SEEDS) for s, seed in
     ...  [("conv@1x", 1), ("conv@1x", 3), ("mooncake@1x", 1), ("code@3x", 2)]]
     ['FIT', 'HOLDOUT', 'HOLDOUT', 'HOLDOUT']
     """
-    fit = scenario.shape.name in fit_shapes and scenario.seed in fit_seeds and scenario.live_signals
+    fit = scenario.shape.name in fit_shapes and scenario.seed in fit_seeds
     return "FIT" if fit else "HOLDOUT"
 
 
@@ -244,15 +249,24 @@ def run_worker(scenario: Scenario, profile: str, split: str, bootstrap: str, wor
         worker.start()
         produced = asyncio.run(produce_traffic(bootstrap, chunks, requests_topic=topics.requests,
                                                telemetry_topic=topics.gpu_telemetry, batch=50))
-        wanted = START_TS + scenario.scored[1]
+        # the last step the worker can close: its watermark is the newest event time minus the lateness
+        # (a bursty trace may fall silent before the scored span ends: no step after its last event closes)
+        step, lateness = settings.window.step_s, settings.window.allowed_lateness_s
+        last = math.floor((meter.last_ts - lateness) / step) * step
+        wanted = min(START_TS + scenario.scored[1], last)
         models = set(scenario.pools())
         settled: list[float] = []
+        seen = [0, time.monotonic()]  # records read, when that count last grew
 
         def done(records: list[Any]) -> bool:
+            if len(records) != seen[0]:
+                seen[:] = [len(records), time.monotonic()]
             reached = {m for m in models if any(
                 r.topic == topics.routing_corrections and r.key == m.encode()
                 and orjson.loads(r.value)["ts"] >= wanted for r in records)}
-            if reached != models:
+            # every model there, or some and nothing new for 15 s (a pool whose replicas all went idle
+            # and were released gets no correction for the last steps)
+            if reached != models and not (reached and time.monotonic() - seen[1] >= 15.0):
                 return False
             settled.append(time.monotonic())
             return time.monotonic() - settled[0] >= 2.0  # alerts of the same steps: give them 2 s

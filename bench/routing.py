@@ -1,6 +1,6 @@
 """The seed's routing table, reproduced on the fleet simulator, on two traffic shapes (benchmark 2).
 
-Seed claim (DESIGN.md item 1), P99 latency deviation / GPU-utilisation spread: round robin
+Seed claim (seed §1), P99 latency deviation / GPU-utilisation spread: round robin
 ±380 ms / ±22 %, least connections ±290 ms / ±18 %, multi-signal dynamic weights ±65 ms / ±5 %.
 Target: ``dynamic_least_request`` at least 3x tighter P99 deviation than round robin and no worse
 than least connections, on both shapes.
@@ -52,7 +52,7 @@ Prints one table per trace, writes ``bench/results/routing.json`` and ``bench/re
 (``routing_mooncake.png`` for the second trace).
 
 >>> import numpy as np
->>> from skewwatch.pipeline.events import RequestColumns
+>>> from skewwatch.schemas.requests.columns import RequestColumns
 >>> rows = [dict(request_id=f"{r}{i}", ts=100.0 + i, model="m", replica=r, latency_ms=lat, prompt_tokens=1,
 ...              completion_tokens=1) for r, lat in (("a", 100.0), ("b", 300.0)) for i in range(10)]
 >>> m = routing_metrics(RequestColumns.from_rows(rows), [], t0=90.0, t1=120.0)
@@ -92,8 +92,8 @@ from bench.common import (  # noqa: E402
     machine,
     profile_settings,
 )
-from skewwatch.pipeline.events import RequestColumns  # noqa: E402
-from skewwatch.pipeline.telemetry import TelemetrySample  # noqa: E402
+from skewwatch.schemas.requests.columns import RequestColumns  # noqa: E402
+from skewwatch.schemas.telemetry_sample import TelemetrySample  # noqa: E402
 from skewwatch.sim.faults import Injection  # noqa: E402
 from skewwatch.sim.router import CORRECTION_POLICIES  # noqa: E402
 

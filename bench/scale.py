@@ -1,4 +1,4 @@
-"""``bench/scale``: step cost against replicas, memory per replica, and reaction time (issue 6).
+"""``bench/scale``: step cost against replicas, memory per replica, and reaction time.
 
 Three parts, each selectable with ``--parts``:
 
@@ -12,7 +12,7 @@ Three parts, each selectable with ``--parts``:
     and publishing read: column ``build``), ``merge_model_features`` per model and
     ``ModelDecider.step`` per model (every detector, health, weights, correction). The stage 1 -> 2
     hand-off the worker also pays per replica (one record per partition, model and step, encoded in
-    stage 1 and decoded in stage 2: ``skewwatch.pipeline.handoff``) is timed separately.
+    stage 1 and decoded in stage 2: ``skewwatch.pipeline.replica_step_record``) is timed separately.
     Target: <= 250 ms at 10k, linear in replicas. ``--learned both`` (the default) decides every
     measured step twice, with the worker's default detectors (the ``learned`` detector on: the
     totals and the targets) and without the learned detector, and prints the two side by side
@@ -78,17 +78,17 @@ from bench.throughput.common import (  # noqa: E402
     spread,
 )
 from skewwatch.config import WindowSettings  # noqa: E402
-from skewwatch.pipeline.decide import ModelDecider  # noqa: E402
 from skewwatch.pipeline.detector_settings import DetectorSettings  # noqa: E402
-from skewwatch.pipeline.events import RequestColumns  # noqa: E402
-from skewwatch.pipeline.handoff import (  # noqa: E402
+from skewwatch.pipeline.model_decisions import ModelDecider  # noqa: E402
+from skewwatch.pipeline.model_merge import merge_model_features  # noqa: E402
+from skewwatch.pipeline.replica_step_record import (  # noqa: E402
     decode_model_step,
     encode_model_step,
     read_step_header,
     step_header,
 )
-from skewwatch.pipeline.model_merge import merge_model_features  # noqa: E402
 from skewwatch.pipeline.window import ClosedSteps, PartitionWindows, ReplicaStep  # noqa: E402
+from skewwatch.schemas.requests.columns import RequestColumns  # noqa: E402
 
 PARTITIONS = 8
 STEP_S = 5.0
@@ -574,7 +574,7 @@ def step_table(rows: list[dict[str, Any]]) -> str:
 
 
 def judge(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 6's scale targets that this run measured."""
+    """The scale targets (bench/README.md) that this run measured."""
     out: list[dict[str, Any]] = []
     for row in result.get("step_cost", []):
         if row["replicas"] == 10_000:

@@ -1,9 +1,10 @@
 """The ``skewwatch`` command line (click). Each sub-command lives beside the code it drives.
 
-Exit codes: 0 done; 1 a run-time failure (no broker answers, a topic cannot be created, ...);
-2 a usage error or invalid settings (:data:`EXIT_CONFIG`). Every command loads its settings
-(:func:`command_settings`) before it starts anything, so invalid settings stop it with one line
-on stderr naming the key and where its value came from, and no traceback.
+Exit codes: :mod:`skewwatch.errors` (0 done; 2 a usage error or invalid settings, :data:`EXIT_CONFIG`;
+3 Kafka unreachable for a one-shot command; 4 Kafka refused TLS or the login; 5 a port in use; 6 the
+broker's data directory locked; 7 nothing sent; 8 the embedded broker failed; 1 a bug). Every
+command loads its settings (:func:`command_settings`) before it starts anything, so invalid settings
+stop it with one line on stderr naming the key and where its value came from, and no traceback.
 """
 
 from __future__ import annotations
@@ -15,28 +16,29 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from skewwatch.config_section import ConfigError
+from skewwatch.errors import ConfigProblem
 
 if TYPE_CHECKING:
     from skewwatch.config import Settings
 
-EXIT_CONFIG = 2  # invalid settings, like click's usage errors
-
-
-class SettingsError(click.ClickException):
-    """Invalid settings: ``Error: <key> = <value> (from <file or variable>): <problem>``, exit code 2."""
-
-    exit_code = EXIT_CONFIG
+EXIT_CONFIG = ConfigProblem.exit_code  # invalid settings, like click's usage errors
+# Invalid settings: ``Error: <key> = <value> (from <file or variable>): <problem>``, exit code 2.
+SettingsError = ConfigProblem
 
 
 def command_settings(path: str | Path | None = None) -> Settings:
     """The settings of a command (``--config`` file, else ``SKEWWATCH_CONFIG``, then the environment),
-    or :class:`SettingsError` before the command starts anything."""
+    the ``[kafka]`` TLS/SASL settings checked too (a missing password file is a setting problem), or
+    :class:`~skewwatch.errors.ConfigProblem` before the command starts anything."""
     from skewwatch.config import load_settings
+    from skewwatch.kafka_security import check_security
 
     try:
-        return load_settings(path)
+        settings = load_settings(path)
+        check_security(settings.kafka)
     except ConfigError as exc:
-        raise SettingsError(str(exc)) from None
+        raise ConfigProblem(str(exc)) from None
+    return settings
 
 # name -> "module:attribute" of a click command; imported lazily so `skewwatch broker`
 # does not pay for importing Faust and numpy.
@@ -44,16 +46,21 @@ COMMANDS: dict[str, str] = {
     "broker": "skewwatch.broker.command:broker_command",
     "topics": "skewwatch.topics:topics_command",
     "worker": "skewwatch.agents.app:worker_command",
-    "generate": "skewwatch.generate:generate_command",
-    "simulate": "skewwatch.sim.cli:simulate_command",
+    "generate": "skewwatch.sim.generate_command:generate_command",
+    "simulate": "skewwatch.sim.simulate_command:simulate_command",
     "demo": "skewwatch.demo:demo_command",
     "otlp-receiver": "skewwatch.otlp.receiver:otlp_receiver_command",
-    "collect-gpu": "skewwatch.telemetry.collector:collect_gpu_command",
-    "scrape": "skewwatch.telemetry.bridges:scrape_command",
+    "collect-gpu": "skewwatch.collect.collect_gpu_command:collect_gpu_command",
+    "scrape": "skewwatch.collect.scrape_command:scrape_command",
+    "tail": "skewwatch.tail:tail_command",
+    "apply": "skewwatch.bridges.haproxy:apply_command",
+    "alertmanager-bridge": "skewwatch.bridges.alertmanager:alertmanager_bridge_command",
 }
 
 
 class LazyGroup(click.Group):
+    """Sub-commands imported on use; a configuration error anywhere is one line with exit code 2."""
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 

@@ -63,6 +63,19 @@ class KafkaSettings(ConfigSection):
     group_id: Name = "skewwatch"
     partitions: Count = 8  # partitions of the topics skewwatch creates
     replication_factor: Count = 1
+    # how every client (worker, receiver, bridges, collector, generator, simulator, producer helper,
+    # topics) connects; checked and turned into aiokafka's options by skewwatch.kafka_security
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    sasl_username: str | None = None
+    # the password is never a setting itself: a file holding it, or the name of a variable holding it
+    sasl_password_file: str | None = None
+    sasl_password_env: Name = "SKEWWATCH_KAFKA_PASSWORD"
+    ssl_cafile: str | None = None  # CA bundle (PEM) that signed the brokers' certificates; None: the system's
+    ssl_certfile: str | None = None  # client certificate (PEM), for brokers that require mTLS
+    ssl_keyfile: str | None = None  # its private key (PEM)
+    ssl_key_password_file: str | None = None  # when the key is encrypted
+    ssl_check_hostname: bool = True  # the broker's certificate must name the host the client dialled
 
 
 class TopicSettings(ConfigSection):
@@ -165,12 +178,50 @@ class DerivedBatchSettings(ConfigSection):
 
 
 class WebSettings(ConfigSection):
-    """``[web]``: where the worker's HTTP API and /metrics listen (loopback by default)."""
+    """``[web]``: where the worker's HTTP API and /metrics listen, and who may call it
+    (skewwatch.agents.http_api; the rules in skewwatch.web_auth)."""
 
     section = "web"
 
-    host: Name = "127.0.0.1"
+    host: Name = "127.0.0.1"  # loopback by default; anything else needs a token (or insecure_no_auth)
     port: Annotated[int, Meta(ge=0, le=65535)] = 6066  # 0: any free port (the worker logs which)
+    token_file: str | None = None  # a file holding the bearer token (read at start, never logged)
+    token_env: Name = "SKEWWATCH_WEB_TOKEN"  # else the variable of this name holds it
+    insecure_no_auth: bool = False  # allow a bind beyond loopback without a token (not recommended)
+    # POST /api/v1/update_weights publishes a model's correction at most once per this many seconds: the
+    # corrections topic is compacted, a flood of POSTs must not become a flood of records
+    update_interval_s: NonNegative = 1.0
+
+
+class HealthSettings(ConfigSection):
+    """``[health]``: what ``/readyz`` requires (a reachable broker, partitions, bounded lag)."""
+
+    section = "health"
+
+    max_lag_records: NonNegativeInt = 100_000  # records the worker may be behind its input and still be ready
+    probe_interval_s: Positive = 2.0  # a metadata request to the broker this often
+    probe_timeout_s: Positive = 3.0  # and no answer within this long means unreachable
+    # a POST that needs the broker's acknowledgement answers 503 when none came within this long
+    ack_timeout_s: Positive = 1.5
+
+
+class OtlpReceiverSettings(ConfigSection):
+    """``[otlp_receiver]``: ``skewwatch otlp-receiver``: where it listens, who may send, how much it accepts."""
+
+    section = "otlp_receiver"
+
+    host: Name = "127.0.0.1"
+    port: Annotated[int, Meta(ge=0, le=65535)] = 4318  # OTLP/HTTP's standard port
+    token_file: str | None = None
+    token_env: Name = "SKEWWATCH_OTLP_TOKEN"
+    insecure_no_auth: bool = False
+    tls_certfile: str | None = None  # serve HTTPS with this certificate chain (PEM) ...
+    tls_keyfile: str | None = None  # ... and key; both or neither
+    max_body_bytes: Count = 4 * 1024 * 1024  # a request body as received (compressed or not); larger: 413
+    max_decompressed_bytes: Count = 16 * 1024 * 1024  # what a gzip body may expand to; larger: 413
+    # original bytes a dead letter may hold; never more than the request as received either
+    dead_letter_max_bytes: Count = 256 * 1024
+    log_interval_s: NonNegative = 30.0  # one log line per kind of rejection per interval, with a count
 
 
 class Settings(ConfigSection):
@@ -181,6 +232,8 @@ class Settings(ConfigSection):
     window: WindowSettings = field(default_factory=WindowSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
     web: WebSettings = field(default_factory=WebSettings)
+    health: HealthSettings = field(default_factory=HealthSettings)
+    otlp_receiver: OtlpReceiverSettings = field(default_factory=OtlpReceiverSettings)
     otlp: OtlpSettings = field(default_factory=OtlpSettings)
     derived_batch: DerivedBatchSettings = field(default_factory=DerivedBatchSettings)
     detectors: DetectorSettings = field(default_factory=DetectorSettings)
@@ -249,8 +302,10 @@ __all__ = [
     "ConfigError",
     "DerivedBatchSettings",
     "DetectorSettings",
+    "HealthSettings",
     "KafkaSettings",
     "LimitSettings",
+    "OtlpReceiverSettings",
     "OtlpSettings",
     "Settings",
     "TopicSettings",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -28,8 +29,10 @@ from rich.live import Live
 from rich.table import Table
 
 from skewwatch.cli import command_settings
-from skewwatch.config import TopicSettings
+from skewwatch.config import Settings
+from skewwatch.errors import BrokerFailed, ConfigProblem
 from skewwatch.kafka_client import client_kwargs
+from skewwatch.logs import logging_options, setup_logging
 from skewwatch.topics import ensure_topics
 
 
@@ -93,10 +96,12 @@ class DemoView:
         return Group(table, alerts)
 
 
-async def _watch(bootstrap: str, topics: TopicSettings, duration: float | None,
+async def _watch(bootstrap: str, settings: Settings, duration: float | None,
                  children: list[subprocess.Popen[bytes]]) -> None:
+    topics = settings.topics
     consumer = AIOKafkaConsumer(topics.features, topics.alerts, topics.routing_corrections,
-                                **client_kwargs(bootstrap=bootstrap), group_id=f"skewwatch-demo-{uuid.uuid4().hex[:8]}",
+                                **client_kwargs(settings.kafka, bootstrap=bootstrap),
+                                group_id=f"skewwatch-demo-{uuid.uuid4().hex[:8]}",
                                 auto_offset_reset="latest", enable_auto_commit=False)
     await consumer.start()
     view = DemoView()
@@ -117,6 +122,28 @@ async def _watch(bootstrap: str, topics: TopicSettings, duration: float | None,
         await consumer.stop()
 
 
+def check_generate_arguments(args: list[str]) -> None:
+    """Parse ``skewwatch generate`` arguments as the child process will, --inject included: ConfigProblem
+    (exit code 2) naming what is wrong, before a broker or a worker is started."""
+    from skewwatch.sim.faults import FAULT_KINDS, FaultError
+    from skewwatch.sim.generate_command import build_injections, generate_command
+
+    try:
+        params = generate_command.make_context("generate", list(args)).params
+        for kind in params["inject_kinds"]:
+            if kind.partition(":")[0] not in FAULT_KINDS:
+                raise ConfigProblem(f"--inject {kind!r}: unknown fault kind (kinds: {', '.join(FAULT_KINDS)}; "
+                                    "e.g. --inject 'long_tail --replica r1 --at 30 --for 60')")
+        build_injections(params["inject_kinds"], params["inject_replicas"], params["inject_at"],
+                         params["inject_for"], params["inject_params"])
+    except ConfigProblem:
+        raise
+    except click.ClickException as exc:
+        raise ConfigProblem(f"--inject: {exc.format_message()}") from None
+    except (FaultError, ValueError) as exc:
+        raise ConfigProblem(f"--inject: {exc}") from None
+
+
 @click.command("demo")
 @click.option("--duration", type=float, default=None, help="Stop after this many seconds (default: Ctrl-C).")
 @click.option("--replicas", type=int, default=4, show_default=True, help="Replicas per model.")
@@ -126,12 +153,20 @@ async def _watch(bootstrap: str, topics: TopicSettings, duration: float | None,
               show_default=True, help="Data directory of the embedded broker.")
 @click.option("--inject", "injections", multiple=True,
               help="Passed to `skewwatch generate --inject` (e.g. 'long_tail --replica R --at 30 --for 60').")
+@logging_options
 def demo_command(duration: float | None, replicas: int, models: str, rate: float, data_dir: str,
-                 injections: tuple[str, ...]) -> None:
+                 injections: tuple[str, ...], loglevel: str, log_format: str) -> None:
     """Start a broker, a worker and the generator, and show features, alerts and weights live."""
     from skewwatch.broker import BrokerError, EmbeddedBroker
 
+    setup_logging(loglevel, log_format)
     settings = command_settings()
+    generate = [sys.executable, "-m", "skewwatch", "generate", "--models", models,
+                "--replicas", str(replicas), "--rate", str(rate), "--speed", "1", "--loglevel", loglevel,
+                "--log-format", log_format]
+    for injection in injections:
+        generate += ["--inject", *shlex.split(injection)]
+    check_generate_arguments(generate[4:])  # a bad --inject is reported before anything starts
     broker: EmbeddedBroker | None = None
     bootstrap = settings.kafka.bootstrap
     if not bootstrap:
@@ -140,7 +175,7 @@ def demo_command(duration: float | None, replicas: int, models: str, rate: float
         try:
             broker.start()
         except BrokerError as exc:
-            raise click.ClickException(str(exc)) from exc
+            raise BrokerFailed(str(exc)) from None
         bootstrap = broker.bootstrap
     click.echo(f"Kafka at {bootstrap}", err=True)
     children: list[subprocess.Popen[bytes]] = []
@@ -153,18 +188,15 @@ def demo_command(duration: float | None, replicas: int, models: str, rate: float
         log_dir.mkdir(parents=True, exist_ok=True)
         worker_log = (log_dir / "worker.log").open("ab")
         children.append(subprocess.Popen(
-            [sys.executable, "-m", "skewwatch", "worker", "--web-port", str(web_port), "--loglevel", "info"],
+            [sys.executable, "-m", "skewwatch", "worker", "--web-port", str(web_port), "--loglevel", loglevel,
+             "--log-format", log_format],
             env=env, stdout=worker_log, stderr=subprocess.STDOUT))
-        generate = [sys.executable, "-m", "skewwatch", "generate", "--models", models,
-                    "--replicas", str(replicas), "--rate", str(rate), "--speed", "1"]
-        for injection in injections:
-            generate += ["--inject", *injection.split()]
         gen_log = (log_dir / "generator.log").open("ab")
         children.append(subprocess.Popen(generate, env=env, stdout=gen_log, stderr=subprocess.STDOUT))
         click.echo(f"worker: http://127.0.0.1:{web_port}/api/v1/weights  (log: {log_dir / 'worker.log'})",
                    err=True)
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_watch(bootstrap, settings.topics, duration, children))
+            asyncio.run(_watch(bootstrap, settings, duration, children))
     finally:
         for child in reversed(children):
             if child.poll() is None:

@@ -2,11 +2,15 @@
 
 :func:`client_kwargs` is the one place where an aiokafka client (consumer, producer, admin) gets
 its connection options, and :func:`faust_app_kwargs` the same for the worker's Faust app: every
-client in the project is built with them, so connection settings (security options included,
-once there are any) are added here and nowhere else.
+client in the project is built with them, so connection settings are added here and nowhere else:
+the address, and the ``[kafka]`` section's TLS and SASL options (:mod:`skewwatch.kafka_security`).
+:func:`require_bootstrap` and :func:`check_kafka` are what a command does before it starts anything.
 
 >>> client_kwargs(bootstrap="127.0.0.1:9092")
 {'bootstrap_servers': '127.0.0.1:9092'}
+>>> from skewwatch.config import KafkaSettings
+>>> client_kwargs(KafkaSettings(bootstrap="kafka-1:9094", security_protocol="SSL"))["security_protocol"]
+'SSL'
 >>> describe_exception(TimeoutError())
 'TimeoutError'
 >>> run_blocking(asyncio.sleep(0, result="done"))
@@ -23,7 +27,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from skewwatch.config import KafkaSettings
+    from skewwatch.config import KafkaSettings, Settings
 
 T = TypeVar("T")
 
@@ -41,12 +45,55 @@ def client_kwargs(kafka: KafkaSettings | None = None, *, bootstrap: str | None =
     servers = bootstrap or (kafka.bootstrap if kafka is not None else None)
     if not servers:
         raise ValueError("no Kafka bootstrap address (kafka.bootstrap, KAFKA_BOOTSTRAP or --bootstrap)")
-    return {"bootstrap_servers": servers}
+    options: dict[str, Any] = {"bootstrap_servers": servers}
+    if kafka is not None:
+        from skewwatch.kafka_security import client_options  # imported on use: `skewwatch broker` stays light
+
+        options.update(client_options(kafka))
+    return options
+
+
+def require_bootstrap(bootstrap: str | None, settings: Settings, what: str) -> str:
+    """``bootstrap`` (a command's option) or ``kafka.bootstrap``, also stored there; else the one-line
+    ConfigProblem (exit code 2) naming the ways to give one. ``what``: "to publish to", ..."""
+    from skewwatch.errors import ConfigProblem
+
+    servers = bootstrap or settings.kafka.bootstrap
+    if not servers:
+        raise ConfigProblem(f"no Kafka {what}: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP "
+                            "(`skewwatch broker` starts one)")
+    settings.kafka.bootstrap = servers
+    return servers
+
+
+def check_kafka(bootstrap: str, settings: Settings, timeout: float = 10.0) -> None:
+    """One connection to ``bootstrap`` as the clients will make it (TLS, SASL), before a one-shot command
+    starts: nothing answering is KafkaUnreachable (exit code 3), a refused TLS handshake or login
+    KafkaRefused (4), each one line, without the client's own error lines and without retries.
+    Long-running services do not stop on KafkaUnreachable: they wait for their broker."""
+    from skewwatch.kafka_security import check_connection
+
+    run_blocking(check_connection(bootstrap, settings.kafka, timeout=timeout))
 
 
 def faust_app_kwargs(kafka: KafkaSettings | None = None, *, bootstrap: str | None = None) -> dict[str, Any]:
-    """The connection options of a ``faust.App``, from the same settings as :func:`client_kwargs`."""
-    return {"broker": f"kafka://{client_kwargs(kafka, bootstrap=bootstrap)['bootstrap_servers']}"}
+    """The connection options of a ``faust.App``, from the same settings as :func:`client_kwargs`:
+    the broker URL and, on a secured cluster, Faust's ``broker_credentials`` (SASL over TLS or not, or
+    TLS alone) built from the same TLS context and SASL options."""
+    options = client_kwargs(kafka, bootstrap=bootstrap)
+    app: dict[str, Any] = {"broker": f"kafka://{options['bootstrap_servers']}"}
+    protocol = options.get("security_protocol", "PLAINTEXT")
+    if protocol.startswith("SASL"):
+        import faust
+
+        app["broker_credentials"] = faust.SASLCredentials(
+            username=options["sasl_plain_username"], password=options["sasl_plain_password"],
+            mechanism=options["sasl_mechanism"], ssl_context=options.get("ssl_context"))
+    elif protocol == "SSL":
+        import faust
+
+        app["broker_credentials"] = faust.SSLCredentials(options["ssl_context"])
+    return app
 
 
 def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -120,10 +167,12 @@ def quiet_client_logs() -> None:
 
 __all__ = [
     "KafkaUnavailable",
+    "check_kafka",
     "client_kwargs",
     "describe_cluster",
     "describe_exception",
     "faust_app_kwargs",
     "quiet_client_logs",
+    "require_bootstrap",
     "run_blocking",
 ]

@@ -24,7 +24,16 @@ import click
 
 from skewwatch.cli import command_settings
 from skewwatch.config import KafkaSettings, Settings
-from skewwatch.kafka_client import client_kwargs, describe_exception, quiet_client_logs, run_blocking
+from skewwatch.errors import KafkaRefused, KafkaUnreachable
+from skewwatch.kafka_client import (
+    check_kafka,
+    client_kwargs,
+    describe_exception,
+    quiet_client_logs,
+    require_bootstrap,
+    run_blocking,
+)
+from skewwatch.logs import quiet_libraries
 
 _TOPIC_ALREADY_EXISTS = 36  # Kafka error code TOPIC_ALREADY_EXISTS: another process won the race
 _CHECKPOINT_MAX_BYTES = 16 * 1024 * 1024  # a partition's window-state snapshot can exceed the 1 MiB default
@@ -32,6 +41,10 @@ _CHECKPOINT_MAX_BYTES = 16 * 1024 * 1024  # a partition's window-state snapshot 
 
 class TopicError(RuntimeError):
     """A topic could not be created or the cluster could not be reached; one actionable line."""
+
+
+class ClusterUnreachable(TopicError):
+    """No Kafka answered at the bootstrap address within the timeout."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +108,7 @@ async def ensure_topics(bootstrap: str, settings: Settings, timeout: float = 30.
                 await admin.start()
                 existing = set(await admin.list_topics())
         except Exception as exc:
-            raise TopicError(
+            raise ClusterUnreachable(
                 f"no Kafka answers at {bootstrap} ({describe_exception(exc)}); start one with "
                 "`skewwatch broker` or set KAFKA_BOOTSTRAP"
             ) from exc
@@ -184,17 +197,16 @@ def topics_command() -> None:
 def create_command(bootstrap: str | None, config_path: Path | None) -> None:
     """Create the topics that do not exist yet, with their partitions and configs."""
     quiet_client_logs()
+    quiet_libraries()
     settings = command_settings(config_path)
-    bootstrap = bootstrap or settings.kafka.bootstrap
-    if not bootstrap:
-        raise click.ClickException(
-            "no Kafka to create topics on: start one with `skewwatch broker` (it creates them itself), "
-            "or pass --bootstrap HOST:PORT / set KAFKA_BOOTSTRAP"
-        )
+    bootstrap = require_bootstrap(bootstrap, settings, "to create topics on")
+    check_kafka(bootstrap, settings)  # nothing answering: exit 3; TLS or SASL refused: exit 4
     try:
         created = run_blocking(ensure_topics(bootstrap, settings))
-    except TopicError as exc:
-        raise click.ClickException(str(exc)) from None
+    except ClusterUnreachable as exc:
+        raise KafkaUnreachable(str(exc)) from None
+    except TopicError as exc:  # Kafka answered and refused (an ACL, a replication factor it cannot meet)
+        raise KafkaRefused(str(exc)) from None
     specs = topic_specs(settings)
     for spec in specs:
         state = "created" if spec.name in created else "exists"
@@ -202,4 +214,5 @@ def create_command(bootstrap: str | None, config_path: Path | None) -> None:
         click.echo(f"{state:8} {spec.name} partitions={spec.partitions} {configs}".rstrip())
 
 
-__all__ = ["TopicError", "TopicSpec", "delete_topics", "ensure_topics", "topic_specs", "topics_command"]
+__all__ = ["ClusterUnreachable", "TopicError", "TopicSpec", "delete_topics", "ensure_topics", "topic_specs",
+           "topics_command"]

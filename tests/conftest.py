@@ -1,6 +1,6 @@
 """Shared fixtures: one real Kafka broker per test session, and per-test topic names on it.
 
-Ground rule (issue 2): integration tests run against a real Apache Kafka, never a mock. ``KAFKA_BOOTSTRAP``
+Integration tests run against a real Apache Kafka, never a mock. ``KAFKA_BOOTSTRAP``
 points the suite at an existing cluster; otherwise the session starts the embedded broker
 (skewwatch.broker.EmbeddedBroker) on a free loopback port in a temporary directory, once.
 
@@ -29,16 +29,15 @@ TEST_PARTITIONS = 2  # enough to exercise partitioning, few enough to create qui
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # every test that needs the broker carries the `kafka` marker: `pytest -m "not kafka"` runs the rest
     for item in items:
-        if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
+        if {"kafka_bootstrap", "embedded_broker"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.kafka)
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``host:port`` of a real Kafka: ``KAFKA_BOOTSTRAP`` if set, else an embedded broker for the session."""
-    external = os.environ.get("KAFKA_BOOTSTRAP")
-    if external:
-        yield external
+def embedded_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker | None]:
+    """The session's embedded broker; None when ``KAFKA_BOOTSTRAP`` points the suite at another cluster."""
+    if os.environ.get("KAFKA_BOOTSTRAP"):
+        yield None
         return
     broker = EmbeddedBroker(tmp_path_factory.mktemp("kafka"), port=0)
     try:
@@ -46,9 +45,15 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     except BrokerError as exc:
         pytest.fail(f"cannot start the test Kafka broker: {exc}", pytrace=False)
     try:
-        yield broker.bootstrap
+        yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(embedded_broker: EmbeddedBroker | None) -> str:
+    """``host:port`` of a real Kafka: ``KAFKA_BOOTSTRAP`` if set, else an embedded broker for the session."""
+    return os.environ.get("KAFKA_BOOTSTRAP") or (embedded_broker.bootstrap if embedded_broker else "")
 
 
 def unique_settings(bootstrap: str, partitions: int = TEST_PARTITIONS) -> Settings:

@@ -1,4 +1,4 @@
-"""The peers of issue 6, each run in a child process of its own: ceiling, Quix Streams, Faust.
+"""The peers, each run in a child process of its own: ceiling, Quix Streams, Faust.
 
 Each reads one topic of the :mod:`~bench.throughput.dataset` from the beginning with a fresh
 consumer group until it has counted every event, then writes one JSON result. The clocks start
@@ -14,7 +14,7 @@ librdkafka's included); peak RSS is the process's high-water mark (``ru_maxrss``
 - ``faust-decode``: a plain Faust agent ``async for value in stream`` that decodes (orjson) and
   counts: Faust's own per-event cost;
 - ``faust``: the same agent, ``async for value in stream``, that decodes the event (orjson),
-  builds a one-row :class:`~skewwatch.pipeline.events.RequestColumns` and calls the worker's
+  builds a one-row :class:`~skewwatch.schemas.requests.columns.RequestColumns` and calls the worker's
   :meth:`PartitionWindows.apply` then ``close_steps()`` on the partition's windows: the same window
   update and step computation as ours, paid per event (it does not validate and does not publish,
   so it does less than ours).
@@ -175,8 +175,8 @@ def run_faust(spec: Spec, window: bool) -> None:
     import faust
 
     from skewwatch.config import WindowSettings
-    from skewwatch.pipeline.events import RequestColumns
     from skewwatch.pipeline.window import PartitionWindows
+    from skewwatch.schemas.requests.columns import RequestColumns
 
     app = faust.App(f"bench-faust-{uuid.uuid4().hex[:8]}", broker=f"kafka://{spec.bootstrap}",
                     store="memory://", web_enabled=False, autodiscover=False, topic_replication_factor=1,

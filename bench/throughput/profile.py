@@ -10,10 +10,10 @@ With py-spy's ``--threads`` each stack starts with ``thread (ID): NAME``: the sh
 main thread's samples (the event loop, where the pipeline runs), and ``threads`` gives every
 thread's share of all samples (the worker's Faust app keeps a consumer thread that mostly waits).
 
->>> text = "main (app.py:1);decode (skewwatch/schemas/requests.py:9) 3\\nmain (app.py:1);apply (w.py:2) 1\\n"
+>>> text = "main (app.py:1);decode (skewwatch/schemas/requests/decode.py:9) 3\\nmain (app.py:1);apply (w.py:2) 1\\n"
 >>> s = summarise(text)
 >>> s["samples"], s["inclusive"][0], s["self"][0]
-(4, ('main (app.py)', 1.0), ('decode (skewwatch/schemas/requests.py)', 0.75))
+(4, ('main (app.py)', 1.0), ('decode (skewwatch/schemas/requests/decode.py)', 0.75))
 >>> s = summarise("thread (1): MainThread;run (x.py:1) 3\\nthread (2): Thread-1;select (selectors.py:4) 1\\n")
 >>> s["samples"], s["threads"], s["self"]
 (3, {'MainThread': 0.75, 'Thread-1': 0.25}, [('run (x.py)', 1.0)])

@@ -1,22 +1,34 @@
 """Stage 2: replica step summaries (partitioned by model) -> per-model features and decisions.
 
-For each model it waits until the step is complete (:mod:`skewwatch.pipeline.assembler`),
+For each model it waits until the step is complete (:mod:`skewwatch.pipeline.step_completion`),
 merges the replicas' mergeable summaries into the per-model feature vector, runs the model's
-:class:`~skewwatch.pipeline.decide.ModelDecider` (detectors, health, weights), and publishes
+:class:`~skewwatch.pipeline.model_decisions.ModelDecider` (detectors, health, weights), and publishes
 the model's features, alerts and routing correction. Its state (pending steps, detector
 state, last correction per model) is checkpointed with the offset it covers, exactly like
 stage 1 (:class:`~skewwatch.agents.commit.CommitPipeline`: once its outputs are acknowledged, at
 most every ``limits.checkpoint_interval_s``), so seq numbers and open alerts survive restarts.
 The consumer, the poll loop and the checkpoint restore are
 :class:`~skewwatch.agents.stage.CheckpointedStage`'s; this module is what stage 2 does with a poll.
+
+**Time without input.** Event time moves with the input: a model whose replicas all fell silent
+still gets an (empty) step at every step end the other models' input passes, so its alerts
+resolve and its correction says the pool is silent. When no input arrives at all (every stage 1
+partition idle: all traffic stopped), event time would stand still and so would every alert and
+weight; after ``[detectors.decider] idle_advance_s`` (60 s) of wall time without a record, the
+partition's steps close empty at the wall clock's pace, ``idle_advance_s`` behind it, as Kafka
+Streams' wall-clock punctuation. A replay or catch-up never goes that long without input, so its
+results stay those of event time; if input resumes with steps older than the ones closed idle,
+they come late and are dropped (counted as late by the assembler).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
+import math
 import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -26,16 +38,21 @@ from skewwatch.agents.checkpoint import Checkpoint
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.stage import CheckpointedStage
 from skewwatch.config import Settings
-from skewwatch.pipeline.assembler import DEFAULT_MAX_PENDING, ModelStep, StepAssembler
 from skewwatch.pipeline.corrections import RoutingCorrection
-from skewwatch.pipeline.decide import ModelDecider
 from skewwatch.pipeline.detector_settings import DetectorSettings
-from skewwatch.pipeline.handoff import model_step_inputs, read_step_header
+from skewwatch.pipeline.model_decisions import ModelDecider
 from skewwatch.pipeline.model_merge import merge_model_features
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.pipeline.replica_step_record import model_step_inputs, read_step_header
+from skewwatch.pipeline.step_completion import DEFAULT_MAX_PENDING, ModelStep, StepAssembler
+from skewwatch.schemas.corrections import encode_correction
 from skewwatch.schemas.features import encode_features
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 log = logging.getLogger(__name__)
+
+
+# The stage 2 checkpoint's layout: 3, pending steps held as hand-off records (format 2) only.
+SNAPSHOT_VERSION = 3
 
 
 def _base64(data: bytes) -> str:
@@ -50,26 +67,38 @@ class PartitionModels:
         self.deciders: dict[str, ModelDecider] = {}
         self.next_offset: int | None = None
         self.last_input_wall = time.monotonic()
+        self.idle_anchor: float | None = None  # the newest step end known when input last arrived
 
     def snapshot(self) -> bytes:
-        """The partition's checkpoint: pending steps and every model's decider state (JSON)."""
+        """The checkpoint of this partition: the pending records (their bytes, base64) and the deciders."""
         return orjson.dumps({
-            "v": 2,  # 2: the assembler may hold chunks (hand-off format 2); v1 snapshots restore as they are
-            # pending steps are held as the records' bytes: a format-1 record (JSON) embedded as it is,
-            # a chunk (binary) as base64
-            "assembler": self.assembler.state_dict(encode=orjson.Fragment, encode_chunk=_base64),
+            "v": SNAPSHOT_VERSION,
+            "assembler": self.assembler.state_dict(encode=_base64),
             "deciders": {model: d.state_dict() for model, d in self.deciders.items()},
         })
 
     @classmethod
     def restore(cls, data: bytes, settings: Settings, detector_settings: DetectorSettings) -> PartitionModels:
-        """The partition a :meth:`snapshot` holds."""
+        """From :meth:`snapshot`; ValueError for a checkpoint of another version or layout."""
         state = orjson.loads(data)
+        if not isinstance(state, dict) or state.get("v") != SNAPSHOT_VERSION:
+            version = state.get("v") if isinstance(state, dict) else None
+            raise ValueError(f"stage 2 checkpoint: unsupported version {version!r} (this worker reads "
+                             f"v{SNAPSHOT_VERSION})")
         partition = cls(settings)
-        partition.assembler.load_state(state["assembler"], decode=orjson.dumps, decode_chunk=base64.b64decode)
+        partition.assembler.load_state(state["assembler"], decode=base64.b64decode)
         partition.deciders = {model: ModelDecider.from_state(s, detector_settings)
                               for model, s in state["deciders"].items()}
         return partition
+
+
+def _progress_of(value: bytes | None) -> tuple[int, float, int] | None:
+    """(source, closed_end, sources) of a progress record, or None for any other value."""
+    try:
+        progress = orjson.loads(value or b"")["progress"]
+        return int(progress["source"]), float(progress["closed_end"]), int(progress["sources"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
 
 
 class ModelStage(CheckpointedStage[PartitionModels]):
@@ -81,7 +110,6 @@ class ModelStage(CheckpointedStage[PartitionModels]):
                  metrics: WorkerMetrics) -> None:
         super().__init__(settings, bootstrap, producer, metrics)
         self.detector_settings = settings.detectors
-        self.corrections: dict[str, RoutingCorrection] = {}  # latest published, per model
         self._weight_gauges: dict[tuple[str, str], Any] = {}  # (model, replica) -> its labelled gauge
 
     @property
@@ -110,35 +138,39 @@ class ModelStage(CheckpointedStage[PartitionModels]):
         if state is None:
             return
         for message in messages:
-            # format 2 (one record per input partition, model and step) is routed by its header alone;
-            # held as the record's bytes, decoded when the model's step completes
+            # a model's replica steps (one record per input partition, model and step) are routed by their
+            # header alone; held as the record's bytes, decoded when the model's step completes
             header = read_step_header(message.headers)
             if header is not None:
                 state.assembler.add_chunk(message.key.decode(), header.window_end, header.source,
                                           header.replicas, message.value, part=header.part)
                 continue
-            body = orjson.loads(message.value)
-            progress = body.get("progress")
-            if progress is not None:
-                state.assembler.progress(int(progress["source"]), float(progress["closed_end"]),
-                                         int(progress["sources"]))
+            progress = _progress_of(message.value)
+            if progress is None:  # not a record stage 1 writes: skipped, and said
+                log.warning("stage 2: skipped a record on %s offset %d that is neither replica steps nor "
+                            "progress", tp, message.offset)
                 continue
-            # format 1 (one record per replica step, from a stage 1 before format 2): held as the
-            # record's bytes until the model's step completes (a checkpoint embeds them as they are)
-            fv = body["features"]
-            state.assembler.add(fv["model"], float(fv["window_end"]), str(fv["replica"]), message.value)
+            state.assembler.progress(*progress)
         state.next_offset = messages[-1].offset + 1
         state.last_input_wall = time.monotonic()
-        await self._finish(tp, state, state.assembler.complete())
+        await self._finish(tp, state, state.assembler.complete(step_s=self.settings.window.step_s))
+        state.idle_anchor = state.assembler.newest_end()
 
     async def _complete_quiet_partitions(self) -> None:
-        """When input goes quiet on the wall clock (end of a stream), release what is pending."""
+        """When input goes quiet on the wall clock, release what is pending (end of a stream); when
+        it stays quiet for ``idle_advance_s``, let event time follow the wall clock (module doc)."""
         now = time.monotonic()
+        step = self.settings.window.step_s
+        idle_advance = self.detector_settings.decider.idle_advance_s
         for partition, state in self.partitions.items():
+            quiet = now - state.last_input_wall
+            tp = TopicPartition(self.settings.topics.replica_steps, partition)
             oldest = state.assembler.oldest_pending()
-            if oldest is not None and now - state.last_input_wall > 2 * self.settings.window.step_s:
-                steps = state.assembler.complete(force_until=oldest)
-                await self._finish(TopicPartition(self.settings.topics.replica_steps, partition), state, steps)
+            if oldest is not None and quiet > 2 * step:
+                await self._finish(tp, state, state.assembler.complete(force_until=oldest))
+            if quiet >= idle_advance + step and state.idle_anchor is not None:
+                until = state.idle_anchor + math.floor((quiet - idle_advance) / step) * step
+                await self._finish(tp, state, state.assembler.complete(force_until=until, step_s=step))
 
     async def _finish(self, tp: TopicPartition, state: PartitionModels, steps: list[ModelStep]) -> None:
         if not steps:
@@ -173,8 +205,6 @@ class ModelStage(CheckpointedStage[PartitionModels]):
         if decider is None:
             decider = state.deciders[step.model] = ModelDecider(self.detector_settings, model=step.model)
         decision = decider.step(step.model, step.window_end, replica_features, model_fv, telemetry)
-        if decision.current is not None:
-            self.corrections[step.model] = decision.current
         sends = [await self.producer.send(topics.features, key=model_fv.key.encode(),
                                           value=encode_features(model_fv))]
         self.metrics.features_out.labels("model").inc()
@@ -183,8 +213,13 @@ class ModelStage(CheckpointedStage[PartitionModels]):
             sends.append(await self.producer.send(topics.alerts, key=key.encode(),
                                                   value=orjson.dumps(alert.to_dict())))
             self.metrics.alerts_out.labels(alert.detector, str(alert.severity), alert.state).inc()
+            log.info("alert %s %s %s %s: %s", alert.state, alert.severity, key, alert.detector, alert.message)
         if decision.correction is not None:
             sends.append(await self._publish_correction(decision.correction))
+        current = decision.current or decision.correction
+        self.metrics.replicas.observe_step(step.model, replica_features, telemetry,
+                                           mode=str(getattr(current, "mode", "normal")),
+                                           published_at=time.time() if decision.correction is not None else None)
         gauges = self._weight_gauges
         for replica, w in decision.weights.items():
             gauge = gauges.get((step.model, replica))
@@ -194,11 +229,10 @@ class ModelStage(CheckpointedStage[PartitionModels]):
         return sends
 
     async def _publish_correction(self, correction: RoutingCorrection) -> Any:
-        self.corrections[correction.model] = correction
         self.metrics.corrections_out.inc()
         return await self.producer.send(self.settings.topics.routing_corrections,
                                         key=correction.model.encode(),
-                                        value=orjson.dumps(correction.to_dict()))
+                                        value=encode_correction(correction.to_dict()))
 
     def _refresh_open_alerts(self) -> None:
         counts: dict[tuple[str, str], int] = {}
@@ -210,17 +244,48 @@ class ModelStage(CheckpointedStage[PartitionModels]):
         for (detector, severity), n in counts.items():
             self.metrics.open_alerts.labels(detector, severity).set(n)
 
-    async def force_update(self) -> dict[str, int]:
-        """POST /api/v1/update_weights: recompute every owned model's weights now and publish."""
-        published: dict[str, int] = {}
+    def published(self) -> dict[str, RoutingCorrection]:
+        """GET /api/v1/weights: the latest correction published for every model this worker owns."""
+        found: dict[str, RoutingCorrection] = {}
+        for state in self.partitions.values():
+            for model, decider in state.deciders.items():
+                if decider.last_published is not None:
+                    found[model] = decider.last_published
+        return found
+
+    async def force_update(self, models: Collection[str] | None = None,
+                           allow: Callable[[str], bool] = lambda model: True) -> ForcedUpdate:
+        """POST /api/v1/update_weights: publish the correction of ``models`` (None: every model this
+        worker owns) as of each one's latest complete step (the newest windows every input partition
+        has closed; a step still missing a partition's replicas is not forced), with that step's own
+        seq, whether or not it changed enough to go out by itself; one already published is sent again
+        as it was. ``allow(model)`` False skips a model (the per-model rate limit). Returns at once;
+        the caller waits for :attr:`ForcedUpdate.acks` as long as it likes."""
+        update = ForcedUpdate()
+        wanted = None if models is None else set(models)
         async with self._lock:
-            sends = []
             for state in self.partitions.values():
                 for model, decider in state.deciders.items():
-                    correction = decider.force_publish(time.time())
+                    if wanted is not None and model not in wanted:
+                        continue
+                    update.found.add(model)
+                    if not allow(model):
+                        update.throttled.append(model)
+                        continue
+                    correction = decider.publish_now()
                     if correction is None:
                         continue
-                    sends.append(await self._publish_correction(correction))
-                    published[model] = correction.seq
-            await asyncio.gather(*sends)
-        return published
+                    update.acks.append(await self._publish_correction(correction))
+                    update.published[model] = correction.seq
+        return update
+
+
+@dataclass
+class ForcedUpdate:
+    """What :meth:`ModelStage.force_update` did: corrections published (model -> seq), models skipped by
+    the rate limit, models found at all, and the broker acknowledgements still to come."""
+
+    published: dict[str, int] = field(default_factory=dict)
+    throttled: list[str] = field(default_factory=list)
+    found: set[str] = field(default_factory=set)
+    acks: list[Any] = field(default_factory=list)

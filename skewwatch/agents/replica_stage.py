@@ -11,7 +11,7 @@ so a batch message of 100 events costs one decode and one vectorised window upda
    (:class:`~skewwatch.pipeline.telemetry_join.TelemetryJoin`: GPUs and sources merged, fresh
    fields only, plus ``telemetry_stale``: the signals that were stale) on the internal
    ``replica_steps`` topic keyed by model, one record per model and step holding all of the
-   partition's replicas of that model as columns (:mod:`skewwatch.pipeline.handoff`; stage 2
+   partition's replicas of that model as columns (:mod:`skewwatch.pipeline.replica_step_record`; stage 2
    merges them per model),
 3. writes a snapshot of the partition's windows with the input offset it covers
    (:mod:`skewwatch.agents.checkpoint`), then commits that offset: at most every
@@ -47,16 +47,16 @@ from skewwatch.agents.publish import KeyedPublisher
 from skewwatch.agents.stage import CheckpointedStage
 from skewwatch.config import Settings
 from skewwatch.pipeline.derived_batch import derive_batch
-from skewwatch.pipeline.events import RequestColumns
-from skewwatch.pipeline.handoff import MAX_REPLICAS_PER_RECORD, encode_model_step, step_header
-from skewwatch.pipeline.telemetry import TelemetrySample
-from skewwatch.pipeline.telemetry_flow import TelemetryFlow
+from skewwatch.pipeline.replica_step_record import MAX_REPLICAS_PER_RECORD, encode_model_step, step_header
 from skewwatch.pipeline.telemetry_join import TelemetryJoin, history_for
+from skewwatch.pipeline.telemetry_pacing import TelemetryPacer
 from skewwatch.pipeline.window import ClosedSteps, PartitionWindows, ReplicaStep
 from skewwatch.schemas.dead_letter import dead_letter_record
 from skewwatch.schemas.features import encode_features
 from skewwatch.schemas.requests import Rejection, decode_request_messages
+from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry import decode_telemetry
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +114,10 @@ class ReplicaStage(CheckpointedStage[PartitionState]):
         self.telemetry_stale_s = settings.detectors.weights.telemetry_max_age_s
         # telemetry read too far ahead of the requests is held and its partition paused (a backlog of
         # telemetry would push the samples the next steps need out of the join's history)
-        self.telemetry_flow = TelemetryFlow[TelemetrySample](settings.window.telemetry_ahead_s)
+        self.telemetry_pacer = TelemetryPacer[TelemetrySample](settings.window.telemetry_ahead_s)
         self._telemetry_released_at: float | None = None  # watermark of the last release_idle
         self.features_publisher = KeyedPublisher(producer)  # llm.features: one batch per partition and step
+        self.lag_records = 0  # request records behind the end of the assigned partitions, summed
 
     # -- partitions ------------------------------------------------------------------------
     @property
@@ -135,7 +136,7 @@ class ReplicaStage(CheckpointedStage[PartitionState]):
     def revoked(self, revoked: set[TopicPartition]) -> None:
         for tp in revoked:
             if tp.topic == self.settings.topics.gpu_telemetry:
-                self.telemetry_flow.forget(tp.partition)  # re-read wherever it is assigned next
+                self.telemetry_pacer.forget(tp.partition)  # re-read wherever it is assigned next
 
     # -- one poll --------------------------------------------------------------------------
     async def process(self, batches: dict[TopicPartition, list[Any]]) -> None:
@@ -206,7 +207,7 @@ class ReplicaStage(CheckpointedStage[PartitionState]):
                 self.metrics.telemetry_in.inc()
             else:
                 await self._dead_letter(tp, message, [decoded])
-        for sample in self.telemetry_flow.offer(tp.partition, samples, self._requests_watermark(tp.partition)):
+        for sample in self.telemetry_pacer.offer(tp.partition, samples, self._requests_watermark(tp.partition)):
             self.telemetry.add(sample)
 
     def _requests_watermark(self, partition: int) -> float | None:
@@ -239,19 +240,19 @@ class ReplicaStage(CheckpointedStage[PartitionState]):
     def _release_telemetry(self, partition: int, up_to: float | None = None) -> None:
         """Join what telemetry partition ``partition`` held that the requests have now come within
         reach of (``up_to``: a poll's newest event time, else the requests' watermark)."""
-        if not self.telemetry_flow.held:
+        if not self.telemetry_pacer.held:
             return
         watermark = self._requests_watermark(partition)
         if up_to is not None and self._same_partitioning():
             watermark = up_to if watermark is None else max(watermark, up_to)
-        for sample in self.telemetry_flow.release(partition, watermark):
+        for sample in self.telemetry_pacer.release(partition, watermark):
             self.telemetry.add(sample)
 
     async def _flow_telemetry(self) -> None:
         """Release held telemetry, pause/resume telemetry partitions, and drop replicas that left."""
-        for partition in list(self.telemetry_flow.held):
+        for partition in list(self.telemetry_pacer.held):
             self._release_telemetry(partition)
-        pause, resume = self.telemetry_flow.pause_resume()
+        pause, resume = self.telemetry_pacer.pause_resume()
         if self.consumer is not None and (pause or resume):
             topic = self.settings.topics.gpu_telemetry
             assigned = self.consumer.assignment()
@@ -259,7 +260,7 @@ class ReplicaStage(CheckpointedStage[PartitionState]):
                 self.consumer.pause(*pause_tps)
             if resume_tps := [tp for p in resume if (tp := TopicPartition(topic, p)) in assigned]:
                 self.consumer.resume(*resume_tps)
-        self.metrics.telemetry_held.set(len(self.telemetry_flow))
+        self.metrics.telemetry_held.set(len(self.telemetry_pacer))
         # replicas with no sample for retain_s of event time (they left the fleet) are released
         known = self._known_watermarks()
         if known:
@@ -339,7 +340,7 @@ class ReplicaStage(CheckpointedStage[PartitionState]):
     async def _publish_steps(self, steps: ClosedSteps, source: int) -> list[asyncio.Future[Any]]:
         """Each replica's feature vector on ``llm.features`` and, per model and step, ONE record on the
         replica-steps topic with all of the model's replicas of input partition ``source``
-        (:mod:`skewwatch.pipeline.handoff`, format 2). Returns the sends' futures (not waited for)."""
+        (:mod:`skewwatch.pipeline.replica_step_record`, format 2). Returns the sends' futures (not waited for)."""
         topics = self.settings.topics
         by_model: dict[tuple[str, float], list[ReplicaStep]] = {}
         for step in steps:  # the columnar batches become per-replica objects here, to be published
@@ -365,9 +366,13 @@ class ReplicaStage(CheckpointedStage[PartitionState]):
     def _update_lag(self) -> None:
         if self.consumer is None:
             return
+        total = 0
         for tp in self.consumer.assignment():
             high = self.consumer.highwater(tp)
             state = self.partitions.get(tp.partition) if tp.topic == self.settings.topics.requests else None
             position = state.next_offset if state is not None else None
             if high is not None and position is not None:
-                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(high - position, 0))
+                lag = max(high - position, 0)
+                total += lag
+                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
+        self.lag_records = total  # /readyz: ready while this stays under [health] max_lag_records

@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from skewwatch.broker.errors import BrokerError
+from skewwatch.broker.errors import BrokerError, DataDirInUse, PortBusy
 from skewwatch.broker.jars import kafka_version
 from skewwatch.broker.process import EmbeddedBroker
+from skewwatch.errors import AddressInUse, BrokerFailed, DataDirLocked, KafkaUnreachable, SkewwatchError
 from skewwatch.kafka_client import KafkaUnavailable, describe_cluster, quiet_client_logs, run_blocking
+from skewwatch.logs import logging_options, quiet_libraries, setup_logging
 
 if TYPE_CHECKING:
     from skewwatch.config import Settings
@@ -48,15 +50,21 @@ def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     help="Create skewwatch's topics (from the settings) once the broker is ready.",
 )
 @click.option("--heap", default="512m", show_default=True, help="JVM heap (-Xmx) of the broker.")
+@logging_options
 @click.pass_context
 def broker_command(
-    ctx: click.Context, data_dir: Path, port: int, bootstrap: str | None, topics: bool, heap: str
+    ctx: click.Context, data_dir: Path, port: int, bootstrap: str | None, topics: bool, heap: str, loglevel: str,
+    log_format: str,
 ) -> None:
     """Run a single-node Apache Kafka (KRaft) on loopback in the foreground until Ctrl-C.
 
     The first run fetches the pinned Kafka from Maven Central (needs Java 17+ and Maven on PATH).
+    Exit codes (skewwatch.errors): 3 the --bootstrap cluster does not answer, 5 the port is taken,
+    6 the data directory is locked by another broker, 8 anything else that stops it.
     """
+    setup_logging(loglevel, log_format)
     quiet_client_logs()
+    quiet_libraries(loglevel)
     if bootstrap:
         source = ctx.get_parameter_source("bootstrap")
         origin = "KAFKA_BOOTSTRAP" if source == click.core.ParameterSource.ENVIRONMENT else "--bootstrap"
@@ -64,7 +72,7 @@ def broker_command(
         try:
             cluster = run_blocking(describe_cluster(bootstrap, timeout=15.0))
         except KafkaUnavailable as exc:
-            raise click.ClickException(f"{exc} (from {origin}; unset it to start the embedded broker)") from None
+            raise KafkaUnreachable(f"{exc} (from {origin}; unset it to start the embedded broker)") from None
         click.echo(f"cluster {cluster.get('cluster_id')} at {bootstrap} answers: {len(cluster['brokers'])} broker(s)")
         return
 
@@ -85,18 +93,27 @@ def broker_command(
             click.echo(f"KAFKA_BOOTSTRAP={broker.bootstrap}")
             click.echo(f"broker log: {broker.log_path}; Ctrl-C stops it")
             code = broker.wait()
-            raise click.ClickException(broker.describe_failure(f"Kafka exited by itself with code {code}"))
+            raise _as_command_error(broker.failure(f"Kafka exited by itself with code {code}"))
         except (KeyboardInterrupt, _Terminated):
             click.echo("stopping Kafka...", err=True)
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abandon the JVM
             broker.stop()
             click.echo("Kafka stopped", err=True)
         except BrokerError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise _as_command_error(exc) from None
     finally:
         broker.stop()
         signal.signal(signal.SIGTERM, previous_sigterm)
         signal.signal(signal.SIGINT, previous_sigint)
+
+
+def _as_command_error(exc: BrokerError) -> SkewwatchError:
+    """The one-line error and exit code of ``skewwatch broker`` for ``exc``."""
+    if isinstance(exc, PortBusy):
+        return AddressInUse(str(exc))
+    if isinstance(exc, DataDirInUse):
+        return DataDirLocked(str(exc))
+    return BrokerFailed(str(exc))
 
 
 def _create_topics(bootstrap: str, settings: Settings) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import errno
+import fcntl
 import logging
 import os
 import signal
@@ -18,12 +20,12 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from skewwatch.broker.errors import BrokerError, last_error_line
+from skewwatch.broker.errors import BrokerError, DataDirInUse, PortBusy, last_error_line
 from skewwatch.broker.jars import LOG4J_CONFIG_PATH, ensure_kafka_jars
 from skewwatch.broker.java import find_java
 from skewwatch.kafka_client import KafkaUnavailable, describe_cluster, run_blocking
@@ -41,6 +43,26 @@ def busy_port_message(port: int, what: str) -> str:
         f"{what} port {port} on {_HOST} is already in use (another broker?); pick another with --port, "
         f"or use the running one with --bootstrap {_HOST}:{port}"
     )
+
+
+def check_data_dir_unlocked(kafka_data_dir: Path) -> None:
+    """DataDirInUse naming the lock when a running broker holds ``<data dir>/.lock``.
+
+    Kafka locks its log directory with ``FileChannel.tryLock`` (an fcntl record lock on Linux); the
+    same non-blocking lock from here fails while that broker runs, and is released at once.
+    """
+    lock_path = kafka_data_dir / ".lock"
+    if not lock_path.is_file():
+        return
+    try:
+        with open(lock_path, "a") as lock:
+            fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.lockf(lock, fcntl.LOCK_UN)
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            raise DataDirInUse(f"the data directory {kafka_data_dir.parent} is in use by another broker (it "
+                               f"holds the lock {lock_path}); stop that broker or pick another --data-dir") from None
+        raise BrokerError(f"cannot check the lock {lock_path}: {exc.strerror or exc}") from None
 
 
 def _tcp_accepts(host: str, port: int) -> bool:
@@ -68,6 +90,13 @@ class EmbeddedBroker:
     ``logs/console.log``. ``jvm_options`` (then the env ``SKEWWATCH_KAFKA_JVM_OPTS``) are appended to the
     JVM's flags, so they override the defaults.
 
+    Secured listeners (a test of TLS and SASL, see docs/security.md) are added with
+    ``extra_listeners`` (``(name, security protocol, port, advertised host)``), their settings with
+    ``extra_properties`` (``listener.name.<name>.…``, keystores, JAAS), and SCRAM users with
+    ``format_args`` (``--add-scram 'SCRAM-SHA-256=[name=u,password=p]'``: Kafka's own StorageTool
+    writes them into the metadata log when the data directory is formatted). The PLAINTEXT
+    listener on ``port`` stays: the broker talks to itself through it.
+
     >>> broker = EmbeddedBroker(Path("/tmp/skewwatch-doctest"), port=19092)
     >>> broker.bootstrap, broker.log_path.name, broker.running
     ('127.0.0.1:19092', 'server.log', False)
@@ -84,6 +113,9 @@ class EmbeddedBroker:
         cache_dir: Path | None = None,
         echo_console: bool = False,
         progress: Callable[[str], None] | None = None,
+        extra_listeners: Sequence[tuple[str, str, int, str]] = (),
+        extra_properties: Mapping[str, str] | None = None,
+        format_args: Sequence[str] = (),
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port
@@ -94,6 +126,9 @@ class EmbeddedBroker:
         self.cache_dir = cache_dir
         self.echo_console = echo_console
         self._progress = progress or (lambda message: log.info("%s", message))
+        self.extra_listeners = list(extra_listeners)
+        self.extra_properties = dict(extra_properties or {})
+        self.format_args = list(format_args)
         self._process: subprocess.Popen[bytes] | None = None
         self._console: IO[bytes] | None = None
         self._log_offsets: dict[Path, int] = {}
@@ -135,6 +170,7 @@ class EmbeddedBroker:
         if self.running:
             return
         java = find_java()
+        check_data_dir_unlocked(self.kafka_data_dir)  # before the port: the more specific reason
         try:
             if self.port == 0:
                 self.port = free_port()
@@ -142,9 +178,9 @@ class EmbeddedBroker:
         except OSError as exc:
             raise BrokerError(str(exc)) from exc
         if not port_is_free(self.port):
-            raise BrokerError(busy_port_message(self.port, "Kafka"))
+            raise PortBusy(busy_port_message(self.port, "Kafka"))
         if not port_is_free(controller_port):
-            raise BrokerError(busy_port_message(controller_port, "Kafka controller"))
+            raise PortBusy(busy_port_message(controller_port, "Kafka controller"))
         libs = ensure_kafka_jars(self.cache_dir, progress=self._progress)
         self.kafka_data_dir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
@@ -196,15 +232,18 @@ class EmbeddedBroker:
     # -- internals
 
     def _server_properties(self, controller_port: int) -> str:
+        extra = "".join(f",{name}://{_HOST}:{port}" for name, _, port, _ in self.extra_listeners)
+        advertised = "".join(f",{name}://{host}:{port}" for name, _, port, host in self.extra_listeners)
+        protocols = "".join(f",{name}:{protocol}" for name, protocol, _, _ in self.extra_listeners)
         settings = {
             "process.roles": "broker,controller",
             "node.id": str(_NODE_ID),
             "controller.quorum.voters": f"{_NODE_ID}@{_HOST}:{controller_port}",
-            "listeners": f"PLAINTEXT://{_HOST}:{self.port},CONTROLLER://{_HOST}:{controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{_HOST}:{self.port}",
+            "listeners": f"PLAINTEXT://{_HOST}:{self.port},CONTROLLER://{_HOST}:{controller_port}{extra}",
+            "advertised.listeners": f"PLAINTEXT://{_HOST}:{self.port}{advertised}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": f"PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT{protocols}",
             "log.dirs": str(self.kafka_data_dir),
             # one node: internal topics cannot have more replicas than that
             "offsets.topic.replication.factor": "1",
@@ -221,6 +260,7 @@ class EmbeddedBroker:
             "num.partitions": "1",
             # one member joins at once in dev and tests; the 3 s default only delays the first poll
             "group.initial.rebalance.delay.ms": "0",
+            **self.extra_properties,
         }
         header = "# written by skewwatch.broker at each start; edits are overwritten\n"
         return header + "".join(f"{key}={value}\n" for key, value in settings.items())
@@ -254,7 +294,7 @@ class EmbeddedBroker:
         self._progress(f"formatting {self.kafka_data_dir} (cluster id {cluster_id})")
         command = self._java_command(
             java, libs, "kafka.tools.StorageTool",
-            "format", "-t", cluster_id, "-c", str(self.properties_path),
+            "format", "-t", cluster_id, "-c", str(self.properties_path), *self.format_args,
         )  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
@@ -292,7 +332,7 @@ class EmbeddedBroker:
             assert self._process is not None
             code = self._process.poll()
             if code is not None:
-                raise BrokerError(self.describe_failure(f"Kafka exited with code {code} while starting"))
+                raise self.failure(f"Kafka exited with code {code} while starting")
             # a quiet TCP probe first: aiokafka logs an error for every refused connection
             if _tcp_accepts(_HOST, self.port):
                 try:
@@ -307,6 +347,15 @@ class EmbeddedBroker:
                 )
             time.sleep(0.2)
 
+    def failure(self, headline: str) -> BrokerError:
+        """The error for a JVM that stopped: :meth:`describe_failure`, as the class its cause calls for."""
+        message = self.describe_failure(headline)
+        if message.startswith(("Kafka port", "Kafka controller port")):
+            return PortBusy(message)
+        if "in use by another broker" in message:
+            return DataDirInUse(message)
+        return BrokerError(message)
+
     def describe_failure(self, headline: str) -> str:
         """One line on why the JVM stopped: the last error it logged since this start."""
         text = ""
@@ -317,6 +366,9 @@ class EmbeddedBroker:
                 text += logged.read().decode(errors="replace")[-20000:] + "\n"
         if "Address already in use" in text:
             return busy_port_message(self.port, "Kafka") + f" (see {self.log_path})"
+        if "Failed to acquire lock" in text:
+            return (f"the data directory {self.data_dir} is in use by another broker (it holds the lock "
+                    f"{self.kafka_data_dir / '.lock'}); stop that broker or pick another --data-dir")
         return f"{headline}: {last_error_line(text)} (see {self.log_path})"
 
 
@@ -332,4 +384,4 @@ def new_cluster_id() -> str:
             return cluster_id
 
 
-__all__ = ["BrokerError", "EmbeddedBroker", "busy_port_message", "new_cluster_id"]
+__all__ = ["BrokerError", "EmbeddedBroker", "busy_port_message", "check_data_dir_unlocked", "new_cluster_id"]

@@ -1,8 +1,8 @@
 """Derived batch sizes: fill in the batch of request events that carry none, from telemetry.
 
-Issue 7 ("OTLP in"): "Where a source does not report per-request batch size (vLLM spans do not),
-take it from the replica's latest ``running_requests`` / max-batch telemetry and mark it derived;
-if neither exists the batch detectors stay silent for that replica rather than guess." Contract
+Where a source does not report per-request batch size (vLLM spans do not), it is taken from the
+replica's latest ``running_requests`` / max-batch telemetry and marked derived; if neither exists
+the batch detectors stay silent for that replica rather than guess. Contract
 v1.1 makes ``batch_size`` / ``batch_capacity`` optional (0 = unknown in the columns); stage 1
 calls :func:`derive_batch` on each decoded poll before the windows see it. Pure: the telemetry
 comes in through ``lookup`` (stage 1 passes the :class:`~skewwatch.pipeline.telemetry_join.TelemetryJoin`
@@ -23,8 +23,8 @@ Rules, per row:
 Rows are looked up per (replica, whole second of ``ts``) — the telemetry interval is seconds, so
 this changes nothing about which sample is used and keeps lookups to a few per replica per poll.
 
->>> from skewwatch.pipeline.events import RequestColumns
->>> from skewwatch.pipeline.telemetry import TelemetrySample
+>>> from skewwatch.schemas.requests.columns import RequestColumns
+>>> from skewwatch.schemas.telemetry_sample import TelemetrySample
 >>> row = {"request_id": "a", "ts": 100.5, "model": "m", "latency_ms": 9.0, "prompt_tokens": 1,
 ...        "completion_tokens": 1}
 >>> cols = RequestColumns.from_rows([dict(row, replica="r1"), dict(row, replica="r2"),
@@ -44,8 +44,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from skewwatch.pipeline.events import BATCH_DERIVED, RequestColumns
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.requests.columns import BATCH_DERIVED, RequestColumns
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 TelemetryLookup = Callable[[str, float], TelemetrySample | None]  # (replica, event time) -> fresh sample
 CapacityForModel = Callable[[str], int | None]  # configured capacity of a model, None/0 = unknown

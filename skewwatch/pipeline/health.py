@@ -56,7 +56,7 @@ from skewwatch.pipeline.cuda_errors import (
     canonical_name,
     classify_cuda_error,
 )
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 
 class HealthConfig(FrozenConfigSection, frozen=True):

@@ -1,6 +1,6 @@
 """Per-model features: merge the replicas' window summaries for one window end (stage 2).
 
-DESIGN.md "Two stages, two keys": quantiles cannot be merged, so stage 1 ships each replica's
+Quantiles cannot be merged (docs/design.md, "Two stages, two keys"), so stage 1 ships each replica's
 mergeable :class:`~skewwatch.pipeline.window.WindowSummary` (sparse sketch counts, Welford
 moments, counts and sums) and stage 2 merges them here: sketches are added slot by slot (all
 share the same log-bin layout; the latency, TTFT and time-per-output-token sketches alike),
@@ -9,7 +9,7 @@ counts and sums are summed. The result is a per-model summary (``replica=None``,
 were merged) whose features come from the same :meth:`WindowSummary.features` as per-replica ones.
 
 >>> from skewwatch.config import WindowSettings
->>> from skewwatch.pipeline.events import RequestColumns
+>>> from skewwatch.schemas.requests.columns import RequestColumns
 >>> from skewwatch.pipeline.window import PartitionWindows
 >>> ev = dict(model="m", prompt_tokens=10, completion_tokens=20, batch_size=4, batch_capacity=16)
 >>> windows = PartitionWindows(WindowSettings())
@@ -32,9 +32,9 @@ import numpy as np
 
 from skewwatch.config import WindowSettings
 from skewwatch.pipeline import moments
-from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.sketch import EMPTY_SPARSE, add_sparse
 from skewwatch.pipeline.window import MOMENT_FIELDS, OPTIONAL_FIELDS, WindowSummary
+from skewwatch.schemas.feature_vector import FeatureVector
 
 
 def merge_summaries(model: str, window_end: float, summaries: Sequence[WindowSummary],

@@ -1,7 +1,7 @@
 """The worker-side telemetry join: many samples per replica -> one merged view per step.
 
-Issue 4 "In the worker" (DESIGN.md item 6): telemetry joins the request windows by replica (the
-latest sample, with its age); a sample older than 3 intervals counts as stale, and the weight uses
+Telemetry joins the request windows by replica (the latest sample, with its age; docs/design.md,
+"GPU telemetry"); a sample older than 3 intervals (15 s) counts as stale, and the weight uses
 what is fresh and says which signal was missing. One replica has several producers, so "the latest
 sample" is not one message:
 
@@ -39,7 +39,7 @@ asks (:meth:`TelemetryJoin.view`), field by field:
    in :data:`SOURCE_PRIORITY` that has them, so a counter never alternates between two
    producers' slightly different readings.
 
-The merged :class:`~skewwatch.pipeline.telemetry.TelemetrySample` has ``ts`` = the oldest
+The merged :class:`~skewwatch.schemas.telemetry_sample.TelemetrySample` has ``ts`` = the oldest
 timestamp among the fields it carries (so its age bounds every field's age, and every field is
 fresh when the sample is), ``source`` = the best engine source that contributed (so "a fresh
 engine sample" still means the engine answered), else the best GPU source; ``gpu_index`` /
@@ -48,8 +48,8 @@ engine sample" still means the engine answered), else the best GPU source; ``gpu
 State is bounded: per key the newest ``history`` samples, sized from the window settings by
 :func:`history_for` (23 with the defaults: 110 s at the 5 s interval, see there). The history is
 what lets a step find its sample when the worker reads telemetry ahead of requests (catching up
-on a backlog, stage 1 was measured reading telemetry ~45 s of event time ahead of the requests
-it was closing steps for, before :mod:`~skewwatch.pipeline.telemetry_flow` bounded that); a step
+on a backlog, telemetry can run tens of seconds of event time ahead of the requests whose steps
+close; :mod:`~skewwatch.pipeline.telemetry_pacing` bounds how far); a step
 whose samples have all been pushed out of the history sees no telemetry (stale), as during an
 outage, and never a sample from its future. Keys of a replica not heard from for
 ``retain_s`` are dropped when the replica's next sample comes, at most ``max_keys_per_replica``
@@ -85,8 +85,8 @@ from sys import intern
 from typing import Any, Literal
 
 from skewwatch.config import WindowSettings
-from skewwatch.pipeline.telemetry import TELEMETRY_SOURCES, TelemetrySample
 from skewwatch.pipeline.weights import ENGINE_SOURCES
+from skewwatch.schemas.telemetry_sample import TELEMETRY_SOURCES, TelemetrySample
 
 # Which producer's reading wins when two give the same counter (and which names the merged sample).
 SOURCE_PRIORITY: tuple[str, ...] = ("nvml", "dcgm", "vllm", "sglang", "tgi", "simulated")
@@ -225,7 +225,7 @@ def history_for(window: WindowSettings, interval_s: float | None = None, spare: 
     """Samples per key the join must keep so that every step stage 1 closes still finds its own.
 
     Stage 1 joins a telemetry sample only once it is at most ``telemetry_ahead_s`` past the
-    requests' event time (:mod:`~skewwatch.pipeline.telemetry_flow`); a catch-up poll is applied
+    requests' event time (:mod:`~skewwatch.pipeline.telemetry_pacing`); a catch-up poll is applied
     in slices of ``telemetry_ahead_s / 2`` of event time, each after joining the telemetry up to
     its newest event + ``telemetry_ahead_s``, and closes the steps the slice completes. So when a
     step ending at ``T`` closes, the newest sample held is at most ``ahead + ahead / 2 +

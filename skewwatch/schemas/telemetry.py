@@ -1,7 +1,7 @@
 """Decode and encode ``llm.gpu-telemetry`` records (contract gpu-telemetry.v1).
 
-Seed rules implemented (DESIGN.md item 6, issue 2 "Bad input"): GPU nodes publish one sample per
-GPU per interval, field names one-to-one with NVML / DCGM exporter / engine metrics; a bad sample
+GPU nodes publish one sample per GPU per interval, field names one to one with NVML / DCGM
+exporter / engine metrics (docs/design.md, "GPU telemetry"); a bad sample
 is rejected with the same reason codes and wording as a bad request event (the worker dead-letters
 it and counts ``skewwatch_rejected_total{reason=...}``), and decoding never raises. Telemetry is a
 few samples per GPU per second, so this decoder checks field by field in plain Python.
@@ -19,8 +19,6 @@ from typing import Any, Final
 
 import orjson
 
-from skewwatch.config import LimitSettings
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.schemas.fields import (
     TS_MAX_S,
     FieldSpec,
@@ -32,7 +30,9 @@ from skewwatch.schemas.fields import (
     missing_problem,
     parse_json,
 )
+from skewwatch.schemas.limits import DEFAULT_LIMITS, InputLimits
 from skewwatch.schemas.rejection import Rejection
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 _ANY = -float("inf")  # minimum of a number that may be negative (temperature)
 
@@ -81,12 +81,12 @@ def _check(spec: FieldSpec, value: Any) -> Problem | None:
     return check_integer(spec, value)
 
 
-def decode_telemetry(value: bytes | None, limits: LimitSettings | None = None) -> TelemetrySample | Rejection:
+def decode_telemetry(value: bytes | None, limits: InputLimits | None = None) -> TelemetrySample | Rejection:
     """One ``llm.gpu-telemetry`` value -> the sample, or why it was rejected. Never raises.
 
     Absent and null measurements are "not reported" (None). Unknown fields are ignored.
     """
-    limits = limits or LimitSettings()
+    limits = limits or DEFAULT_LIMITS
     if value is None or len(value) == 0:
         return Rejection.message_level("empty", "value is null or zero bytes")
     if len(value) > limits.max_message_bytes:

@@ -1,6 +1,6 @@
 """Producing synthetic traffic to Kafka: keys, batching per replica and event-time pacing.
 
-Contract v1 (issue 2): topic ``llm.requests``, key = replica id, value = one event object or
+Contract v1: topic ``llm.requests``, key = replica id, value = one event object or
 ``{"events": [...]}`` (a batch from one producer, here always one replica's events so the key
 stays meaningful). Telemetry goes to ``llm.gpu-telemetry`` keyed by replica too.
 
@@ -37,8 +37,8 @@ import orjson
 from aiokafka import AIOKafkaProducer
 
 from skewwatch.kafka_client import client_kwargs
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.schemas.requests import encode_request_event, encode_request_events
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.generator import TrafficChunk, event_rows
 
 Event = Mapping[str, Any]
@@ -177,12 +177,12 @@ class TrafficProducer:
     def __init__(self, bootstrap: str, *, requests_topic: str, telemetry_topic: str | None = None,
                  batch: int = 1, speed: float | None = None, max_batch_delay_s: float = 1.0,
                  acks: str | int = "all", linger_ms: int = 5, topic_wait_s: float = 10.0,
-                 stats: ProduceStats | None = None) -> None:
+                 stats: ProduceStats | None = None, client_options: Mapping[str, Any] | None = None) -> None:
         self.requests_topic = requests_topic
         self.telemetry_topic = telemetry_topic
         self.batch = batch
         self.stats = ProduceStats() if stats is None else stats
-        self._sender = _Sender(bootstrap, acks, linger_ms)
+        self._sender = _Sender(bootstrap, acks, linger_ms, **(client_options or {}))
         self._topic_wait_s = topic_wait_s
         self._pacer = EventTimePacer(speed)
         self._batcher = ReplicaBatcher(min(batch, MAX_EVENTS_PER_MESSAGE), max_batch_delay_s)
@@ -240,7 +240,8 @@ class TrafficProducer:
 async def produce_events(bootstrap: str, topic: str, events: Iterable[Event] | AsyncIterable[Event], *,
                          batch: int = 1, speed: float | None = None, max_batch_delay_s: float = 1.0,
                          acks: str | int = "all", linger_ms: int = 5, topic_wait_s: float = 10.0,
-                         stats: ProduceStats | None = None) -> ProduceStats:
+                         stats: ProduceStats | None = None,
+                         client_options: Mapping[str, Any] | None = None) -> ProduceStats:
     """Produce request events (contract v1) keyed by replica; see the module docstring.
 
     ``stats`` (optional) is updated as messages go out, so a caller still has the counts when
@@ -248,7 +249,7 @@ async def produce_events(bootstrap: str, topic: str, events: Iterable[Event] | A
     """
     async with TrafficProducer(bootstrap, requests_topic=topic, batch=batch, speed=speed,
                                max_batch_delay_s=max_batch_delay_s, acks=acks, linger_ms=linger_ms,
-                               topic_wait_s=topic_wait_s, stats=stats) as producer:
+                               topic_wait_s=topic_wait_s, stats=stats, client_options=client_options) as producer:
         async for event in _aiter(events):
             await producer.send(event)
     return producer.stats
@@ -264,12 +265,14 @@ def merged_items(chunk: TrafficChunk) -> Iterable[Event | TelemetrySample]:
 async def produce_traffic(bootstrap: str, chunks: Iterable[TrafficChunk], *, requests_topic: str,
                           telemetry_topic: str | None, batch: int = 1, speed: float | None = None,
                           max_batch_delay_s: float = 1.0, acks: str | int = "all", linger_ms: int = 5,
-                          topic_wait_s: float = 10.0, stats: ProduceStats | None = None) -> ProduceStats:
+                          topic_wait_s: float = 10.0, stats: ProduceStats | None = None,
+                          client_options: Mapping[str, Any] | None = None) -> ProduceStats:
     """Produce a generator run: requests (single or batched) and, unless ``telemetry_topic`` is
     None, its telemetry samples, interleaved in event time."""
     async with TrafficProducer(bootstrap, requests_topic=requests_topic, telemetry_topic=telemetry_topic,
                                batch=batch, speed=speed, max_batch_delay_s=max_batch_delay_s, acks=acks,
-                               linger_ms=linger_ms, topic_wait_s=topic_wait_s, stats=stats) as producer:
+                               linger_ms=linger_ms, topic_wait_s=topic_wait_s, stats=stats,
+                               client_options=client_options) as producer:
         for chunk in chunks:
             await producer.send_chunk(chunk)
     return producer.stats

@@ -1,4 +1,4 @@
-"""Discrete-event fleet simulator: continuous batching per replica, a router in front (issue 5).
+"""Discrete-event fleet simulator: continuous batching per replica, a router in front.
 
 Where :mod:`skewwatch.sim.generator` draws latencies from distributions, this module derives
 them: requests from a real trace (arrival times and token lengths, scaled to a target share of
@@ -26,7 +26,7 @@ The engine model, per replica (every constant in :class:`FleetConfig`, defaults 
   and what a vLLM engine exports live (``live_signals``): the interval's time per output token
   (every decode step gives each running request a token; its latency is the step's duration)
   and time to first token (at the end of the admitting iteration), as vLLM's histograms would
-  show them between two scrapes (:mod:`skewwatch.telemetry.histogram`, contract v1.2).
+  show them between two scrapes (:mod:`skewwatch.collect.histogram`, contract v1.2).
 - **Faults** (:mod:`skewwatch.sim.faults`), relative to the trace and the replica:
   ``slow_replica`` multiplies the replica's decode step, ``batch_collapse`` makes the scheduler
   admit only while the running batch is under 1-2 (a ``stuck_share`` of ``phase_s`` phases) or
@@ -69,13 +69,13 @@ from typing import Any
 
 import numpy as np
 
-from skewwatch.pipeline.events import RequestColumns
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.collect.histogram import TPOT_BUCKETS_S, TTFT_BUCKETS_S, IntervalHistogram
+from skewwatch.schemas.requests.columns import RequestColumns
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.faults import CUDA_ERRORS, FaultError, Injection, applies_to, target_model
 from skewwatch.sim.generator import STEP_S, TrafficChunk
 from skewwatch.sim.router import POLICIES, DynamicWeightRouter, make_router
 from skewwatch.sim.trace import Trace, load_trace
-from skewwatch.telemetry.histogram import TPOT_BUCKETS_S, TTFT_BUCKETS_S, IntervalHistogram
 
 GIB = float(1 << 30)
 # Event kinds, in the order they are handled at equal times: a step closes before anything

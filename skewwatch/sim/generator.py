@@ -1,4 +1,4 @@
-"""The statistical traffic generator behind ``skewwatch generate`` (issue 2; faults from issue 3).
+"""The statistical traffic generator behind ``skewwatch generate`` (faults in skewwatch.sim.faults).
 
 N replicas of one or two models receive Poisson arrivals at ``rate`` requests/s each. Every
 request draws its prompt and completion lengths jointly from a real trace row (the bundled
@@ -6,14 +6,14 @@ Azure LLM inference trace by default), and log-normal latencies that grow gently
 token counts. Each finished request becomes one event of contract v1 (see the README and
 ``skewwatch/schemas``): ``ts`` is the finish time in event-time epoch seconds, and events come
 out in nondecreasing ``ts``. Every 5 s of event time each replica also yields one simulated
-``gpu-telemetry.v1`` sample (:class:`~skewwatch.pipeline.telemetry.TelemetrySample`).
+``gpu-telemetry.v1`` sample (:class:`~skewwatch.schemas.telemetry_sample.TelemetrySample`).
 
 Pure: no clock, no I/O. The run is a function of ``(config, start_ts, duration_s)``; a seed
 gives the same events on any machine. Each replica draws from its own random stream (and its
 faults from another), so injecting a fault on one replica does not change what any other
 replica produces, and a shorter run is a prefix of a longer one.
 
-Clean traffic is kept clearly inside every detector's rule (DESIGN.md item 3), so alerts
+Clean traffic is kept clearly inside every detector's rule (seed §2.4, §2.5), so alerts
 come only from injected faults: latency log-sigma 0.2 and token exponent 0.15 give
 P99/P50 ~ 1.8 (rule: > 3); batch fill 0.5 (rule: < 0.3); KV hit rate ~ 0.75 (rules: < 0.65,
 > 0.85); no CUDA errors.
@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from skewwatch.pipeline.events import RequestColumns
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.requests.columns import RequestColumns
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.faults import CUDA_ERRORS, FaultError, Injection, applies_to, target_model
 from skewwatch.sim.trace import Trace, load_trace
 

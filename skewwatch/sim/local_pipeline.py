@@ -2,17 +2,18 @@
 
 ``skewwatch worker`` runs stage 1 (per input partition: decode, 60 s windows per replica, the
 telemetry join, one hand-off record per model and step) and stage 2 (per model: merge the
-replicas' summaries, run the :class:`~skewwatch.pipeline.decide.ModelDecider`, publish). Both
+replicas' summaries, run the :class:`~skewwatch.pipeline.model_decisions.ModelDecider`, publish). Both
 are thin glue around pure parts; :class:`LocalPipeline` composes the same parts on the
 simulator's chunks, in the order the stages use them:
 
 1. the chunk's telemetry into a :class:`~skewwatch.pipeline.telemetry_join.TelemetryJoin`, its
    requests (batch sizes derived as stage 1 derives them) into one
-   :class:`~skewwatch.pipeline.window.PartitionWindows`, the watermark to the chunk's end minus the
-   allowed lateness (the worker's rule: its newest event time minus 5 s), the closed steps out;
+   :class:`~skewwatch.pipeline.window.PartitionWindows`, whose watermark follows the events as a
+   worker partition's does (the newest event time minus the allowed lateness, 5 s), the closed
+   steps out;
 2. per model and step, each replica's step with its merged telemetry as of the step's end, as
-   stage 2 receives them (:class:`~skewwatch.pipeline.assembler.ReplicaStepInput`; the hand-off
-   record between the stages decodes to objects equal to these, ``tests/unit/test_handoff.py``, so
+   stage 2 receives them (:class:`~skewwatch.pipeline.replica_step_record.ReplicaStepInput`; the hand-off
+   record between the stages decodes to objects equal to these, ``tests/unit/test_replica_step_record.py``, so
    it is not encoded here: that saves a fifth of the time);
 3. :func:`~skewwatch.pipeline.model_merge.merge_model_features` and the model's decider, the
    telemetry passed with its age.
@@ -33,8 +34,12 @@ its first event is applied, and the worker applies a poll's events in slices of 
 event time before closing the steps they complete, so it may report a replica with an empty
 step earlier than here, where a step closes as soon as the next 5 s are in; (2) telemetry the
 worker has not read yet when a step closes (a poll that fetched requests ahead of the telemetry
-topic) is joined one sample older there. Once every replica of a model has reported, both give
-the same records (``tests/integration/test_quality_modes.py``).
+topic) is joined one sample older there; (3) the worker's wall-clock rules: stage 2 releases a
+model's pending step after 10 s of wall time without input (and stage 1 moves an idle input
+partition's watermark to the others'), so on a loaded machine a step may be decided without the
+replicas of a partition that lagged, which then count as silent for it. Once every replica of a
+model has reported and the worker keeps up, both give the same records
+(``tests/integration/test_quality_modes.py``).
 
 >>> from skewwatch.sim.fleet import FleetConfig, FleetSimulator
 >>> from skewwatch.sim.faults import Injection
@@ -54,14 +59,14 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from skewwatch.config import Settings, load_settings
-from skewwatch.pipeline.assembler import ReplicaStepInput
-from skewwatch.pipeline.decide import ModelDecider
 from skewwatch.pipeline.derived_batch import derive_batch
-from skewwatch.pipeline.events import RequestColumns
+from skewwatch.pipeline.model_decisions import ModelDecider
 from skewwatch.pipeline.model_merge import merge_model_features
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.pipeline.replica_step_record import ReplicaStepInput
 from skewwatch.pipeline.telemetry_join import TelemetryJoin, history_for
 from skewwatch.pipeline.window import PartitionWindows, ReplicaStep
+from skewwatch.schemas.requests.columns import RequestColumns
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.generator import TrafficChunk
 
 if TYPE_CHECKING:
@@ -102,7 +107,6 @@ class LocalPipeline:
             self.telemetry.add(sample)
         if len(chunk.requests):
             self.windows.apply(self._derive_batch(chunk.requests))
-        self.windows.advance_watermark(chunk.end_ts - self.settings.window.allowed_lateness_s)
         by_model: dict[tuple[float, str], list[ReplicaStep]] = {}
         for step in self.windows.close_steps():
             by_model.setdefault((step.features.window_end, step.features.model), []).append(step)

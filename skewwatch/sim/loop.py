@@ -1,11 +1,13 @@
 """The closed routing loop without Kafka: the pipeline's pure weights computed in-process.
 
-Issue 5's ``dynamic`` policies (``dynamic``, ``dynamic_least_request``) apply the weights the
+The ``dynamic`` routing policies (``dynamic``, ``dynamic_least_request``) apply the weights the
 worker publishes on ``llm.routing-corrections``, in lockstep on event time. The full loop runs the real worker on a
 real broker; this module is the same loop with the broker and worker replaced by the pure
-functions they run (:func:`skewwatch.pipeline.reference.reference_features` for the 60 s window,
-:func:`skewwatch.pipeline.weights.compute_weights` for the seed's formula), so a seeded closed
-loop runs in CI in seconds and the simulator's router can be checked on its own.
+code they run (:class:`skewwatch.pipeline.window.PartitionWindows` for the 60 s windows, one partition
+holding every replica, :func:`skewwatch.pipeline.weights.compute_weights` for the weight formula, and
+:class:`skewwatch.pipeline.pool_evidence.PoolEvidence` for what the decider adds: held scores,
+credibility, staleness and the pool's guards; no detectors, so no health), so a seeded closed loop runs
+in CI in seconds and the simulator's router can be checked on its own.
 
 Use it as the simulator's ``on_step``: after step k's chunk is built, it computes every
 replica's features and weights from the events and telemetry of that chunk and the ones before,
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -32,48 +34,57 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from skewwatch.config import WindowSettings
 from skewwatch.kafka_client import client_kwargs
-from skewwatch.pipeline.reference import reference_features
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.pipeline.pool_evidence import PoolEvidence
 from skewwatch.pipeline.weights import WeightConfig, WeightInput, compute_weights
+from skewwatch.pipeline.window import PartitionWindows
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.emit import TopicMissingError
-from skewwatch.sim.generator import STEP_S, TrafficChunk, event_rows
+from skewwatch.sim.generator import STEP_S, TrafficChunk
 
 if TYPE_CHECKING:
     from skewwatch.sim.fleet import FleetSimulator
 
 
 class LocalWeightsLoop:
-    """``on_step`` callback: seed-formula weights from the last 60 s, applied to the router."""
+    """``on_step`` callback: the decider's weights from the last 60 s, applied to the router."""
 
     def __init__(self, window: WindowSettings | None = None, weights: WeightConfig | None = None) -> None:
         self.window = window or WindowSettings()
         self.weight_config = weights or WeightConfig()
-        self._events: deque[dict[str, Any]] = deque()
+        self._windows = PartitionWindows(self.window)
         self._telemetry: dict[str, TelemetrySample] = {}
-        self._silent: dict[str, int] = {}
+        self._evidence: dict[str, PoolEvidence] = {}  # per model
         self.corrections: list[dict[str, Any]] = []  # every correction applied, in order
 
     def __call__(self, sim: FleetSimulator, chunk: TrafficChunk) -> None:
         end = chunk.end_ts
-        self._events.extend(event_rows(chunk.requests))
-        while self._events and self._events[0]["ts"] < end - self.window.length_s:
-            self._events.popleft()
+        self._windows.apply(chunk.requests)
+        self._windows.advance_watermark(end)  # the chunk holds every request finished before its end
+        features = {(s.features.model, s.features.replica): s.features
+                    for s in self._windows.close_steps() if s.features.window_end == end}
         for sample in chunk.telemetry:
             self._telemetry[sample.replica] = sample
-        events = list(self._events)
+        max_age = self.weight_config.telemetry_max_age_s
         for model, pool in sim.pools.items():
-            inputs = []
+            inputs, vectors, fresh = [], [], []
             for replica in pool:
-                fv = reference_features(events, model, replica.name, end, self.window)
-                silent = 0 if fv.step_count else self._silent.get(replica.name, 0) + 1
-                self._silent[replica.name] = silent
+                # never seen, or released: no summary (the decider's evidence holds its weight)
+                found = features.get((model, replica.name))
+                fv = found or FeatureVector(model=model, replica=replica.name,
+                                            window_start=end - self.window.length_s, window_end=end, count=0)
                 tel = self._telemetry.get(replica.name)
-                inputs.append(WeightInput(replica.name, fv, tel,
-                                          telemetry_age_s=None if tel is None else end - tel.ts,
-                                          silent_steps=silent))
+                age = None if tel is None else end - tel.ts
+                inputs.append(WeightInput(replica.name, fv, tel, telemetry_age_s=age))
+                vectors.append(found)
+                fresh.append(tel if age is not None and age <= max_age else None)
+            names = [replica.name for replica in pool]
+            evidence = self._evidence.setdefault(model, PoolEvidence())
+            evidence.observe(end, names, vectors, fresh, self.weight_config, self.window.length_s)
             weights = compute_weights(inputs, self.weight_config)
+            settled = evidence.settle(model, end, names, vectors, weights, [None] * len(names), self.weight_config)
             record = {"model": model, "ts": end, "weights": {r: w.weight for r, w in weights.items()},
-                      "actions": []}
+                      "actions": [], "mode": settled.mode}
             self.corrections.append(record)
             sim.apply_correction(record, end)
 
@@ -87,9 +98,10 @@ class KafkaCorrections:
     (``seq`` not above the last seen) is dropped, as the contract says.
     """
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, client_options: Mapping[str, Any] | None = None) -> None:
         self.topic = topic
         self._bootstrap = bootstrap
+        self._client_options = dict(client_options or {})  # TLS / SASL (skewwatch.kafka_security)
         self._consumer: AIOKafkaConsumer | None = None  # created in start(): aiokafka wants a running loop
         self._latest: dict[str, dict[str, Any]] = {}  # model -> newest record
         self.misses = 0  # waits that timed out (the run is then no longer lockstep-deterministic)
@@ -98,7 +110,7 @@ class KafkaCorrections:
     async def start(self) -> None:
         self._consumer = consumer = AIOKafkaConsumer(**client_kwargs(bootstrap=self._bootstrap),
                                                      enable_auto_commit=False, group_id=None,
-                                                     auto_offset_reset="latest")
+                                                     auto_offset_reset="latest", **self._client_options)
         await consumer.start()
         try:
             # aiokafka's consumer has no public "wait for this topic's metadata" (the producer's

@@ -1,7 +1,6 @@
 """The real NVML path, no fakes: run on a machine with an NVIDIA GPU (``.venv/bin/pytest tests/gpu -q``).
 
-Issue 4: "tests/gpu/ tests that run the real NVML path and are skipped with a reason when no GPU is
-present". Everything here is skipped, with the NVML error as the reason, where NVML cannot initialise.
+Everything here is skipped, with the NVML error as the reason, where NVML cannot initialise.
 """
 
 from __future__ import annotations
@@ -16,11 +15,11 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.collect.collect_gpu_command import run_collector
+from skewwatch.collect.nvml_collector import NvmlReader
+from skewwatch.collect.publish import encode_sample
 from skewwatch.schemas.telemetry import decode_telemetry
-from skewwatch.telemetry.collector import run_collector
-from skewwatch.telemetry.nvml_collector import NvmlReader
-from skewwatch.telemetry.publish import encode_sample
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 REPO = Path(__file__).resolve().parents[2]
 

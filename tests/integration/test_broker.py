@@ -18,10 +18,12 @@ from msgspec.structs import fields
 
 from skewwatch.broker import EmbeddedBroker
 from skewwatch.config import Settings
+from skewwatch.errors import AddressInUse, BrokerFailed, ConfigProblem, KafkaUnreachable
 from skewwatch.kafka_client import run_blocking
 from skewwatch.ports import free_port
 from skewwatch.topics import delete_topics, ensure_topics, topic_specs
 from tests.conftest import TEST_PARTITIONS, topic_names, unique_settings
+from tests.integration.commands import one_line_error
 
 # --------------------------------------------------------------------------------------------------
 # helpers
@@ -93,15 +95,6 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         text=True,
         timeout=120,
     )
-
-
-def assert_one_line_error(done: subprocess.CompletedProcess[str], *expected: str) -> None:
-    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
-    errors = done.stderr.strip().splitlines()
-    assert len(errors) == 1, done.stderr
-    assert errors[0].startswith("Error: ")
-    for text in expected:
-        assert text in errors[0]
 
 
 @pytest.fixture
@@ -208,13 +201,14 @@ def test_broker_command_without_java_is_one_clear_line(tmp_path: Path) -> None:
     empty_bin = tmp_path / "bin"
     empty_bin.mkdir()
     done = run_cli("broker", "--data-dir", str(tmp_path / "kafka"), env={"PATH": str(empty_bin)})
-    assert_one_line_error(done, "needs Java 17+ on PATH", "found: no java", "openjdk-17-jre-headless")
+    one_line_error(done, BrokerFailed.exit_code, "needs Java 17+ on PATH", "found: no java",
+                          "openjdk-17-jre-headless")
     assert not (tmp_path / "kafka" / "data").exists()
 
 
 def test_broker_command_on_a_busy_port_is_one_clear_line(tmp_path: Path, listening_socket: int) -> None:
     done = run_cli("broker", "--port", str(listening_socket), "--data-dir", str(tmp_path / "kafka"))
-    assert_one_line_error(done, f"port {listening_socket}", "already in use", "--port")
+    one_line_error(done, AddressInUse.exit_code, f"port {listening_socket}", "already in use", "--port")
 
 
 def test_broker_command_with_bootstrap_starts_nothing(kafka_bootstrap: str, tmp_path: Path) -> None:
@@ -227,7 +221,7 @@ def test_broker_command_with_bootstrap_starts_nothing(kafka_bootstrap: str, tmp_
 def test_broker_command_with_unreachable_bootstrap_fails_in_one_line() -> None:
     dead = f"127.0.0.1:{free_port()}"
     done = run_cli("broker", "--bootstrap", dead)
-    assert_one_line_error(done, f"no Kafka answers at {dead}")
+    one_line_error(done, KafkaUnreachable.exit_code, f"no Kafka answers at {dead}")
 
 
 def test_topics_create_command(kafka_bootstrap: str, tmp_path: Path) -> None:
@@ -251,4 +245,4 @@ def test_topics_create_command(kafka_bootstrap: str, tmp_path: Path) -> None:
 
 def test_topics_create_without_a_cluster_says_how_to_get_one() -> None:
     done = run_cli("topics", "create")
-    assert_one_line_error(done, "skewwatch broker")
+    one_line_error(done, ConfigProblem.exit_code, "skewwatch broker")

@@ -13,10 +13,10 @@ from aiokafka import AIOKafkaConsumer
 from click.testing import CliRunner
 
 from skewwatch.config import Settings
-from skewwatch.generate import generate_command
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.emit import TopicMissingError, produce_events, produce_traffic
 from skewwatch.sim.faults import read_labels
+from skewwatch.sim.generate_command import generate_command
 from skewwatch.sim.generator import GeneratorConfig, generate_chunks, generate_events
 
 T0 = 1_700_000_000.0
@@ -121,7 +121,7 @@ def test_generate_command_with_injection_and_labels(kafka_settings: Settings, tm
 
 
 def test_simulate_command_produces_the_fleet_to_kafka(kafka_settings: Settings) -> None:
-    from skewwatch.sim.cli import simulate_command
+    from skewwatch.sim.simulate_command import simulate_command
 
     result = CliRunner().invoke(simulate_command, [
         "--bootstrap", str(kafka_settings.kafka.bootstrap), "--topic", kafka_settings.topics.requests,
@@ -141,7 +141,7 @@ def test_simulate_command_produces_the_fleet_to_kafka(kafka_settings: Settings) 
 
 
 def test_simulate_dynamic_closes_the_loop_through_the_real_worker(kafka_settings: Settings, tmp_path: Path) -> None:
-    """Issue 5: lockstep on event time with the worker's routing corrections; the slow replica loses traffic."""
+    """The closed loop: lockstep on event time with the worker's routing corrections; the slow replica loses traffic."""
     import os
     import subprocess
     import sys

@@ -1,11 +1,11 @@
-"""Issue 4: a worker that starts on a backlog joins every step with the telemetry of its time.
+"""A worker that starts on a backlog joins every step with the telemetry of its time.
 
 Ten minutes of requests and telemetry are on the topics before the worker starts (a restart after an
 outage). Telemetry is small, so the first fetches bring all of it while the requests take many polls;
-the join keeps 32 samples per key (160 s at the 5 s interval), so without flow control the samples of
+the join keeps a bounded history per key (``telemetry_join.history_for``), so without flow control the samples of
 the early steps are pushed out before those steps close and they see their telemetry as stale. The
 worker holds telemetry that runs more than ``[window] telemetry_ahead_s`` ahead of the requests'
-watermark and pauses its partition (``pipeline/telemetry_flow.py``): every step must carry a fresh
+watermark and pauses its partition (``pipeline/telemetry_pacing.py``): every step must carry a fresh
 sample from its own time.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from skewwatch.kafka_client import run_blocking
-from skewwatch.pipeline.handoff import expand_model_step, read_step_header
+from skewwatch.pipeline.replica_step_record import read_step_header, replica_step_dicts
 from skewwatch.sim.emit import produce_traffic
 from skewwatch.sim.generator import GeneratorConfig, generate_chunks
 from skewwatch.topics import delete_topics, ensure_topics
@@ -53,7 +53,7 @@ def steps(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
             records = asyncio.run(consume_until(kafka_bootstrap, [topics.replica_steps], done, 180))
             log = worker.log_tail()
         # one record per input partition, model and step (progress markers carry no step header)
-        bodies = [b for r in records if read_step_header(r.headers) for b in expand_model_step(r.value)]
+        bodies = [b for r in records if read_step_header(r.headers) for b in replica_step_dicts(r.value)]
         assert bodies, log
         yield bodies
     finally:

@@ -1,4 +1,4 @@
-"""Issue 4 end to end on the real broker: telemetry from several GPUs and sources reaches the decider.
+"""Telemetry end to end on the real broker: telemetry from several GPUs and sources reaches the decider.
 
 One worker, one generated run of three models (three replicas each), the generator's requests and
 telemetry, with the telemetry of one replica per model rewritten the way real producers send it:
@@ -28,9 +28,9 @@ import pytest
 
 from skewwatch.config import Settings
 from skewwatch.kafka_client import run_blocking
-from skewwatch.pipeline.handoff import expand_model_step, read_step_header
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.pipeline.replica_step_record import read_step_header, replica_step_dicts
 from skewwatch.schemas.telemetry import decode_telemetry, encode_telemetry
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.emit import produce_traffic
 from skewwatch.sim.faults import Injection
 from skewwatch.sim.generator import GeneratorConfig, TrafficChunk, generate_chunks
@@ -130,7 +130,7 @@ def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
                                   key=lambda c: (c["model"], c["seq"])),
             # stage 1 -> stage 2 (internal): each replica's step with the telemetry the join merged
             "steps": [body for r in records if r.topic == topics.replica_steps and read_step_header(r.headers)
-                      for body in expand_model_step(r.value)],
+                      for body in replica_step_dicts(r.value)],
             "log": worker.log_tail(),
         }
     finally:

@@ -1,7 +1,7 @@
 """Telemetry onto the real broker: BoundedProducer delivery and recovery, collect-gpu and scrape end to end.
 
-Issue 4: samples on ``llm.gpu-telemetry`` keyed by replica; the collector "survives broker outages:
-buffers a bounded number of samples and drops the oldest with a counter". Here the broker is real
+Samples go on ``llm.gpu-telemetry`` keyed by replica; the collector survives broker outages: it
+buffers a bounded number of samples and drops the oldest with a counter. Here the broker is real
 (fixture ``kafka_settings`` from tests/conftest.py: topics created, names unique per test). The outage
 is a port where nothing listens at first; a TCP relay to the real broker then opens on that very port,
 and what was buffered (the newest ``max_buffered`` messages) arrives.
@@ -24,12 +24,12 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, ConsumerRecord
 
-from skewwatch.bounded_producer import BoundedProducer
+from skewwatch.client.bounded_producer import BoundedProducer
+from skewwatch.collect.publish import publish_sample
+from skewwatch.collect.scrape_command import Scraper, run_bridge
 from skewwatch.config import Settings
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.schemas.telemetry import decode_telemetry
-from skewwatch.telemetry.bridges import Scraper, run_bridge
-from skewwatch.telemetry.publish import publish_sample
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"

@@ -229,7 +229,7 @@ def test_web_port_0_picks_a_free_port_and_says_which(kafka_settings: Settings, t
         deadline, port = time.monotonic() + 90, None
         while time.monotonic() < deadline and proc.poll() is None:
             text = log_path.read_text(errors="replace")
-            found = re.search(r"HTTP API and /metrics on http://127\.0\.0\.1:(\d+)", text)
+            found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", text)  # the start line
             if found:
                 port = int(found.group(1))
                 try:

@@ -1,4 +1,4 @@
-"""OTLP in, through the real worker (issue 7, recipes 1 and 2 of docs/connect.md).
+"""OTLP in, through the real worker (recipes 1 and 2 of docs/connect.md).
 
 * Recipe 1: OTLP protobuf and OTLP/JSON payloads, produced onto a Kafka topic exactly as the OTel
   Collector's Kafka exporter frames them (``collector_kafka_records``: one ExportTraceServiceRequest per
@@ -34,9 +34,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind
 
 from skewwatch.config import Settings
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.ports import free_port
 from skewwatch.schemas.telemetry import encode_telemetry
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.topics import ensure_topics
 from tests.integration.worker_proc import WorkerProcess, consume_until, produce
 from tests.unit.test_otlp_decode import collector_kafka_records, record_spans

@@ -17,7 +17,7 @@ import msgspec
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from skewwatch.config import Settings
+from skewwatch.config import KafkaSettings, Settings
 
 
 def free_port() -> int:
@@ -31,6 +31,11 @@ def settings_env(settings: Settings) -> dict[str, str]:
     env = {"SKEWWATCH_KAFKA__BOOTSTRAP": settings.kafka.bootstrap or "",
            "SKEWWATCH_KAFKA__GROUP_ID": settings.kafka.group_id,
            "SKEWWATCH_KAFKA__PARTITIONS": str(settings.kafka.partitions)}
+    defaults = KafkaSettings()
+    for field in msgspec.structs.fields(settings.kafka):  # TLS / SASL settings, where the test set them
+        value = getattr(settings.kafka, field.name)
+        if field.name.startswith(("security_", "sasl_", "ssl_")) and value != getattr(defaults, field.name):
+            env[f"SKEWWATCH_KAFKA__{field.name.upper()}"] = str(value)
     for field in msgspec.structs.fields(settings.topics):
         env[f"SKEWWATCH_TOPICS__{field.name.upper()}"] = getattr(settings.topics, field.name)
     for section in ("window", "limits"):
@@ -44,13 +49,15 @@ class WorkerProcess:
     """``skewwatch worker`` as a child process with exactly ``settings`` (tests and benchmarks)."""
 
     def __init__(self, settings: Settings, log_path: Path, extra_env: dict[str, str] | None = None, *,
-                 cwd: Path | None = None, loglevel: str = "info") -> None:
+                 cwd: Path | None = None, loglevel: str = "info", args: tuple[str, ...] = ()) -> None:
         self.settings = settings
         self.port = free_port()
         self.log_path = log_path
         self.cwd = cwd
         self.loglevel = loglevel
-        self.env = {**os.environ, **settings_env(settings), **(extra_env or {})}
+        self.args = args
+        self.token = f"test-token-{os.getpid()}-{self.port}"  # the API's bearer token (POST needs one)
+        self.env = {**os.environ, **settings_env(settings), "SKEWWATCH_WEB_TOKEN": self.token, **(extra_env or {})}
         self.env.pop("KAFKA_BOOTSTRAP", None)
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -59,30 +66,36 @@ class WorkerProcess:
             self.cwd.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "skewwatch", "worker", "--web-port", str(self.port), "--loglevel", self.loglevel],
+            [sys.executable, "-m", "skewwatch", "worker", "--web-port", str(self.port), "--loglevel", self.loglevel,
+             *self.args],
             cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as r:
+                # readiness, not liveness: the broker answers and both stages have their partitions
+                with urllib.request.urlopen(self._request("/readyz"), timeout=1) as r:
                     if r.status == 200:
                         return self
             except OSError:
                 pass
             time.sleep(0.3)
         self.stop()
-        raise AssertionError(f"worker not healthy after {timeout}s:\n{self.log_tail()}")
+        raise AssertionError(f"worker not ready after {timeout}s:\n{self.log_tail()}")
+
+    def _request(self, path: str, body: bytes | None = None, method: str = "GET") -> urllib.request.Request:
+        """With the bearer token: a worker bound beyond loopback wants it for every path but /healthz."""
+        return urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=body, method=method,
+                                      headers={"Authorization": f"Bearer {self.token}"})
 
     def get(self, path: str) -> Any:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+        with urllib.request.urlopen(self._request(path), timeout=5) as r:
             body = r.read()
         return body if path == "/metrics" else orjson.loads(body)
 
-    def post(self, path: str) -> Any:
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=b"", method="POST")
-        with urllib.request.urlopen(req, timeout=10) as r:
+    def post(self, path: str, body: bytes = b"") -> Any:
+        with urllib.request.urlopen(self._request(path, body, "POST"), timeout=10) as r:
             return orjson.loads(r.read())
 
     def kill(self) -> None:
@@ -112,8 +125,10 @@ class WorkerProcess:
             return ""
 
 
-async def produce(bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=2, max_request_size=8 << 20)
+async def produce(bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes]],
+                  client_options: dict[str, Any] | None = None) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=2, max_request_size=8 << 20,
+                                **(client_options or {}))
     await producer.start()
     try:
         for key, value in messages:
@@ -124,10 +139,10 @@ async def produce(bootstrap: str, topic: str, messages: list[tuple[bytes | None,
 
 
 async def consume_until(bootstrap: str, topics: list[str], done: Callable[[list[Any]], bool],
-                        timeout: float) -> list[Any]:
+                        timeout: float, client_options: dict[str, Any] | None = None) -> list[Any]:
     """Read `topics` from the beginning until `done(records)` holds or `timeout` passes."""
     consumer = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                                enable_auto_commit=False, group_id=None)
+                                enable_auto_commit=False, group_id=None, **(client_options or {}))
     await consumer.start()
     records: list[Any] = []
     try:

@@ -1,4 +1,4 @@
-"""Pure scoring of the issue 5 benchmarks: alerts -> episodes, episodes vs labels -> precision,
+"""Pure scoring of the quality and routing benchmarks: alerts -> episodes, episodes vs labels -> precision,
 recall and delay; weights -> stale/weights episodes; the routing table's spreads.
 
 No broker, no worker: these are the functions that turn what the real worker published into the
@@ -33,8 +33,8 @@ from bench.scoring import (  # noqa: E402
     score,
     weight_episodes,
 )
-from skewwatch.pipeline.events import RequestColumns  # noqa: E402
-from skewwatch.pipeline.telemetry import TelemetrySample  # noqa: E402
+from skewwatch.schemas.requests.columns import RequestColumns  # noqa: E402
+from skewwatch.schemas.telemetry_sample import TelemetrySample  # noqa: E402
 from skewwatch.sim.shapes import SHAPES  # noqa: E402
 
 

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from skewwatch.bounded_producer import BoundedProducer
+from skewwatch.client.bounded_producer import BoundedProducer
 
 
 def closed_port() -> int:

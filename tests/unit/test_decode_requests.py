@@ -1,4 +1,4 @@
-"""The llm.requests decoder: every bad-input case of issue 2, good events surviving bad ones,
+"""The llm.requests decoder: every bad-input case of the contract, good events surviving bad ones,
 the vectorised path agreeing with the per-event reference, and no input ever raising."""
 
 from __future__ import annotations
@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -19,23 +18,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skewwatch.config import LimitSettings
-from skewwatch.pipeline.events import RequestColumns
-from skewwatch.schemas import requests as current_decoder
 from skewwatch.schemas.rejection import REASON_CODES, Rejection
 from skewwatch.schemas.requests import (
-    EVENT_FIELDS,
+    REQUEST_FIELDS,
     REQUIRED_FIELDS,
-    SCALAR_MAX_EVENTS,
     MessageRejects,
-    _validate_columns,
+    RequestColumns,
     check_request_event,
     decode_request_message,
     decode_request_messages,
-    decode_typed_runs,
     encode_request_event,
     encode_request_events,
     event_problems,
 )
+from skewwatch.schemas.requests import typed_path as current_typed_path
+from skewwatch.schemas.requests.column_checks import validate_columns
+from skewwatch.schemas.requests.rules import SCALAR_MAX_EVENTS
+from skewwatch.schemas.requests.typed_path import decode_typed_runs
 
 LIMITS = LimitSettings()
 
@@ -405,7 +404,7 @@ def event_batches(draw: st.DrawFn) -> list[dict[str, Any]]:
 def test_fast_and_generic_vector_paths_agree_with_the_per_event_reference(events: list[dict[str, Any]]) -> None:
     expected_bad = [bool(event_problems(e, LIMITS.max_tokens)) for e in events]
     for fast in (True, False):
-        columns, bad = _validate_columns(events, LIMITS.max_tokens, fast=fast)
+        columns, bad = validate_columns(events, LIMITS.max_tokens, fast=fast)
         assert bad.tolist() == expected_bad, f"fast={fast}"
         good = [e for e, b in zip(events, expected_bad, strict=True) if not b]
         assert_columns_equal(columns.take(~bad), RequestColumns.from_rows(good) if good else RequestColumns.empty())
@@ -466,7 +465,7 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=20,
 )
-field_names = st.sampled_from([f.name for f in EVENT_FIELDS] + ["v", "events", "x"])
+field_names = st.sampled_from([f.name for f in REQUEST_FIELDS] + ["v", "events", "x"])
 event_like = st.dictionaries(field_names, json_values, max_size=16)
 
 
@@ -499,7 +498,7 @@ def test_required_fields_are_the_contracts() -> None:
                                "completion_tokens")  # v1.1: batch_size / batch_capacity optional
 
 
-# --- the whole-poll typed path (issue 6): one msgspec pass per poll, the reference's result ----------
+# --- the whole-poll typed path: one msgspec pass per poll, the reference's result ----------
 
 # Valid events exactly as msgspec takes them (no 12.0 for an integer), batch fields absent, null or
 # over capacity (64 > 32: the one rule the typed path words afterwards).
@@ -666,8 +665,8 @@ def test_the_number_range_check_is_the_same_row_by_row_and_on_columns() -> None:
     assert any(expected) and not all(expected)
     for size in (1, 5, SCALAR_MAX_EVENTS, SCALAR_MAX_EVENTS + 1, 60):
         part = columns.take(np.arange(size))
-        scalar = current_decoder._numbers_out_of_range_scalar(part)
-        vector = current_decoder._numbers_out_of_range(part)
+        scalar = current_typed_path._numbers_out_of_range_scalar(part)
+        vector = current_typed_path._numbers_out_of_range(part)
         for found in (scalar, vector):
             assert (found.tolist() if found is not None else [False] * size) == expected[:size], size
 
@@ -696,30 +695,35 @@ def test_message_rejects_store_only_rejected_messages_and_read_like_a_list() -> 
     assert rejects == MessageRejects(4, {2: [bad]})
 
 
-def test_the_decode_bench_runs_every_case_for_the_current_and_a_git_revisions_decoder() -> None:
-    # keeps bench/decode_bench.py from rotting: its cases decode what they claim, with either decoder
+def test_the_decode_bench_runs_every_case_for_the_current_and_a_git_revisions_decoder(tmp_path: Path) -> None:
+    # keeps bench/decode_bench.py from rotting: its cases decode what they claim, and a child process
+    # running another revision's package (here HEAD's) answers a round of each case
     path = Path(__file__).resolve().parents[2] / "bench" / "decode_bench.py"
     spec = importlib.util.spec_from_file_location("decode_bench_smoke", path)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = bench
     spec.loader.exec_module(bench)
+    import skewwatch.schemas as public_api
+
+    singles, singles_all, batches, spoilt, sparse = bench.messages(public_api, n_events=400, n_singles=50)
+    cases = bench.cases_for(public_api, LIMITS, singles, singles_all, batches, spoilt, sparse)
+    assert {name: run() for name, run in cases.items()} == {
+        "single": 50, "single_poll": 50, "single_poll_5000": 400, "single_poll_1_bad": 50, "batch100": 400,
+        "batch100_poll": 400, "batch100_poll_sparse": 400, "batch100_10pct_bad": 400, "reference_batch100": 400}
+    rates = bench.measure_side_by_side({"a": lambda seconds: bench.timed(lambda: 10, seconds)}, 0.01)
+    assert rates["a"] > 0
+    from bench.revision import baseline_package
+
     try:
-        baseline = bench.load_decoder_at("HEAD")
+        package = baseline_package("HEAD", tmp_path)
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("no git checkout here")
-    rng = random.Random(1)
-    events = [bench.make_event(rng, i) for i in range(400)]
-    singles = [encode_request_event(e) for e in events]
-    batches = [encode_request_events(events[i:i + 100]) for i in range(0, 400, 100)]
-    spoilt = [encode_request_events([bench.spoil(e, i) if i % 10 == 0 else e for i, e in
-                                     enumerate(events[j:j + 100], start=j)]) for j in range(0, 400, 100)]
-    sparse = [encode_request_events([{name: e[name] for name in REQUIRED_FIELDS} for e in events[i:i + 100]])
-              for i in range(0, 400, 100)]
-    for module in (current_decoder, baseline):
-        cases = bench.cases_for(module, LIMITS, singles[:50], singles, batches, spoilt, sparse)
-        assert {name: run() for name, run in cases.items()} == {
-            "single": 50, "single_poll": 50, "single_poll_5000": 400, "single_poll_1_bad": 50, "batch100": 400,
-            "batch100_poll": 400, "batch100_poll_sparse": 400, "batch100_10pct_bad": 400, "reference_batch100": 400}
-    rates = bench.measure_side_by_side({"a": lambda: 10}, 0.01)
-    assert rates["a"] > 0
+    child = bench.DecoderChild(package)  # refuses to start when the child imported another package
+    try:
+        assert child.package.resolve() == tmp_path.resolve()
+        assert set(cases) < set(child.cases)
+        events, cpu = child.round("batch100_poll")(0.01)
+        assert events >= 5000 and cpu > 0
+    finally:
+        child.close()

@@ -8,9 +8,9 @@ import numpy as np
 
 from skewwatch.config import DerivedBatchSettings, load_settings
 from skewwatch.pipeline.derived_batch import derive_batch
-from skewwatch.pipeline.events import BATCH_DERIVED, BATCH_REPORTED, BATCH_UNKNOWN, RequestColumns
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.telemetry_join import TelemetryJoin
+from skewwatch.schemas.requests.columns import BATCH_DERIVED, BATCH_REPORTED, BATCH_UNKNOWN, RequestColumns
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 
 def row(replica: str, ts: float, model: str = "m", **batch: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import pytest
 
 from skewwatch.pipeline.detectors.alerts import Alert, Severity
 from skewwatch.pipeline.detectors.context_burst import ContextBurstConfig, ContextBurstDetector
-from skewwatch.pipeline.features import FeatureVector
+from skewwatch.schemas.feature_vector import FeatureVector
 
 
 def fv(t: float, var: float | None, mean: float | None = 3000.0, **kw: Any) -> FeatureVector:

@@ -10,9 +10,9 @@ import pytest
 from skewwatch.config import ConfigError
 from skewwatch.pipeline.detectors.alerts import Severity
 from skewwatch.pipeline.detectors.gpu_health import GpuHealthDetector
-from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.health import HealthConfig
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 
 def fv(t: float, errors: dict[str, int] | None = None, replica: str | None = "r1") -> FeatureVector:

@@ -15,8 +15,8 @@ from skewwatch.pipeline.detectors.kv_pressure import (
     KvPressureConfig,
     KvPressureDetector,
 )
-from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 
 def fv(t: float = 60.0, hit: float | None = 0.75, tps: float = 500.0, count: int = 100) -> FeatureVector:

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from skewwatch.config_section import ConfigError
-from skewwatch.pipeline.decide import ModelDecider
 from skewwatch.pipeline.detector_settings import DetectorSettings
 from skewwatch.pipeline.detectors.alerts import Alert
 from skewwatch.pipeline.detectors.learned import LearnedConfig, LearnedDetector
 from skewwatch.pipeline.detectors.step_columns import StepColumns
-from skewwatch.pipeline.features import FeatureVector
+from skewwatch.pipeline.model_decisions import ModelDecider
+from skewwatch.schemas.feature_vector import FeatureVector
 
 STEP = 5.0
 T0 = 1_000_000.0

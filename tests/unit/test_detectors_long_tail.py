@@ -11,7 +11,7 @@ import pytest
 from skewwatch.config import ConfigError
 from skewwatch.pipeline.detectors.alerts import Severity
 from skewwatch.pipeline.detectors.long_tail import LongTailConfig, LongTailDetector
-from skewwatch.pipeline.features import FeatureVector
+from skewwatch.schemas.feature_vector import FeatureVector
 
 
 def fv(t: float, p99: float | None, p50: float | None = 100.0, count: int = 100, **kw: Any) -> FeatureVector:

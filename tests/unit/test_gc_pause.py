@@ -7,8 +7,8 @@ import gc
 
 import pytest
 
-from skewwatch.pipeline import gc_pause
-from skewwatch.pipeline.gc_pause import gc_paused
+from skewwatch import gc_pause
+from skewwatch.gc_pause import gc_paused
 
 
 def test_paused_inside_and_restored_after_an_error() -> None:

@@ -18,7 +18,7 @@ from skewwatch.pipeline.cuda_errors import (
     classify_xid,
 )
 from skewwatch.pipeline.health import HealthConfig, HealthState, assess, observe, telemetry_news
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 S, T, C, H = ErrorClass.SUCCESS, ErrorClass.TRANSIENT, ErrorClass.CONFIGURATION, ErrorClass.HARDWARE
 

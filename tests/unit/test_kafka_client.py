@@ -25,8 +25,10 @@ CLIENTS = {"AIOKafkaConsumer", "AIOKafkaProducer", "AIOKafkaAdminClient"}
 
 def test_the_command_line_bootstrap_wins_over_the_settings() -> None:
     kafka = KafkaSettings(bootstrap="settings:9092")
-    assert client_kwargs(kafka) == {"bootstrap_servers": "settings:9092"}
-    assert client_kwargs(kafka, bootstrap="cli:9092") == {"bootstrap_servers": "cli:9092"}
+    plain = {"security_protocol": "PLAINTEXT"}  # and TLS / SASL when [kafka] says so (skewwatch.kafka_security)
+    assert client_kwargs(kafka) == {"bootstrap_servers": "settings:9092", **plain}
+    assert client_kwargs(kafka, bootstrap="cli:9092") == {"bootstrap_servers": "cli:9092", **plain}
+    assert client_kwargs(bootstrap="cli:9092") == {"bootstrap_servers": "cli:9092"}
     assert faust_app_kwargs(kafka) == {"broker": "kafka://settings:9092"}
     with pytest.raises(ValueError, match="no Kafka bootstrap address"):
         client_kwargs(KafkaSettings())

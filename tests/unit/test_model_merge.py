@@ -9,11 +9,11 @@ import orjson
 import pytest
 
 from skewwatch.config import WindowSettings
-from skewwatch.pipeline.events import RequestColumns
 from skewwatch.pipeline.model_merge import merge_model_features, merge_summaries
-from skewwatch.pipeline.reference import reference_features
 from skewwatch.pipeline.sketch import log_bins
 from skewwatch.pipeline.window import PartitionWindows, WindowSummary
+from skewwatch.schemas.requests.columns import RequestColumns
+from tests.reference import reference_features
 from tests.unit.test_window import assert_features_match, disordered, event, feed, random_events
 
 SETTINGS = WindowSettings()

@@ -1,8 +1,7 @@
 """The NVML collector with NVML replaced ONLY at the pynvml function boundary.
 
-Issue 4: "with NVML replaced only at the pynvml function boundary (this machine has no GPU), samples
-carry the right fields and units; XID events become samples; missing NVML gives the one-line error".
-The fakes return pynvml's own ctypes structures and raise pynvml's own error classes
+Samples carry the right fields and units, XID events become samples, and a machine without NVML
+gets the one-line error. The fakes return pynvml's own ctypes structures and raise pynvml's own error classes
 (``pynvml.NVMLError(NVML_ERROR_NOT_SUPPORTED)`` becomes ``NVMLError_NotSupported``), so the code under
 test runs unchanged; the real-NVML counterpart is tests/gpu/test_nvml_real.py.
 """
@@ -25,12 +24,12 @@ import pynvml
 import pytest
 from click.testing import CliRunner
 
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.collect.collect_gpu_command import collect_gpu_command, run_collector
+from skewwatch.collect.nvml_collector import NvmlReader, NvmlUnavailable, SimulatedReader
+from skewwatch.collect.publish import encode_sample
+from skewwatch.collect.replica_map import ReplicaMapError, load_replica_map
 from skewwatch.schemas.telemetry import decode_telemetry
-from skewwatch.telemetry.collector import collect_gpu_command, run_collector
-from skewwatch.telemetry.nvml_collector import NvmlReader, NvmlUnavailable, SimulatedReader
-from skewwatch.telemetry.publish import encode_sample
-from skewwatch.telemetry.replica_map import ReplicaMapError, load_replica_map
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 REPO = Path(__file__).resolve().parents[2]
 UNSUPPORTED = "unsupported"  # marker in a FakeGpu field: that NVML call raises NVMLError_NotSupported

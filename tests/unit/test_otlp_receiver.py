@@ -138,16 +138,17 @@ async def test_kafka_unreachable_is_503_with_retry_after(client: TestClient, pub
 
 
 async def test_gzip_bomb_is_refused_not_inflated(publisher: ListPublisher) -> None:
-    receiver = OtlpReceiver(publisher, max_body_bytes=1 << 20)
+    receiver = OtlpReceiver(publisher, max_decompressed_bytes=1 << 20)
     bomb = gzip.compress(b"\0" * (8 << 20))  # 8 MiB of zeros in ~8 KiB
     async with TestClient(TestServer(receiver.app)) as small_client:
         response = await small_client.post("/v1/traces", data=bomb,
                                            headers={"Content-Type": PROTOBUF, "Content-Encoding": "gzip"})
-        assert response.status == 400
+        assert response.status == 413  # refused before it is interpreted: nothing to dead-letter
         assert "expands beyond" in Status.FromString(await response.read()).message
+    assert publisher.dead_letters == [] and publisher.messages == []
 
 
-# --------------------------------------------------------------------------- dead letters (issue 7)
+# ---------------------------------------------------------------------------------------- dead letters
 def mixed_export() -> ExportTraceServiceRequest:
     """Four spans of replica r1: good, wrong type, negative latency, not an inference span."""
     spans = [
@@ -227,15 +228,84 @@ async def test_a_body_that_does_not_gunzip_is_dead_lettered_as_received(client: 
     assert letter["rejects"][0]["reason_code"] == "malformed_otlp"
 
 
-async def test_a_gzip_body_rejected_span_holds_the_decompressed_span(client: TestClient,
-                                                                     publisher: ListPublisher) -> None:
-    body = gzip.compress(mixed_export().SerializeToString())
+async def test_a_gzip_request_whose_spans_would_outgrow_it_is_dead_lettered_as_received(
+        client: TestClient, publisher: ListPublisher) -> None:
+    export = mixed_export()
+    body = gzip.compress(export.SerializeToString())
     response = await client.post("/v1/traces", data=body,
                                  headers={"Content-Type": PROTOBUF, "Content-Encoding": "gzip"})
-    assert response.status == 200 and len(publisher.dead_letters) == 2
-    letter = decode_dead_letter(publisher.dead_letters[0][1])
-    assert letter["origin"]["content_encoding"] == "identity"
-    assert only_span(parse_export_request(letter["value"], "otlp_proto")).name == "llm_request"
+    assert response.status == 200
+    [(key, value)] = publisher.dead_letters  # the two spans alone, decompressed, are larger than the request
+    DEAD_LETTER.validate(orjson.loads(value))
+    letter = decode_dead_letter(value)
+    assert letter["value"] == body and letter["value_bytes"] == len(body) and not letter["value_truncated"]
+    assert letter["origin"]["content_encoding"] == "gzip" and letter["origin"]["whole_request"] is True
+    assert letter["origin"]["span_indexes"] == [1, 2]
+    assert [r["reason_code"] for r in letter["rejects"]] == ["wrong_type", "out_of_range"]
+    assert letter["rejects"][1]["reason"].startswith("span 2: request cmpl-2")
+    assert parse_export_request(gzip.decompress(letter["value"]), "otlp_proto") == export  # replayable
+    assert len(published_events(publisher)[b"r1"]) == 1  # the good span still goes through
+
+
+def bad_spans_export(spans: int, resource_bytes: int) -> ExportTraceServiceRequest:
+    """``spans`` spans with a negative latency, under one resource carrying ``resource_bytes`` of attributes."""
+    resource = {"service.instance.id": "r1", "gen_ai.request.model": "m", "padding": "x" * resource_bytes}
+    return encode_spans(record_spans(resource, [
+        ("llm_request", SpanKind.SERVER, {**vllm_attributes(i), "gen_ai.latency.e2e": -1.0}, T0_NS, T0_NS + 10**6)
+        for i in range(spans)]))
+
+
+@pytest.mark.parametrize("gzipped", [True, False])
+async def test_dead_letters_never_outgrow_the_request(publisher: ListPublisher, gzipped: bool) -> None:
+    """The amplification cap: 400 bad spans under a 4 KiB resource. Span by span, each dead letter would
+    repeat the resource (~1.7 MB in all); stored, the original bytes never exceed the request as received,
+    nor dead_letter_max_bytes, and the record says it was truncated."""
+    raw = bad_spans_export(400, 4096).SerializeToString()
+    body = gzip.compress(raw) if gzipped else raw
+    headers = {"Content-Type": PROTOBUF, **({"Content-Encoding": "gzip"} if gzipped else {})}
+    cap = 64 * 1024
+    receiver = OtlpReceiver(publisher, dead_letter_max_bytes=cap)
+    async with TestClient(TestServer(receiver.app)) as small_client:
+        response = await small_client.post("/v1/traces", data=body, headers=headers)
+        assert response.status == 200
+    letters = [decode_dead_letter(value) for _key, value in publisher.dead_letters]
+    stored = sum(len(letter["value"]) for letter in letters)
+    assert stored <= min(len(body), cap)
+    assert sum(len(value) for _key, value in publisher.dead_letters) <= len(body) * 4 // 3 + 64 * 1024  # the record
+    [letter] = letters
+    assert letter["rejects_total"] == 400 and letter["rejects_by_code"] == {"out_of_range": 400}
+    assert letter["value_bytes"] == len(body) and letter["value_truncated"] == (len(body) > cap)
+    assert letter["value"] == body[:cap]
+
+
+async def test_a_malformed_body_is_capped(publisher: ListPublisher) -> None:
+    receiver = OtlpReceiver(publisher, dead_letter_max_bytes=1000)
+    async with TestClient(TestServer(receiver.app)) as small_client:
+        response = await small_client.post("/v1/traces", data=b"\xff" * 5000, headers={"Content-Type": PROTOBUF})
+        assert response.status == 400
+    [(_key, value)] = publisher.dead_letters
+    letter = decode_dead_letter(value)
+    assert letter["value"] == b"\xff" * 1000 and letter["value_bytes"] == 5000 and letter["value_truncated"]
+
+
+async def test_a_body_above_the_limit_is_413_and_not_dead_lettered(publisher: ListPublisher) -> None:
+    receiver = OtlpReceiver(publisher, max_body_bytes=1024)
+    async with TestClient(TestServer(receiver.app)) as small_client:
+        response = await small_client.post("/v1/traces", data=b"x" * 4096, headers={"Content-Type": PROTOBUF})
+        assert response.status == 413
+    assert publisher.dead_letters == []
+
+
+async def test_refusals_are_logged_once_per_interval_with_a_count(publisher: ListPublisher,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    receiver = OtlpReceiver(publisher, log_interval_s=3600)
+    async with TestClient(TestServer(receiver.app)) as small_client:
+        for _ in range(50):
+            response = await small_client.post("/v1/traces", data=b"x", headers={"Content-Type": "text/plain"})
+            assert response.status == 415
+    lines = [r for r in caplog.records if r.name == "skewwatch.otlp.receiver"]
+    assert len(lines) == 1 and "answered 415" in lines[0].getMessage()
+    assert receiver.stats["http_415"] == 50
 
 
 async def test_refused_requests_are_not_dead_lettered(client: TestClient, publisher: ListPublisher) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import numpy as np
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,9 +23,8 @@ from hypothesis import strategies as st
 from referencing import Registry, Resource
 
 from skewwatch.config import LimitSettings
-from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.schemas import SCHEMA_FILES, load_schema
+from skewwatch.schemas.corrections import decode_correction, encode_correction
 from skewwatch.schemas.dead_letter import (
     DEAD_LETTER_MAX_VALUE_BYTES,
     DEAD_LETTER_TOPIC_MAX_MESSAGE_BYTES,
@@ -32,10 +32,14 @@ from skewwatch.schemas.dead_letter import (
     decode_dead_letter,
     rejections_of,
 )
+from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.features import decode_features, encode_features
+from skewwatch.schemas.limits import DEFAULT_LIMITS
 from skewwatch.schemas.rejection import REASON_CODES, Rejection
-from skewwatch.schemas.requests import EVENT_FIELDS, decode_request_message, decode_request_messages
+from skewwatch.schemas.requests import REQUEST_FIELDS, RequestColumns, decode_request_message, decode_request_messages
+from skewwatch.schemas.requests.spec import FIELDS_BY_NAME, event_schema, field_schema
 from skewwatch.schemas.telemetry import TELEMETRY_FIELDS, decode_telemetry, encode_telemetry
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from tests.unit.test_decode_requests import _DROP, VALID_POOLS, VALUE_POOLS, good_event
 
 LIMITS = LimitSettings()
@@ -162,7 +166,7 @@ def test_schema_and_decoder_agree_on_generated_messages(events: list[dict[str, A
 @given(st.lists(st.lists(json_events(), min_size=1, max_size=3), min_size=1, max_size=6), st.booleans())
 def test_schema_and_decoder_agree_message_by_message_on_a_generated_poll(messages: list[list[dict[str, Any]]],
                                                                          batch_form: bool) -> None:
-    # a whole poll, as the worker decodes it (issue 6: one msgspec pass when every message is clean)
+    # a whole poll, as the worker decodes it (one msgspec pass when every message is clean)
     values = [orjson.dumps({"events": events} if batch_form else events[0]) for events in messages]
     decoded = decode_request_messages(values, LIMITS)
     assert len(decoded.rejects) == len(values)
@@ -177,11 +181,46 @@ def test_schema_and_decoder_agree_message_by_message_on_a_generated_poll(message
 
 def test_the_event_schema_lists_exactly_the_decoders_fields() -> None:
     schema = load_schema("request-event.v1")
-    assert set(schema["properties"]) == {f.name for f in EVENT_FIELDS} | {"v"}
-    assert schema["required"] == [f.name for f in EVENT_FIELDS if f.required]
+    assert set(schema["properties"]) == {f.name for f in REQUEST_FIELDS} | {"v"}
+    assert schema["required"] == [f.name for f in REQUEST_FIELDS if f.required]
     assert schema["additionalProperties"] is True  # unknown fields are ignored: forward compatible
-    tokens = {f.name for f in EVENT_FIELDS if f.tokens}
+    tokens = {f.name for f in REQUEST_FIELDS if f.tokens}
     assert {schema["properties"][n]["maximum"] for n in tokens} == {LIMITS.max_tokens}
+
+
+def test_the_event_schema_file_is_the_one_the_field_spec_makes() -> None:
+    """request-event.v1.json says what REQUEST_FIELDS say (types, ranges, required, descriptions): the
+    contract is written once. After changing the spec, regenerate the file:
+    ``python -m skewwatch.schemas.requests.spec > skewwatch/schemas/request-event.v1.json``."""
+    shipped, made = load_schema("request-event.v1"), event_schema()
+    assert {k: v for k, v in shipped.items() if k != "properties"} == {k: v for k, v in made.items()
+                                                                        if k != "properties"}
+    assert list(shipped["properties"]) == list(made["properties"])
+    for name, rule in made["properties"].items():
+        assert shipped["properties"][name] == rule, name
+    # the message schema's batch limit is the decoder's default too
+    message = load_schema("request-message.v1")
+    assert message["then"]["properties"]["events"]["maxItems"] == DEFAULT_LIMITS.max_events_per_message
+
+
+def test_a_changed_spec_no_longer_matches_the_shipped_schema() -> None:
+    """The check above can fail: one field's range changed in the spec changes the schema it makes."""
+    changed = dataclasses.replace(FIELDS_BY_NAME["latency_ms"], minimum=1.0)
+    assert field_schema(changed) != load_schema("request-event.v1")["properties"]["latency_ms"]
+
+
+def test_the_columns_are_the_spec_s_columns_in_order_and_dtype() -> None:
+    names = [f.name for f in dataclasses.fields(RequestColumns)]
+    assert names == [f.column_name for f in REQUEST_FIELDS] + ["batch_source"]
+    row = {"request_id": "a", "ts": 1.7e9, "model": "m", "replica": "r", "latency_ms": 1.0,
+           "prompt_tokens": 1, "completion_tokens": 1}
+    decoded = decode_request_message(orjson.dumps(row), LIMITS).columns
+    for spec in REQUEST_FIELDS:
+        column = getattr(decoded, spec.column_name)
+        assert column.dtype == np.dtype(spec.dtype), spec.name
+        if not spec.required:  # an absent optional field holds the spec's "not reported" value
+            value = column[0].item() if hasattr(column[0], "item") else column[0]
+            assert value == spec.absent or (value != value and spec.absent != spec.absent), spec.name
 
 
 # --- llm.features ------------------------------------------------------------------------------------
@@ -207,6 +246,46 @@ def test_encoded_features_validate_and_never_carry_nan() -> None:
     assert decode_features(record) == dataclasses.replace(fv, latency_p50=None, latency_p99=None)
     with pytest.raises(ValueError, match="missing"):
         decode_features(b'{"model": "m"}')
+
+
+# --- llm.routing-corrections -----------------------------------------------------------------------
+
+CORRECTION = validator("routing-correction.v1")
+
+
+def test_the_correction_schema_lists_exactly_the_correction_fields() -> None:
+    from skewwatch.pipeline.corrections import RoutingCorrection
+    from skewwatch.pipeline.detectors.alerts import Action
+
+    schema = load_schema("routing-correction.v1")
+    assert set(schema["properties"]) == {f.name for f in dataclasses.fields(RoutingCorrection)}
+    assert set(schema["properties"]["actions"]["items"]["properties"]) == {f.name for f in dataclasses.fields(Action)}
+
+
+def test_encoded_corrections_validate_and_old_records_still_read() -> None:
+    from skewwatch.pipeline.corrections import RoutingCorrection
+    from skewwatch.pipeline.detectors.alerts import Action, Severity
+
+    panic = RoutingCorrection("m", 60.0, 60_000, {"a": 0.5, "b": 0.5},
+                              [Action("a", "drain", Severity.CRITICAL, "hardware", {}, 360.0)],
+                              mode="panic", mode_reason="panic: 1 of 4 replicas healthy")
+    for correction in (panic, RoutingCorrection("m", 65.0, 65_000, {"a": 1.0})):
+        record = encode_correction(correction.to_dict())
+        CORRECTION.validate(orjson.loads(record))
+        assert RoutingCorrection.from_dict(decode_correction(record)) == correction
+    # a record from a writer before v1.4: valid, and read as normal
+    old = {"model": "m", "ts": 60.0, "seq": 60_000, "weights": {"a": 1.0}, "actions": [], "v": 1}
+    CORRECTION.validate(old)
+    assert decode_correction(orjson.dumps(old))["mode"] == "normal"
+    assert RoutingCorrection.from_dict(old).mode == "normal"
+    with pytest.raises(jsonschema.ValidationError):
+        CORRECTION.validate({**old, "mode": "chaos"})
+    for bad, match in ((b"[]", "JSON object"), (b'{"model": "m"}', "missing"), (b'{"v": 2}', "version"),
+                       (orjson.dumps({**old, "mode": "chaos"}), "unknown mode")):
+        with pytest.raises(ValueError, match=match):
+            decode_correction(bad)
+    with pytest.raises(ValueError, match="mode must be"):
+        encode_correction({**old, "mode": "chaos"})
 
 
 # --- llm.gpu-telemetry --------------------------------------------------------------------------------
@@ -358,3 +437,13 @@ def test_docs_name_every_field(name: str) -> None:
 def test_docs_name_every_reason_code() -> None:
     text = DOCS.read_text(encoding="utf-8")
     assert [code for code in REASON_CODES if f"`{code}`" not in text] == []
+
+
+def test_the_settings_limits_start_from_the_decoders_defaults() -> None:
+    """``[limits]`` and the decoders' own defaults (for callers without settings) are the same numbers."""
+    from skewwatch.config import LimitSettings
+    from skewwatch.schemas.limits import DEFAULT_LIMITS
+
+    settings = LimitSettings()
+    assert (settings.max_message_bytes, settings.max_tokens, settings.max_events_per_message) == (
+        DEFAULT_LIMITS.max_message_bytes, DEFAULT_LIMITS.max_tokens, DEFAULT_LIMITS.max_events_per_message)

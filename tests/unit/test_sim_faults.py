@@ -8,10 +8,10 @@ import click
 import numpy as np
 import pytest
 
-from skewwatch.generate import build_injections
-from skewwatch.pipeline.events import RequestColumns
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.requests.columns import RequestColumns
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.faults import CUDA_ERROR_CLASSES, CUDA_ERRORS, FaultError, Injection, read_labels, write_labels
+from skewwatch.sim.generate_command import build_injections
 from skewwatch.sim.generator import GeneratorConfig, generate_chunks, labels
 from skewwatch.sim.trace import load_trace
 

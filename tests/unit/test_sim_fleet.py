@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from skewwatch.pipeline.events import RequestColumns
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.schemas.requests import check_request_event
+from skewwatch.schemas.requests.columns import RequestColumns
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.faults import Injection
 from skewwatch.sim.fleet import FleetConfig, FleetSimulator, fleet_replicas, replica_capacity_rps
 from skewwatch.sim.generator import event_rows

@@ -8,9 +8,9 @@ import numpy as np
 import orjson
 import pytest
 
-from skewwatch.pipeline.events import RequestColumns
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.schemas.requests import REQUIRED_FIELDS, check_request_event
+from skewwatch.schemas.requests.columns import RequestColumns
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.faults import Injection
 from skewwatch.sim.generator import (
     GeneratorConfig,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from skewwatch.pipeline.events import RequestColumns
+from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.sim.faults import Injection
 from skewwatch.sim.fleet import FleetConfig, FleetSimulator
 from skewwatch.sim.loop import LocalWeightsLoop

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skewwatch.pipeline.health import HealthConfig, HealthState, assess, observe
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.pipeline.telemetry_join import FIELD_GROUPS, MEASUREMENT_FIELDS, TelemetryJoin
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 GIB = float(1 << 30)
 STALE = 15.0

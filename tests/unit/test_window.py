@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import base64
 import dataclasses
+import struct
 import tracemalloc
 import zlib
 from collections.abc import Iterable, Sequence
@@ -16,11 +16,11 @@ import pytest
 from hypothesis import strategies as st
 
 from skewwatch.config import WindowSettings
-from skewwatch.pipeline.events import RequestColumns
-from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.reference import reference_features
 from skewwatch.pipeline.window import PartitionWindows, ReplicaStep, WindowSummary
 from skewwatch.pipeline.window.summary import TPOT_RELATIVE_ACCURACY
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.requests.columns import RequestColumns
+from tests.reference import reference_features
 
 SETTINGS = WindowSettings()  # 60 s window, 5 s step, 5 s lateness, 90 s idle release, 1 %
 QUANTILE_FIELDS = ("latency_p50", "latency_p95", "latency_p99", "ttft_p50", "ttft_p99")
@@ -326,29 +326,6 @@ def test_unknown_batches_match_the_reference_and_survive_json_and_snapshots() ->
     assert otlp_only and all(fv.batch_size_mean is None and fv.batch_count == 0 for fv in otlp_only)
 
 
-def test_a_v1_snapshot_is_read_as_every_event_had_a_batch() -> None:
-    rng = np.random.default_rng(16)
-    events = sorted(random_events(rng, 400, 1000.0, 1040.0, REPLICAS), key=lambda e: e["ts"])
-    windows = PartitionWindows(SETTINGS)
-    feed(windows, events, chunk=50)
-    doc = snapshot_doc(windows.snapshot(version=2))
-    stats = np.frombuffer(base64.b64decode(doc["buckets"]["stats"])).reshape(-1, _stats_len())
-    v1 = {**doc, "v": 1, "buckets": {**doc["buckets"], "stats": base64.b64encode(
-        np.ascontiguousarray(stats[:, :-3]).tobytes()).decode()}}
-    old = PartitionWindows.restore(as_snapshot(v1), SETTINGS)
-    # nothing derived, so v1 + defaults is the same state (but for the TPOT sketch, which v1 lacks)
-    assert old.snapshot(version=3) == windows.snapshot(version=3)
-    more = [event(1100.0 + i, replica="r1", model="llama") for i in range(3)]
-    # a v1 snapshot has no TPOT sketch: the TPOT of the restored buckets is unknown
-    assert [without_tpot(s.features) for s in feed(old, more, 3)] == \
-        [without_tpot(s.features) for s in feed(windows, more, 3)]
-
-
-def _stats_len() -> int:
-    from skewwatch.pipeline import window
-    return int(window._STATS_LEN)
-
-
 # -- agreement with the reference, order independence ---------------------------------------------
 
 REPLICAS = [("llama", "r1"), ("llama", "r2"), ("llama", "r3"), ("mistral", "m1")]
@@ -397,13 +374,17 @@ def test_one_batch_or_many_chunks_give_the_same_features() -> None:
 
 # -- snapshot / restore ---------------------------------------------------------------------------
 
-def snapshot_doc(data: bytes) -> Any:
-    assert data[:4] == b"SWW1"
-    return orjson.loads(zlib.decompress(data[4:]))
+def snapshot_parts(data: bytes) -> tuple[Any, bytes]:
+    """A snapshot's JSON header and its columns' bytes."""
+    assert data[:4] == b"SWW3"
+    raw = zlib.decompress(data[4:])
+    (length,) = struct.unpack_from("<I", raw)
+    return orjson.loads(raw[4:4 + length]), raw[4 + length:]
 
 
-def as_snapshot(doc: Any) -> bytes:
-    return b"SWW1" + zlib.compress(orjson.dumps(doc), 1)
+def as_snapshot(header: Any, body: bytes) -> bytes:
+    text = orjson.dumps(header)
+    return b"SWW3" + zlib.compress(struct.pack("<I", len(text)) + text + body, 1)
 
 
 def test_snapshot_restore_continues_identically() -> None:
@@ -414,8 +395,7 @@ def test_snapshot_restore_continues_identically() -> None:
     original = PartitionWindows(SETTINGS)
     feed(original, first, chunk=40)
     data = original.snapshot()
-    assert isinstance(data, bytes) and snapshot_doc(original.snapshot(version=2))["format"] == \
-        "skewwatch.partition-windows"
+    assert isinstance(data, bytes) and snapshot_parts(data)[0]["format"] == "skewwatch.partition-windows"
     restored = PartitionWindows.restore(data, SETTINGS)
     assert restored.snapshot() == data
     assert (restored.watermark, restored.last_closed_end, restored.late_total) == \
@@ -431,22 +411,24 @@ def test_snapshot_restore_continues_identically() -> None:
 
 def test_restore_refuses_other_settings_and_garbage() -> None:
     windows = PartitionWindows(SETTINGS)
-    windows.apply(RequestColumns.from_rows([event(100.0)]))
-    data = windows.snapshot(version=2)
+    windows.apply(RequestColumns.from_rows([event(100.0), event(101.0, replica="r2")]))
+    data = windows.snapshot()
     with pytest.raises(ValueError, match="step_s"):
         PartitionWindows.restore(data, WindowSettings(step_s=10.0))
     with pytest.raises(ValueError, match="relative_accuracy"):
         PartitionWindows.restore(data, WindowSettings(sketch_relative_accuracy=0.02))
-    doc = snapshot_doc(data)
-    bad_late = as_snapshot({**doc, "late_total": "x"})
-    truncated = as_snapshot({**doc, "buckets": {**doc["buckets"], "stats": doc["buckets"]["stats"][:-8]}})
-    bad_slot = as_snapshot({**doc, "buckets": {**doc["buckets"], "sketch": base64.b64encode(
-        np.array([[10**6], [1]], dtype=np.int32).tobytes()).decode()}})
-    for bad in (b"", b"not json", data[:4] + b"garbage", data[:-10], as_snapshot([]),
-                as_snapshot({"format": "x"}), bad_late, truncated, bad_slot):
+    header, body = snapshot_parts(data)
+    bad_late = as_snapshot({**header, "late_total": "x"}, body)
+    truncated = as_snapshot(header, body[:-8])
+    slots_at = len(body) - 4 * header["entries"]  # the slots (uint16) come before the counts (uint16)
+    bad_slot = as_snapshot(header, body[:slots_at] + struct.pack("<H", 60_000) + body[slots_at + 2:])
+    json_form = b"SWW1" + zlib.compress(orjson.dumps({**header, "v": 2}), 1)  # an earlier layout: refused
+    for bad in (b"", b"not json", data[:4] + b"garbage", data[:-10], as_snapshot([], b""),
+                as_snapshot({"format": "x"}, body), bad_late, truncated, bad_slot, json_form,
+                as_snapshot({**header, "v": 3}, body)):
         with pytest.raises(ValueError):
             PartitionWindows.restore(bad, SETTINGS)
-    assert PartitionWindows.restore(as_snapshot(doc), SETTINGS).snapshot(version=2) == data
+    assert PartitionWindows.restore(as_snapshot(header, body), SETTINGS).snapshot() == data
     empty = PartitionWindows(SETTINGS)
     assert PartitionWindows.restore(empty.snapshot(), SETTINGS).watermark is None
 
@@ -524,7 +506,7 @@ def test_memory_per_active_replica_worst_case() -> None:
     """Adversarial bound: latencies drawn independently of output lengths, so the TPOT
     (latency / tokens) of the events spreads over ~7 decades and nearly every event gets an entry of
     its own in the TPOT sketch (as well as the latency one). No engine's traffic looks like this; it
-    bounds what the sketches can cost, not the issue's 16 KiB, which the test above checks."""
+    bounds what the sketches can cost, not the 16 KiB target, which the test above checks."""
     rng = np.random.default_rng(15)
     replicas = [("m", f"r{i}") for i in range(50)]
     events = sorted(random_events(rng, 50 * 4 * 80, 0.0, 80.0, replicas), key=lambda e: e["ts"])

@@ -1,12 +1,10 @@
-"""The columnar windows (issue 6): same features as the plain-Python reference on any stream, the
-per-replica objects bit-identical to ``WindowSummary.features``, rows released and reused cleanly,
-snapshots of the per-key implementation still read."""
+"""The columnar windows: same features as the plain-Python reference on any stream, the per-replica
+objects bit-identical to ``WindowSummary.features``, rows released and reused cleanly, a corrupt
+snapshot refused and an exported state rebuilding the same windows."""
 
 from __future__ import annotations
 
-import base64
 import math
-from pathlib import Path
 from typing import Any
 
 import hypothesis
@@ -16,13 +14,12 @@ import pytest
 from hypothesis import strategies as st
 
 from skewwatch.config import WindowSettings
-from skewwatch.pipeline.events import RequestColumns
-from skewwatch.pipeline.reference import reference_features
 from skewwatch.pipeline.window import PartitionWindows, ReplicaStep, WindowSummary
-from tests.unit.test_window import assert_features_match, by_key, event, random_events, without_tpot
+from skewwatch.schemas.requests.columns import RequestColumns
+from tests.reference import reference_features
+from tests.unit.test_window import assert_features_match, by_key, event, random_events
 
 SETTINGS = WindowSettings()
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "window_snapshot_v2_per_key.b64"
 KEYS = [("llama", "r1"), ("llama", "r2"), ("llama", "r3"), ("mistral", "m1"), ("mistral", "m2")]
 
 
@@ -157,61 +154,9 @@ def test_steps_are_columns_until_iterated() -> None:
     assert closed == list(closed) and closed != []
 
 
-def test_a_snapshot_of_the_per_key_implementation_is_read() -> None:
-    """Bytes written by the per-key windows (before the columnar rework) from simple_events(61, ...)
-    restore and continue as the reference says."""
-    events = simple_events(61, 300, 1000.0, 1090.0)
-    restored = PartitionWindows.restore(base64.b64decode(FIXTURE.read_text()), SETTINGS)
-    assert restored.last_closed_end == 1080.0 and len(restored.keys) == len(KEYS)
-    more = simple_events(62, 300, 1090.0, 1150.0)
-    steps: list[ReplicaStep] = []
-    for i in range(0, len(more), 50):
-        restored.apply(RequestColumns.from_rows(more[i:i + 50]))
-        steps += restored.close_steps()
-    restored.advance_watermark(1300.0)
-    steps += restored.close_steps()
-    assert min(s.features.window_end for s in steps) == 1085.0
-    for step in steps:
-        fv = step.features
-        want = reference_features(events + more, fv.model, fv.replica, fv.window_end, SETTINGS)
-        if fv.window_start < 1090.0:  # holds restored events (< 1090), which had no TPOT sketch before v4
-            fv, want = without_tpot(fv), without_tpot(want)
-        assert_features_match(fv, want)
-        check_step(step)
+# -- snapshot format (binary columns) ------------------------------------------------------------
 
-
-# -- snapshot format v3 (binary columns) ----------------------------------------------------------
-
-def test_v4_v3_and_v2_snapshots_restore_to_the_same_state() -> None:
-    rng = np.random.default_rng(63)
-    windows = PartitionWindows(SETTINGS)
-    events = random_events(rng, 1500, 1000.0, 1120.0, KEYS, batch_missing=0.3)
-    for i in range(0, len(events), 100):
-        windows.apply(RequestColumns.from_rows(sorted(events[i:i + 100], key=lambda e: e["ts"])))
-        windows.close_steps()
-    v4, v3, v2 = windows.snapshot(), windows.snapshot(version=3), windows.snapshot(version=2)
-    assert v4[:4] == v3[:4] == b"SWW3" and v2[:4] == b"SWW1" and len(v3) < len(v2)
-    from_v4 = PartitionWindows.restore(v4, SETTINGS)
-    from_v3, from_v2 = PartitionWindows.restore(v3, SETTINGS), PartitionWindows.restore(v2, SETTINGS)
-    assert from_v4.snapshot() == v4  # v4 keeps everything, TPOT included
-    assert from_v3.snapshot(version=3) == from_v2.snapshot(version=3) == from_v4.snapshot(version=3) == v3
-    assert from_v3.snapshot(version=2) == v2
-    # v2/v3 carry no TPOT: the restored windows have none (unknown, not 0), the rest is the same
-    more = [event(1120.0 + i, replica="r1", model="llama", ttft_ms=10.0) for i in range(3)]
-    for rows in (more, [event(1190.0, replica="r1", model="llama", ttft_ms=10.0)]):
-        windows.apply(RequestColumns.from_rows(rows))
-        from_v3.apply(RequestColumns.from_rows(rows))
-    old, new = by_key(from_v3.close_steps()), by_key(windows.close_steps())
-    assert old.keys() == new.keys()
-    for key, steps in new.items():
-        for end, fv in steps.items():
-            assert without_tpot(old[key][end]) == without_tpot(fv)
-            if old[key][end].count and end < 1120.0 + 60.0:
-                assert old[key][end].tpot_p99 != fv.tpot_p99 or fv.tpot_p99 is None
-    assert old[("llama", "r1")][1125.0].tpot_p50 == pytest.approx((100.0 - 10.0) / 50, rel=0.05)
-
-
-def test_v3_counts_above_uint16_are_kept() -> None:
+def test_sketch_counts_above_uint16_are_kept() -> None:
     windows = PartitionWindows(SETTINGS)
     windows.apply(RequestColumns.from_rows([event(100.0 + i * 1e-5, latency_ms=7.0) for i in range(70_000)]))
     windows.advance_watermark(110.0)
@@ -221,7 +166,7 @@ def test_v3_counts_above_uint16_are_kept() -> None:
     assert [s.summary.latency[1].tolist() for s in restored.close_steps()] == [[70_000]]
 
 
-def test_v3_refuses_garbage() -> None:
+def test_a_corrupt_snapshot_is_refused() -> None:
     import struct
     import zlib
 
@@ -242,9 +187,42 @@ def test_v3_refuses_garbage() -> None:
     body[slots_at:slots_at + 2] = struct.pack("<H", 60_000)  # out of range
     bad = [data[:-5], b"SWW3" + b"garbage", rebuilt({**header, "buckets": header["buckets"] + 1}),
            rebuilt({**header, "entries": header["entries"] - 1}), rebuilt({**header, "v": 5}),
-           rebuilt(header, raw[4 + header_len:-2]), rebuilt(header, bytes(body)),
+           rebuilt({**header, "v": 3}), rebuilt(header, raw[4 + header_len:-2]), rebuilt(header, bytes(body)),
            b"SWW3" + zlib.compress(b"\x00\x00"), rebuilt({**header, "late_total": "x"})]
     for blob in bad:
         with pytest.raises(ValueError):
             PartitionWindows.restore(blob, SETTINGS)
     assert PartitionWindows.restore(rebuilt(header), SETTINGS).snapshot() == data
+
+
+def test_the_exported_state_rebuilds_the_same_windows() -> None:
+    """export_state/from_state, the pair the snapshot goes through: a rebuilt partition exports the same
+    columns and continues as the original does; a state that does not describe windows is refused."""
+    rng = np.random.default_rng(64)
+    windows = PartitionWindows(SETTINGS)
+    events = random_events(rng, 1200, 1000.0, 1100.0, KEYS, batch_missing=0.3)
+    for i in range(0, len(events), 100):
+        windows.apply(RequestColumns.from_rows(sorted(events[i:i + 100], key=lambda e: e["ts"])))
+        windows.close_steps()
+    windows.apply(RequestColumns.from_rows([event(1099.0, model="llama", status="error", cuda_error="cudaErrorX")]))
+    state = windows.export_state()
+    assert state.cuda_errors and state.closed_through is not None and len(state.keys) == len(KEYS)
+    rebuilt = PartitionWindows.from_state(state, SETTINGS)
+    again = rebuilt.export_state()
+    for name, value in state._asdict().items():
+        other = getattr(again, name)
+        assert (np.array_equal(value, other) if isinstance(value, np.ndarray) else value == other), name
+    more = RequestColumns.from_rows([event(1101.0 + i, model="llama") for i in range(5)])
+    for w in (windows, rebuilt):
+        w.apply(more)
+        w.advance_watermark(1130.0)
+    assert [s.features for s in rebuilt.close_steps()] == [s.features for s in windows.close_steps()]
+    for bad in (state._replace(bucket_key=state.bucket_key + len(KEYS)),
+                state._replace(keys=state.keys + state.keys[:1]),
+                state._replace(sketch_lengths=state.sketch_lengths + 1),
+                state._replace(closed_through=(state.closed_through or 0) + 100),
+                state._replace(cuda_errors=[(len(state.bucket_id), {"x": 1})])):
+        with pytest.raises(ValueError):
+            PartitionWindows.from_state(bad, SETTINGS)
+    with pytest.raises(ValueError, match="step_s"):
+        PartitionWindows.from_state(state, WindowSettings(step_s=10.0))

@@ -25,8 +25,8 @@ from typing import Any, ClassVar
 from skewwatch.config_section import FrozenConfigSection
 from skewwatch.pipeline.detectors.alerts import Action, Alert, DetectorOutput, Severity
 from skewwatch.pipeline.detectors.step_columns import StepColumns
-from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 STATE_VERSION = 1  # the format of state_dict(); load_state() refuses any other
 
@@ -40,6 +40,10 @@ class Detector(ABC):
 
     name: ClassVar[str]  # the detector's name: its [detectors.<name>] table and the alerts' "detector"
     Config: ClassVar[type[FrozenConfigSection]]  # its configuration type (beside it)
+    # True: the rule reads finished requests, so a replica whose window holds none is not judged and
+    # its open alerts resolve (no evidence). False: it also judges a replica without traffic (faults
+    # reported by telemetry, hardware errors).
+    needs_traffic: ClassVar[bool] = True
 
     def __init__(self, config: FrozenConfigSection | None = None) -> None:
         self.config = config if config is not None else self.Config()

@@ -30,17 +30,17 @@ window late (the routing benchmark in the README measures the difference).
 The action ``adjust_batch_policy`` sends ``params.max_batch_size`` from the seed's §4.2
 controller (:mod:`skewwatch.pipeline.batch_controller`): queue length from the window's mean
 ``queue_length`` (else the engine's telemetry, else the window's mean batch size, so the
-recommendation keeps today's batches rather than inventing one), GPU utilisation from telemetry,
+recommendation keeps the current batches rather than inventing one), GPU utilisation from telemetry,
 P95 from the window.
 
->>> from skewwatch.pipeline.features import FeatureVector
+>>> from skewwatch.schemas.feature_vector import FeatureVector
 >>> fv = FeatureVector(model="m", replica="r1", window_start=0.0, window_end=60.0, count=50,
 ...                    batch_size_mean=4.0, batch_size_std=3.0, batch_fill_mean=0.2,
 ...                    queue_length_mean=10.0, latency_p95=150.0)
 >>> out = BatchCollapseDetector().update(fv, None, now=60.0)
 >>> str(out.alerts[0].severity), out.actions[0].action, out.actions[0].params
 ('CRITICAL', 'adjust_batch_policy', {'max_batch_size': 10})
->>> from skewwatch.pipeline.telemetry import TelemetrySample
+>>> from skewwatch.schemas.telemetry_sample import TelemetrySample
 >>> stuck = BatchCollapseDetector(BatchCollapseConfig(stuck_rule=True))
 >>> tel = TelemetrySample(ts=60.0, replica="r1", source="vllm", queue_length=40, running_requests=2,
 ...                       kv_cache_usage=0.1, batch_capacity=32)
@@ -64,8 +64,8 @@ from skewwatch.pipeline.batch_controller import BatchControllerConfig, recommend
 from skewwatch.pipeline.detectors.alerts import Severity, fmt
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
-from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 
 class BatchCollapseConfig(DetectorConfig, frozen=True):

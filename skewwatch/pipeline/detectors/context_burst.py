@@ -37,7 +37,7 @@ Token length is the prompt length by default (``tokens = "prompt"``; ``"completi
 other choice). The alert is INFO and its action ``prewarm_tokenizer_cache`` carries the
 current window's mean and standard deviation of the token length.
 
->>> from skewwatch.pipeline.features import FeatureVector
+>>> from skewwatch.schemas.feature_vector import FeatureVector
 >>> det = ContextBurstDetector()
 >>> def fv(end, mean, var):
 ...     return FeatureVector(model="m", replica="r1", window_start=end - 60, window_end=end,
@@ -61,8 +61,8 @@ from skewwatch.config_section import Count, Positive
 from skewwatch.pipeline.detectors.alerts import Severity, fmt
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
-from skewwatch.pipeline.features import RECENT_S, FeatureVector
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.feature_vector import RECENT_S, FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 
 class ContextBurstConfig(DetectorConfig, frozen=True):

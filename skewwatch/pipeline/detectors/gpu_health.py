@@ -24,7 +24,7 @@ are read by the weights through :meth:`GpuHealthDetector.assessment`.
 
 Model-level vectors (``replica`` None) are ignored: health belongs to a GPU.
 
->>> from skewwatch.pipeline.features import FeatureVector
+>>> from skewwatch.schemas.feature_vector import FeatureVector
 >>> det = GpuHealthDetector()
 >>> fv = FeatureVector(model="m", replica="r1", window_start=0.0, window_end=60.0, count=10,
 ...                    step_count=3, step_cuda_errors={"700": 1})
@@ -44,7 +44,6 @@ from skewwatch.pipeline.cuda_errors import ErrorClass
 from skewwatch.pipeline.detectors.alerts import Action, Alert, DetectorOutput, Severity
 from skewwatch.pipeline.detectors.base import STATE_VERSION, Detector
 from skewwatch.pipeline.detectors.step_columns import StepColumns
-from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.health import (
     HEALTHY,
     HealthAssessment,
@@ -54,7 +53,8 @@ from skewwatch.pipeline.health import (
     observe,
     telemetry_news,
 )
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 CLASS_SEVERITY: Mapping[ErrorClass, Severity] = {
     ErrorClass.TRANSIENT: Severity.INFO,
@@ -72,6 +72,7 @@ class GpuHealthDetector(Detector):
     name = "gpu_health"
     Config = HealthConfig
     config: HealthConfig
+    needs_traffic = False  # XID / ECC come from telemetry, and a drained replica is silent by design
 
     def __init__(self, config: HealthConfig | None = None) -> None:
         super().__init__(config)

@@ -22,8 +22,8 @@ allocator telemetry). An empty window is never diagnosed (its throughput is 0 be
 sent anything, not because compute is idle). The seed names no action for these diagnoses, so
 the alerts carry none; severities are ours (the seed gives none).
 
->>> from skewwatch.pipeline.features import FeatureVector
->>> from skewwatch.pipeline.telemetry import TelemetrySample
+>>> from skewwatch.schemas.feature_vector import FeatureVector
+>>> from skewwatch.schemas.telemetry_sample import TelemetrySample
 >>> fv = FeatureVector(model="m", replica="r1", window_start=0.0, window_end=60.0, count=40,
 ...                    tokens_per_s=90.0, kv_cache_hit_rate_mean=0.9)
 >>> out = KvPressureDetector().update(fv, None, now=60.0)
@@ -47,8 +47,8 @@ from skewwatch.config_section import Count, NonNegative, Unit
 from skewwatch.pipeline.detectors.alerts import Severity, fmt
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
-from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 FRAGMENTATION_MESSAGE = "fragmentation forces KV reloads"
 PREFILL_MESSAGE = "compute not saturated, check prefill scheduling"

@@ -34,7 +34,7 @@ counted in samples, one per ``cadence_steps`` steps.
 ``update`` (one vector alone: the per-model vector with ``[detectors.decider] model_level``, or a
 replica outside a step) judges the vector's own values (log), with no pool to relate them to.
 
->>> from skewwatch.pipeline.features import FeatureVector
+>>> from skewwatch.schemas.feature_vector import FeatureVector
 >>> det = LearnedDetector(LearnedConfig(cadence_steps=1, warmup=20, grace=10, memory=60))
 >>> def fv(end, ttft):
 ...     return FeatureVector(model="m", replica="r1", window_start=end - 60, window_end=end, count=100,
@@ -66,8 +66,8 @@ from skewwatch.pipeline.detectors.base import Detector
 from skewwatch.pipeline.detectors.novelty import NoveltyBank, NoveltyParams, make_scorer
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import DetectorConfig
-from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 STATE_VERSION = 1
 STEP_S = 5.0  # the windows' step: a model's turn is counted in steps of event time

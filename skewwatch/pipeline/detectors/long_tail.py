@@ -32,7 +32,7 @@ TPOT exceeds ``tpot_ratio`` x its TPOT median, and it is judged only on a replic
 decades), a TPOT outlier means nothing and the rule makes no claim. The alert holds when this rule
 or the latency rule above (the seed's, or ``length_normalized``) holds.
 
->>> from skewwatch.pipeline.features import FeatureVector
+>>> from skewwatch.schemas.feature_vector import FeatureVector
 >>> det = LongTailDetector()
 >>> fv = FeatureVector(model="m", replica="r1", window_start=0.0, window_end=60.0, count=100,
 ...                    latency_p50=100.0, latency_p99=450.0)
@@ -70,8 +70,8 @@ from skewwatch.config_section import Count, Fraction, NonNegativeInt, Positive
 from skewwatch.pipeline.detectors.alerts import Severity, fmt
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
-from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 Z99 = 2.3263478740408408  # standard normal 99th percentile
 

@@ -31,8 +31,8 @@ from skewwatch.pipeline.detectors.alerts import Action, Alert, AlertState, Detec
 from skewwatch.pipeline.detectors.base import STATE_VERSION, Detector
 from skewwatch.pipeline.detectors.hysteresis import Hysteresis
 from skewwatch.pipeline.detectors.step_columns import StepColumns
-from skewwatch.pipeline.features import FeatureVector
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 
 class DetectorConfig(FrozenConfigSection, frozen=True):

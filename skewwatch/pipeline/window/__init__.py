@@ -1,10 +1,13 @@
 """Sliding 60 s / 5 s event-time windows per (model, replica), kept as 12 five-second buckets.
 
-Implements issue 2 "Windows" and DESIGN.md "Topology, state and recovery" (stage 1), vectorised
-across replicas (issue 6). Modules: ``partition.py`` (the columnar state, ``apply``, ``close_steps``),
-``steps.py`` (what a step returns: ``StepBatch`` columns, per-replica ``ReplicaStep`` on demand),
-``summary.py`` (``WindowSummary``, the stage 1 -> 2 hand-off, and the feature definitions),
-``snapshot.py`` (checkpoint bytes).
+Stage 1's state (docs/design.md, "Two stages, two keys"): a 60 s window sliding by 5 s (seed §2.5)
+per replica, vectorised across a partition's replicas. Modules: ``partition.py`` (the columnar
+state, ``apply``, ``close_steps``), ``steps.py`` (what a step returns: ``StepBatch`` columns,
+per-replica ``ReplicaStep`` on demand), ``summary.py`` (``WindowSummary``, the stage 1 -> 2
+hand-off, and the feature definitions), ``partition_state.py`` (``PartitionState``: the partition as
+plain columns, what :meth:`PartitionWindows.export_state` gives and
+:meth:`PartitionWindows.from_state` takes) and ``snapshot.py`` (a ``PartitionState`` as checkpoint
+bytes and back).
 
 * **Event time, watermark, lateness.** Each Kafka partition has one :class:`PartitionWindows`.
   Its watermark is ``max event ts seen - allowed_lateness_s`` (never moving back). A bucket
@@ -44,7 +47,7 @@ The feature definitions live in exactly one place, :meth:`WindowSummary.features
 vectors (``model_merge.py``) merge summaries and call the same method.
 
 >>> from skewwatch.config import WindowSettings
->>> from skewwatch.pipeline.events import RequestColumns
+>>> from skewwatch.schemas.requests.columns import RequestColumns
 >>> ev = dict(model="m", replica="r1", prompt_tokens=10, completion_tokens=20, batch_size=4,
 ...           batch_capacity=16)
 >>> windows = PartitionWindows(WindowSettings())
@@ -61,6 +64,7 @@ ApplyResult(accepted=0, late=1)
 from __future__ import annotations
 
 from skewwatch.pipeline.window.partition import ApplyResult, PartitionWindows
+from skewwatch.pipeline.window.partition_state import PartitionState
 from skewwatch.pipeline.window.snapshot import SNAPSHOT_FORMAT, SNAPSHOT_VERSION
 from skewwatch.pipeline.window.steps import ClosedSteps, ReplicaStep, StepBatch
 from skewwatch.pipeline.window.summary import (
@@ -80,6 +84,7 @@ __all__ = [
     "_STATS_LEN",
     "ApplyResult",
     "ClosedSteps",
+    "PartitionState",
     "PartitionWindows",
     "ReplicaStep",
     "StepBatch",

@@ -34,9 +34,9 @@ import numpy.typing as npt
 
 from skewwatch.config import WindowSettings
 from skewwatch.pipeline import moments
-from skewwatch.pipeline.events import BATCH_DERIVED, RequestColumns
-from skewwatch.pipeline.features import RECENT_S
 from skewwatch.pipeline.sketch import log_bins
+from skewwatch.pipeline.window import snapshot
+from skewwatch.pipeline.window.partition_state import PartitionState
 from skewwatch.pipeline.window.steps import (
     LATENCY_QUANTILES,
     TPOT_QUANTILES,
@@ -60,6 +60,8 @@ from skewwatch.pipeline.window.summary import (
     OPTIONAL_FIELDS,
     tpot_accuracy,
 )
+from skewwatch.schemas.feature_vector import RECENT_S
+from skewwatch.schemas.requests.columns import BATCH_DERIVED, RequestColumns
 
 FloatArray = npt.NDArray[np.float64]
 Entries = npt.NDArray[np.int32]  # (3, k): row, slot, count; sorted by (row, slot), pairs unique
@@ -548,16 +550,161 @@ class PartitionWindows:
 
     # -- checkpoint -----------------------------------------------------------------------------
 
-    def snapshot(self, version: int | None = None) -> bytes:
-        """The complete state as compact bytes (see ``snapshot.py``; ``version`` 2 for readers from
-        before format v3); :meth:`restore` reads every version back."""
-        from skewwatch.pipeline.window import snapshot
+    def export_state(self) -> PartitionState:
+        """The complete state as plain columns (see ``partition_state.py``). Open sketches are merged in
+        place first, which changes nothing observable: the live windows and a restored copy continue
+        identically.
 
-        return snapshot.encode(self) if version is None else snapshot.encode(self, version)
+        Buckets are exported ordered by (bucket id, key): each ring position and each open bucket is
+        then one block whose rows are already in key order, and needs no sort.
+        """
+        keys = list(self.keys)
+        n_keys = len(keys)
+        rows = np.fromiter(self.keys.values(), dtype=np.intp, count=n_keys)
+        key_of_row = np.full(max(self._capacity, 1), -1, dtype=np.int64)
+        key_of_row[rows] = np.arange(n_keys)
+        n = self.n_buckets
+        n_slots = self.bins.n_slots
+        blocks: list[tuple[int, FloatArray, Entries]] = []  # (id, stats by key, combined-slot entries)
+        if self.closed_through is not None and n_keys:
+            for bucket_id in range(self.closed_through - n + 1, self.closed_through + 1):
+                shifted = []
+                for k, part in enumerate(self._ring[bucket_id % n]):
+                    if k:
+                        part = part.copy()
+                        part[1] += k * n_slots
+                    shifted.append(part)
+                blocks.append((bucket_id, self._stats[bucket_id % n][rows], np.concatenate(shifted, axis=1)))
+        open_cuda: dict[int, dict[int, Counter[str]]] = {}
+        for bucket_id, bucket in sorted(self._open.items()):
+            blocks.append((bucket_id, bucket.stats[rows], bucket.sketch(N_SKETCHES * n_slots)))
+            open_cuda[bucket_id] = bucket.cuda_errors
+
+        b_key: list[npt.NDArray[np.int64]] = []
+        b_id: list[npt.NDArray[np.int64]] = []
+        b_stats: list[FloatArray] = []
+        b_len: list[npt.NDArray[np.int64]] = []
+        sketches: list[Entries] = []
+        cuda_rows: list[tuple[int, dict[str, int]]] = []
+        written = 0
+        for bucket_id, stats, entries in blocks:
+            present = np.flatnonzero(stats[:, _COUNT])  # keys with events in this bucket, in key order
+            if not present.size:
+                continue
+            entry_key = key_of_row[entries[0]]
+            # entries come sorted by (row, slot), a sealed bucket's as one such run per sketch: a stable
+            # sort by key alone orders them by (key, slot) (nothing to do when rows follow key order and
+            # there is one run)
+            if np.any(np.diff(entry_key) < 0):
+                order = np.argsort(entry_key, kind="stable")
+                entries, entry_key = entries[:, order], entry_key[order]
+            b_key.append(present.astype(np.int64))
+            b_id.append(np.full(present.size, bucket_id, dtype=np.int64))
+            b_stats.append(stats[present])
+            b_len.append(np.bincount(entry_key, minlength=n_keys)[present])
+            sketches.append(entries[1:])
+            for row, errors in open_cuda.get(bucket_id, {}).items():
+                cuda_rows.append((written + int(np.searchsorted(present, key_of_row[row])), dict(errors)))
+            written += present.size
+        cuda_rows.sort(key=lambda item: item[0])
+        settings = self.settings
+        empty = PartitionState.empty(settings.length_s, settings.step_s, settings.sketch_relative_accuracy)
+        return empty._replace(
+            watermark=self.watermark,
+            closed_through=self.closed_through,
+            late_total=self.late_total,
+            keys=[(model, replica, ts) for (model, replica), ts in zip(keys, self._last_ts[rows].tolist(),
+                                                                      strict=True)],
+            bucket_key=np.concatenate(b_key).astype(np.int32) if b_key else empty.bucket_key,
+            bucket_id=np.concatenate(b_id) if b_id else empty.bucket_id,
+            bucket_stats=np.concatenate(b_stats) if b_stats else empty.bucket_stats,
+            sketch_lengths=np.concatenate(b_len) if b_len else empty.sketch_lengths,
+            sketch=np.concatenate(sketches, axis=1).astype(np.int32) if sketches else empty.sketch,
+            cuda_errors=cuda_rows,
+        )
+
+    @classmethod
+    def from_state(cls, state: PartitionState, settings: WindowSettings) -> PartitionWindows:
+        """Windows rebuilt from :meth:`export_state`'s columns; ValueError when ``state`` was taken
+        under other settings or does not describe windows (unknown keys, slots out of range or
+        unsorted, a bucket stored twice or older than the window)."""
+        for name, then, now in (("length_s", state.length_s, settings.length_s),
+                                ("step_s", state.step_s, settings.step_s),
+                                ("relative_accuracy", state.relative_accuracy, settings.sketch_relative_accuracy)):
+            if then != now:
+                raise ValueError(f"snapshot was taken with {name}={then}, settings say {now}")
+        w = cls(settings)
+        w.watermark = state.watermark
+        w.closed_through = state.closed_through
+        w.late_total = state.late_total
+        n_keys = len(state.keys)
+        if n_keys:
+            w._grow(n_keys)
+        for model, replica, _ in state.keys:
+            w._add_key((model, replica))  # rows 0..k-1, in order
+        if len(w.keys) != n_keys:
+            raise ValueError("a key is stored twice")
+        w._last_ts[:n_keys] = [ts for _, _, ts in state.keys]
+
+        key = state.bucket_key.astype(np.intp)
+        ids, stats, lengths, sketch = state.bucket_id, state.bucket_stats, state.sketch_lengths, state.sketch
+        n = key.size
+        if not (ids.size == lengths.size == n and stats.shape == (n, _STATS_LEN) and sketch.shape[0] == 2):
+            raise ValueError("bucket columns of different lengths")
+        if (lengths.size and lengths.min() < 0) or int(lengths.sum()) != sketch.shape[1]:
+            raise ValueError("sketch lengths do not add up to the entries")
+        if n and (key.min() < 0 or key.max() >= n_keys):
+            raise ValueError("bucket refers to an unknown key")
+        n_slots = w.bins.n_slots
+        top = 2 * n_slots + w.tpot_bins.n_slots  # TPOT slots in coarser bins
+        if sketch.shape[1] and (sketch[0].min() < 0 or sketch[0].max() >= top or sketch[1].min() <= 0):
+            raise ValueError("sketch slot out of range or non-positive count")
+        entry_bucket = np.repeat(np.arange(n), lengths)
+        same_bucket = entry_bucket[1:] == entry_bucket[:-1]
+        if np.any(np.diff(sketch[0].astype(np.int64))[same_bucket] <= 0):
+            raise ValueError("sketch slots not strictly increasing")
+        if n:
+            low = int(ids.min())
+            code = key.astype(np.int64) * (int(ids.max()) - low + 1) + (ids - low)
+            if np.unique(code).size != n:
+                raise ValueError("a bucket is stored twice")
+
+        nb = w.n_buckets
+        if w.closed_through is None:
+            sealed = np.zeros(n, dtype=bool)
+        else:
+            sealed = ids <= w.closed_through
+            if np.any(ids[sealed] <= w.closed_through - nb):
+                raise ValueError(f"bucket {int(ids[sealed].min())} is older than the window")
+        entry_row = key[entry_bucket].astype(np.int32)
+        entry_sealed = sealed[entry_bucket]
+        w._stats[ids[sealed] % nb, key[sealed]] = stats[sealed]
+        entry_position = (ids % nb)[entry_bucket]
+        for position in range(nb):
+            mine = entry_sealed & (entry_position == position)
+            if mine.any():
+                entries = np.stack([entry_row[mine], sketch[0, mine], sketch[1, mine]])
+                w._ring[position] = split_entries(entries, n_slots)
+                w._add_sealed(w._ring[position], +1)
+        cuda = dict(state.cuda_errors)
+        if cuda and (min(cuda) < 0 or max(cuda) >= n):
+            raise ValueError("cuda errors of an unknown bucket")
+        for bucket_id in np.unique(ids[~sealed]).tolist():
+            bucket = w._open_bucket(bucket_id)
+            mine = ~sealed & (ids == bucket_id)
+            bucket.stats[key[mine]] = stats[mine]
+            in_bucket = mine[entry_bucket]
+            bucket.parts = [np.stack([entry_row[in_bucket], sketch[0, in_bucket], sketch[1, in_bucket]])]
+            for i in np.flatnonzero(mine).tolist():
+                if i in cuda:
+                    bucket.cuda_errors[int(key[i])] = Counter(cuda[i])
+        return w
+
+    def snapshot(self) -> bytes:
+        """The complete state as compact bytes (``snapshot.py``); :meth:`restore` reads them back."""
+        return snapshot.encode(self.export_state())
 
     @classmethod
     def restore(cls, data: bytes, settings: WindowSettings) -> PartitionWindows:
         """Rebuild from :meth:`snapshot`; ValueError if the bytes are not a compatible snapshot."""
-        from skewwatch.pipeline.window import snapshot
-
-        return snapshot.decode(data, settings)
+        return cls.from_state(snapshot.decode(data), settings)

@@ -1,185 +1,82 @@
-"""Checkpoint bytes of a :class:`PartitionWindows`, never pickle (they are read back from Kafka):
-:func:`decode` validates every array's size and range.
+"""Checkpoint bytes of a partition's windows (a :class:`PartitionState`), never pickle (they are read
+back from Kafka): :func:`decode` validates every array's size; ``PartitionWindows.from_state`` then
+checks what the arrays say (keys, slots, buckets) against the windows' settings.
 
-Format ``skewwatch.partition-windows``: the keys (model, replica, last event ts) in first-seen
-order, and every non-empty bucket, sealed or open, as columns: its key, id, stats row and its
-combined latency + TTFT sparse sketch. Sketch totals are not stored: they are by definition the sum
-of the sealed buckets and are rebuilt on restore (smaller, and they cannot disagree with the buckets).
-Versions: v1/v2 are zlib-compressed JSON with the arrays in base64 (v1's stats rows lack the v1.1
-batch counts and are read as "every event had a reported batch"); v3 is a JSON header followed by
-the raw columns, compressed together; v4, written by default, is v3 with a third sketch slot space
-(TPOT at ``2 * n_slots + slot``, see ``SNAPSHOT_VERSION``). All are read; a v1-v3 snapshot has no
-TPOT sketch, so after restoring one the tpot_* features cover only the events applied since,
-until its buckets have left the window (60 s).
+Format ``skewwatch.partition-windows``, version 4: magic ``b"SWW3"``, then zlib of a 4-byte header
+length, a JSON header (settings, watermark, lateness count, the keys (model, replica, last event ts)
+in first-seen order, bucket and entry counts, CUDA error counts) and every non-empty bucket, sealed or
+open, as raw little-endian columns: its key, id, stats row (column-major) and its combined latency +
+TTFT + TPOT sparse sketch (TTFT at ``n_slots + slot``, TPOT at ``2 * n_slots + slot``; slots as
+uint16, counts as uint16 unless one exceeds it). Sketch totals are not stored: they are by definition
+the sum of the sealed buckets and are rebuilt on restore (smaller, and they cannot disagree with the
+buckets). Any other version or layout is refused.
 
-Both directions are whole-array operations over all buckets (no per-key Python besides the key
-list itself); zlib is most of the cost. Measured on full windows of 10,000 replicas over 8 partitions
-(all partitions once): v3 writes in ~520 ms CPU and 1,228 B/replica, v2 in ~900 ms and 1,857 B/replica
-(the per-key writer took ~1,600 ms); restoring v3 takes ~550 ms (the per-key reader ~3,800 ms).
+Both directions are whole-array operations over all buckets (no per-key Python besides the key list
+itself); zlib is most of the cost.
 
->>> from skewwatch.config import WindowSettings
->>> from skewwatch.pipeline.events import RequestColumns
->>> from skewwatch.pipeline.window import PartitionWindows
->>> windows = PartitionWindows(WindowSettings())
->>> _ = windows.apply(RequestColumns.from_rows([dict(request_id="a", ts=101.0, model="m", replica="r1",
-...     latency_ms=100.0, prompt_tokens=1, completion_tokens=2, batch_size=1, batch_capacity=2)]))
->>> data = windows.snapshot()
->>> PartitionWindows.restore(data, WindowSettings()).snapshot() == data
+>>> import numpy as np
+>>> from skewwatch.pipeline.window.partition_state import PartitionState
+>>> state = PartitionState(60.0, 5.0, 0.01, 103.0, 19, 0, [("m", "r1", 101.0)], np.array([0], np.int32),
+...     np.array([20]), np.zeros((1, _STATS_LEN)), np.array([1]), np.array([[7], [1]], np.int32), [])
+>>> encode(decode(encode(state))) == encode(state)
 True
 """
 
 from __future__ import annotations
 
-import base64
 import struct
 import zlib
-from collections import Counter
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import orjson
 
-from skewwatch.config import WindowSettings
-from skewwatch.pipeline.window.partition import N_SKETCHES, PartitionWindows, split_entries
-from skewwatch.pipeline.window.summary import _BATCH_N, _COUNT, _FILL_N, _STATS_LEN, _STATS_LEN_V1
+from skewwatch.pipeline.window.partition_state import PartitionState
+from skewwatch.pipeline.window.summary import _STATS_LEN
 
 SNAPSHOT_FORMAT = "skewwatch.partition-windows"
-# v2: stats rows gained _BATCH_N, _FILL_N, _DERIVED_N (v1 is still read); both are magic b"SWW1" +
-# zlib(JSON with the arrays in base64). v3: magic b"SWW3" + zlib(header length,
-# JSON header, then the same columns as raw little-endian bytes: stats column-major, sketch slots and
-# (when they fit) counts as uint16): ~35 % smaller and ~40 % less CPU than v2 on full windows.
-# v4 (written by default): the v3 layout, with sketch slots up to 3 * n_slots (the TPOT sketch);
-# v3/v2 can still be written for older readers (without the TPOT entries).
-SNAPSHOT_VERSION = 4
-_SNAPSHOT_MAGIC = b"SWW1"
-_SNAPSHOT_MAGIC_V3 = b"SWW3"
+SNAPSHOT_VERSION = 4  # the only version read: the latency, TTFT and TPOT sketches in one slot space
+_SNAPSHOT_MAGIC = b"SWW3"
 _HEADER = struct.Struct("<I")
 _SNAPSHOT_MAX_BYTES = 512 << 20  # refuse to inflate past this (a corrupt or hostile record)
 _U16_MAX = 0xFFFF
 
 
-def encode(windows: PartitionWindows, version: int = SNAPSHOT_VERSION) -> bytes:
-    """The complete state of ``windows`` as snapshot bytes, format ``version`` (4, or 3 / 2 for readers
-    from before v4 / v3: without the TPOT sketch, which they do not know). Open sketches are merged
-    in place first, which changes nothing observable: the live windows and a restored copy continue
-    identically.
-
-    Buckets are written ordered by (bucket id, key): each ring position and each open bucket is
-    then one block whose rows are already in key order, and needs no sort (v2 readers accept any
-    order; the per-key writer used (key, id)).
-    """
-    w = windows
-    keys = list(w.keys)
-    n_keys = len(keys)
-    rows = np.fromiter(w.keys.values(), dtype=np.intp, count=n_keys)
-    key_of_row = np.full(max(w._capacity, 1), -1, dtype=np.int64)
-    key_of_row[rows] = np.arange(n_keys)
-    n = w.n_buckets
-    n_slots = w.bins.n_slots
-    if version not in (2, 3, 4):
-        raise ValueError(f"cannot write window snapshot v{version}")
-    spaces = N_SKETCHES if version >= 4 else 2  # combined slot spaces the reader knows
-    blocks: list[tuple[int, npt.NDArray[np.float64], npt.NDArray[np.int32]]] = []  # (id, stats by key, entries)
-    if w.closed_through is not None and n_keys:
-        for bucket_id in range(w.closed_through - n + 1, w.closed_through + 1):
-            sealed = w._ring[bucket_id % n]
-            shifted = []
-            for k, part in enumerate(sealed[:spaces]):
-                if k:
-                    part = part.copy()
-                    part[1] += k * n_slots
-                shifted.append(part)
-            blocks.append((bucket_id, w._stats[bucket_id % n][rows], np.concatenate(shifted, axis=1)))
-    open_cuda: dict[int, dict[int, Counter[str]]] = {}
-    for bucket_id, bucket in sorted(w._open.items()):
-        entries = bucket.sketch(N_SKETCHES * n_slots)
-        if spaces < N_SKETCHES:
-            entries = entries[:, entries[1] < spaces * n_slots]
-        blocks.append((bucket_id, bucket.stats[rows], entries))
-        open_cuda[bucket_id] = bucket.cuda_errors
-
-    b_key: list[npt.NDArray[np.int64]] = []
-    b_id: list[npt.NDArray[np.int64]] = []
-    b_stats: list[npt.NDArray[np.float64]] = []
-    b_len: list[npt.NDArray[np.int64]] = []
-    sketches: list[npt.NDArray[np.int32]] = []
-    cuda_rows: list[list[Any]] = []
-    written = 0
-    for bucket_id, stats, entries in blocks:
-        present = np.flatnonzero(stats[:, _COUNT])  # keys with events in this bucket, in key order
-        if not present.size:
-            continue
-        entry_key = key_of_row[entries[0]]
-        # entries come sorted by (row, slot), a sealed bucket's as two such runs (latency, then TTFT
-        # at higher slots): a stable sort by key alone orders them by (key, slot) (a merge of two
-        # runs; nothing to do when rows follow key order and there is one run)
-        if np.any(np.diff(entry_key) < 0):
-            order = np.argsort(entry_key, kind="stable")
-            entries, entry_key = entries[:, order], entry_key[order]
-        b_key.append(present.astype(np.int64))
-        b_id.append(np.full(present.size, bucket_id, dtype=np.int64))
-        b_stats.append(stats[present])
-        b_len.append(np.bincount(entry_key, minlength=n_keys)[present])
-        sketches.append(entries[1:])
-        if bucket_id in open_cuda:
-            for row, errors in open_cuda[bucket_id].items():
-                cuda_rows.append([written + int(np.searchsorted(present, key_of_row[row])), dict(errors)])
-        written += present.size
-    cuda_rows.sort(key=lambda item: int(item[0]))
-
-    def joined(parts: list[npt.NDArray[Any]], empty: npt.NDArray[Any], axis: int = 0) -> npt.NDArray[Any]:
-        return np.concatenate(parts, axis=axis) if parts else empty
-
-    meta: dict[str, Any] = {
+def encode(state: PartitionState) -> bytes:
+    """The snapshot bytes of ``state``."""
+    sketch = state.sketch
+    wide_counts = bool(sketch.shape[1]) and int(sketch[1].max()) > _U16_MAX
+    header = orjson.dumps({
         "format": SNAPSHOT_FORMAT,
-        "v": version,
-        "length_s": w.settings.length_s,
-        "step_s": w.settings.step_s,
-        "relative_accuracy": w.settings.sketch_relative_accuracy,
-        "watermark": w.watermark,
-        "closed_through": w.closed_through,
-        "late_total": w.late_total,
-        "keys": [[model, replica, ts] for (model, replica), ts in zip(keys, w._last_ts[rows].tolist(), strict=True)],
-    }
-    key_col = joined(b_key, np.zeros(0, np.int64)).astype(np.int32)
-    id_col = joined(b_id, np.zeros(0, np.int64))
-    stats_col = joined(b_stats, np.zeros((0, _STATS_LEN)))
-    length_col = joined(b_len, np.zeros(0, np.int64)).astype(np.int32)
-    sketch_col = joined(sketches, np.zeros((2, 0), np.int32), axis=1).astype(np.int32)
-    if version == 2:
-        doc = {
-            **meta,
-            "buckets": {
-                "key": _b64(key_col),
-                "id": _b64(id_col),
-                "stats": _b64(stats_col),
-                # each bucket's (2, k) sketch, concatenated along k, and the k of each
-                "sketch_len": _b64(length_col),
-                "sketch": _b64(sketch_col),
-            },
-            "cuda_errors": cuda_rows,
-        }
-        return _SNAPSHOT_MAGIC + zlib.compress(orjson.dumps(doc), 1)
-    wide_counts = bool(sketch_col.shape[1]) and int(sketch_col[1].max()) > _U16_MAX
-    header = orjson.dumps({**meta, "cuda_errors": cuda_rows, "buckets": int(key_col.size),
-                           "entries": int(sketch_col.shape[1]), "wide_counts": wide_counts})
+        "v": SNAPSHOT_VERSION,
+        "length_s": state.length_s,
+        "step_s": state.step_s,
+        "relative_accuracy": state.relative_accuracy,
+        "watermark": state.watermark,
+        "closed_through": state.closed_through,
+        "late_total": state.late_total,
+        "keys": [list(key) for key in state.keys],
+        "cuda_errors": [[row, errors] for row, errors in state.cuda_errors],
+        "buckets": int(state.bucket_id.size),
+        "entries": int(sketch.shape[1]),
+        "wide_counts": wide_counts,
+    })
     parts = [
         _HEADER.pack(len(header)), header,
-        key_col.astype("<i4").tobytes(),
-        id_col.astype("<i8").tobytes(),
-        np.ascontiguousarray(stats_col.T).astype("<f8").tobytes(),  # column-major: zlib finds more
-        length_col.astype("<i4").tobytes(),
-        sketch_col[0].astype("<u2").tobytes(),  # slots < 2 * n_slots (checked by LogBins' range)
-        sketch_col[1].astype("<i4" if wide_counts else "<u2").tobytes(),
+        state.bucket_key.astype("<i4").tobytes(),
+        state.bucket_id.astype("<i8").tobytes(),
+        np.ascontiguousarray(state.bucket_stats.T).astype("<f8").tobytes(),  # column-major: zlib finds more
+        state.sketch_lengths.astype("<i4").tobytes(),
+        sketch[0].astype("<u2").tobytes(),  # slots < 3 * n_slots (checked by LogBins' range)
+        sketch[1].astype("<i4" if wide_counts else "<u2").tobytes(),
     ]
-    return _SNAPSHOT_MAGIC_V3 + zlib.compress(b"".join(parts), 1)
+    return _SNAPSHOT_MAGIC + zlib.compress(b"".join(parts), 1)
 
 
-def decode(data: bytes, settings: WindowSettings) -> PartitionWindows:
-    """Rebuild windows from :func:`encode` bytes; ValueError if they are not a compatible snapshot."""
+def decode(data: bytes) -> PartitionState:
+    """The state in :func:`encode` bytes; ValueError if they are not a snapshot of this format."""
     try:
-        return _decode(data, settings)
+        return _decode(data)
     except (KeyError, TypeError, AttributeError, IndexError, orjson.JSONDecodeError, zlib.error,
             struct.error) as exc:
         raise ValueError(f"malformed window snapshot: {exc!r}") from exc
@@ -195,39 +92,19 @@ def _inflate(body: bytes) -> bytes:
     return raw
 
 
-def _read_json(data: bytes) -> tuple[dict[str, Any], Columns]:
-    """v1/v2: one JSON document, arrays in base64."""
-    doc = orjson.loads(_inflate(data[len(_SNAPSHOT_MAGIC):]))
-    version = doc.get("v")
-    if doc.get("format") != SNAPSHOT_FORMAT or version not in (1, 2):
-        raise ValueError(f"not a v1/v2 {SNAPSHOT_FORMAT} snapshot")
-    cols = doc["buckets"]
-    key = _unb64(cols["key"], np.int32)
-    n = key.size
-    ids = _unb64(cols["id"], np.int64, n)
-    if version == 1:  # before contract v1.1 every event had a reported batch size and capacity
-        stats_v1 = _unb64(cols["stats"], np.float64, n * _STATS_LEN_V1).reshape(n, _STATS_LEN_V1)
-        stats = np.zeros((n, _STATS_LEN))
-        stats[:, :_STATS_LEN_V1] = stats_v1
-        stats[:, _BATCH_N] = stats[:, _FILL_N] = stats_v1[:, _COUNT]
-    else:
-        stats = _unb64(cols["stats"], np.float64, n * _STATS_LEN).reshape(n, _STATS_LEN).copy()
-    lengths = _unb64(cols["sketch_len"], np.int32, n).astype(np.int64)
-    if lengths.size and lengths.min() < 0:
-        raise ValueError("negative sketch length")
-    total = int(lengths.sum())
-    sketch = _unb64(cols["sketch"], np.int32, 2 * total).reshape(2, total)
-    return doc, Columns(key, ids, stats, lengths, sketch)
-
-
-def _read_binary(data: bytes) -> tuple[dict[str, Any], Columns]:
-    """v3/v4: header length, JSON header, raw little-endian columns; every size checked."""
-    raw = _inflate(data[len(_SNAPSHOT_MAGIC_V3):])
+def _decode(data: bytes) -> PartitionState:
+    """Magic, then header length, JSON header, raw little-endian columns; every size checked."""
+    if not data.startswith(_SNAPSHOT_MAGIC):
+        raise ValueError("not a window snapshot (bad magic)")
+    raw = _inflate(data[len(_SNAPSHOT_MAGIC):])
     (header_len,) = _HEADER.unpack_from(raw)
     at = _HEADER.size + header_len
-    doc = orjson.loads(raw[_HEADER.size:at])
-    if doc.get("format") != SNAPSHOT_FORMAT or doc.get("v") not in (3, 4):
-        raise ValueError(f"not a v3/v4 {SNAPSHOT_FORMAT} snapshot")
+    doc: dict[str, Any] = orjson.loads(raw[_HEADER.size:at])
+    if doc.get("format") != SNAPSHOT_FORMAT:
+        raise ValueError(f"not a {SNAPSHOT_FORMAT} snapshot")
+    if doc.get("v") != SNAPSHOT_VERSION:
+        raise ValueError(f"unsupported {SNAPSHOT_FORMAT} snapshot version {doc.get('v')!r} "
+                         f"(this worker reads v{SNAPSHOT_VERSION})")
     n, total = int(doc["buckets"]), int(doc["entries"])
     if n < 0 or total < 0:
         raise ValueError("negative bucket or entry count")
@@ -247,104 +124,19 @@ def _read_binary(data: bytes) -> tuple[dict[str, Any], Columns]:
         raise ValueError("sketch lengths do not add up to the entries")
     stats = np.ascontiguousarray(stats_t.reshape(_STATS_LEN, n).T).astype(np.float64)
     sketch = np.stack([slots.astype(np.int32), counts.astype(np.int32)]) if total else np.zeros((2, 0), np.int32)
-    return doc, Columns(key.astype(np.int32), ids.astype(np.int64), stats, lengths, sketch)
-
-
-class Columns(NamedTuple):
-    """A snapshot's buckets, whatever the version: key index, id, stats row, sketch length, and the
-    sketches concatenated (row 0 combined latency/TTFT slots, row 1 counts)."""
-
-    key: npt.NDArray[np.int32]
-    ids: npt.NDArray[np.int64]
-    stats: npt.NDArray[np.float64]
-    lengths: npt.NDArray[np.int64]
-    sketch: npt.NDArray[np.int32]
-
-
-def _decode(data: bytes, settings: WindowSettings) -> PartitionWindows:
-    if data.startswith(_SNAPSHOT_MAGIC):
-        doc, cols = _read_json(data)
-    elif data.startswith(_SNAPSHOT_MAGIC_V3):
-        doc, cols = _read_binary(data)
-    else:
-        raise ValueError("not a window snapshot (bad magic)")
-    for name, have in (("length_s", settings.length_s), ("step_s", settings.step_s),
-                       ("relative_accuracy", settings.sketch_relative_accuracy)):
-        if doc[name] != have:
-            raise ValueError(f"snapshot was taken with {name}={doc[name]}, settings say {have}")
-    w = PartitionWindows(settings)
-    w.watermark = None if doc["watermark"] is None else float(doc["watermark"])
-    w.closed_through = None if doc["closed_through"] is None else int(doc["closed_through"])
-    w.late_total = int(doc["late_total"])
-    key_rows = doc["keys"]
-    if key_rows:
-        w._grow(len(key_rows))
-    for model, replica, _ in key_rows:
-        w._add_key((str(model), str(replica)))  # rows 0..k-1, in order
-    if key_rows:
-        w._last_ts[:len(key_rows)] = [float(ts) for _, _, ts in key_rows]
-    if len(w.keys) != len(key_rows):
-        raise ValueError("a key is stored twice")
-
-    key = cols.key.astype(np.intp)
-    n = key.size
-    ids, stats, lengths, sketch = cols.ids, cols.stats, cols.lengths, cols.sketch
-    if n and (key.min() < 0 or key.max() >= len(key_rows)):
-        raise ValueError("bucket refers to an unknown key")
-    total = int(lengths.sum())
-    n_slots = w.bins.n_slots
-    spaces = N_SKETCHES if doc["v"] >= 4 else 2  # before v4: latency and TTFT only
-    top = 2 * n_slots + (w.tpot_bins.n_slots if spaces > 2 else 0)  # TPOT slots in coarser bins
-    if total and (sketch[0].min() < 0 or sketch[0].max() >= top or sketch[1].min() <= 0):
-        raise ValueError("sketch slot out of range or non-positive count")
-    entry_bucket = np.repeat(np.arange(n), lengths)
-    same_bucket = entry_bucket[1:] == entry_bucket[:-1]
-    if np.any(np.diff(sketch[0].astype(np.int64))[same_bucket] <= 0):
-        raise ValueError("sketch slots not strictly increasing")
-    if n:
-        low = int(ids.min())
-        code = key.astype(np.int64) * (int(ids.max()) - low + 1) + (ids - low)
-        if np.unique(code).size != n:
-            raise ValueError("a bucket is stored twice")
-
-    nb = w.n_buckets
-    if w.closed_through is None:
-        sealed = np.zeros(n, dtype=bool)
-    else:
-        sealed = ids <= w.closed_through
-        if np.any(ids[sealed] <= w.closed_through - nb):
-            raise ValueError(f"bucket {int(ids[sealed].min())} is older than the window")
-    entry_row = key[entry_bucket].astype(np.int32)
-    entry_sealed = sealed[entry_bucket]
-    w._stats[ids[sealed] % nb, key[sealed]] = stats[sealed]
-    entry_position = (ids % nb)[entry_bucket]
-    for position in range(nb):
-        mine = entry_sealed & (entry_position == position)
-        if mine.any():
-            entries = np.stack([entry_row[mine], sketch[0, mine], sketch[1, mine]])
-            w._ring[position] = split_entries(entries, n_slots)
-            w._add_sealed(w._ring[position], +1)
-    cuda = {int(i): {str(k): int(v) for k, v in errs.items()} for i, errs in doc["cuda_errors"]}
-    if cuda and (min(cuda) < 0 or max(cuda) >= n):
-        raise ValueError("cuda errors of an unknown bucket")
-    for bucket_id in np.unique(ids[~sealed]).tolist():
-        bucket = w._open_bucket(bucket_id)
-        mine = ~sealed & (ids == bucket_id)
-        bucket.stats[key[mine]] = stats[mine]
-        in_bucket = mine[entry_bucket]
-        bucket.parts = [np.stack([entry_row[in_bucket], sketch[0, in_bucket], sketch[1, in_bucket]])]
-        for i in np.flatnonzero(mine).tolist():
-            if i in cuda:
-                bucket.cuda_errors[int(key[i])] = Counter(cuda[i])
-    return w
-
-
-def _b64(arr: npt.NDArray[Any]) -> str:
-    return base64.b64encode(np.ascontiguousarray(arr).tobytes()).decode("ascii")
-
-
-def _unb64(text: str, dtype: type, expected: int | None = None) -> npt.NDArray[Any]:
-    arr: npt.NDArray[Any] = np.frombuffer(base64.b64decode(text, validate=True), dtype=dtype)
-    if expected is not None and arr.size != expected:
-        raise ValueError(f"snapshot array has {arr.size} {np.dtype(dtype).name} values, expected {expected}")
-    return arr
+    watermark, closed_through = doc["watermark"], doc["closed_through"]
+    return PartitionState(
+        length_s=float(doc["length_s"]),
+        step_s=float(doc["step_s"]),
+        relative_accuracy=float(doc["relative_accuracy"]),
+        watermark=None if watermark is None else float(watermark),
+        closed_through=None if closed_through is None else int(closed_through),
+        late_total=int(doc["late_total"]),
+        keys=[(str(model), str(replica), float(ts)) for model, replica, ts in doc["keys"]],
+        bucket_key=key.astype(np.int32),
+        bucket_id=ids.astype(np.int64),
+        bucket_stats=stats,
+        sketch_lengths=lengths,
+        sketch=sketch,
+        cuda_errors=[(int(row), {str(k): int(v) for k, v in errors.items()}) for row, errors in doc["cuda_errors"]],
+    )

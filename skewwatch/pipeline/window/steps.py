@@ -9,7 +9,7 @@ Python objects the rest of the pipeline reads (:class:`ReplicaStep` = :class:`Fe
 :meth:`WindowSummary.features` on the same summary (the tests check it on every step).
 
 >>> from skewwatch.config import WindowSettings
->>> from skewwatch.pipeline.events import RequestColumns
+>>> from skewwatch.schemas.requests.columns import RequestColumns
 >>> from skewwatch.pipeline.window import PartitionWindows
 >>> ev = dict(model="m", replica="r1", prompt_tokens=10, completion_tokens=20, batch_size=4,
 ...           batch_capacity=16)
@@ -33,8 +33,7 @@ from typing import Any, NamedTuple, overload
 import numpy as np
 import numpy.typing as npt
 
-from skewwatch.pipeline.features import FEATURES_SCHEMA_VERSION, FeatureVector
-from skewwatch.pipeline.gc_pause import gc_paused
+from skewwatch.gc_pause import gc_paused
 from skewwatch.pipeline.sketch import SparseCounts
 from skewwatch.pipeline.window.summary import (
     _BATCH_N,
@@ -50,6 +49,7 @@ from skewwatch.pipeline.window.summary import (
     _OPT_SUM,
     WindowSummary,
 )
+from skewwatch.schemas.feature_vector import FEATURES_SCHEMA_VERSION, FeatureVector
 
 FloatArray = npt.NDArray[np.float64]
 CountMatrix = npt.NDArray[np.int32]

@@ -24,8 +24,8 @@ import numpy as np
 import numpy.typing as npt
 
 from skewwatch.pipeline import moments
-from skewwatch.pipeline.features import FeatureVector
 from skewwatch.pipeline.sketch import EMPTY_SPARSE, SparseCounts, log_bins
+from skewwatch.schemas.feature_vector import FeatureVector
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -47,11 +47,10 @@ _MEAN = slice(3, 3 + _M)  # mean of each MOMENT_FIELDS
 _M2 = slice(3 + _M, 3 + 2 * _M)  # sum of squared deviations of each MOMENT_FIELDS
 _OPT_N = slice(3 + 2 * _M, 3 + 2 * _M + _O)  # events that reported each OPTIONAL_FIELDS
 _OPT_SUM = slice(3 + 2 * _M + _O, 3 + 2 * _M + 2 * _O)  # their sum
-# appended in snapshot v2 (a v1 row is read as "every event had a reported batch"):
+# the batch counts (contract v1.1: a batch size may be unknown)
 _BATCH_N = 3 + 2 * _M + 2 * _O  # events with a known batch_size (reported or derived)
 _FILL_N = _BATCH_N + 1  # events with a known batch_size and batch_capacity
 _DERIVED_N = _BATCH_N + 2  # events whose batch_size was derived from telemetry
-_STATS_LEN_V1 = _BATCH_N
 _STATS_LEN = _BATCH_N + 3
 # the count column of each MOMENT_FIELDS, for merging moments (each field with its own count)
 _MOMENT_COUNT_COLUMNS: tuple[int, ...] = (_COUNT,) * _EVENT_MOMENTS + (_BATCH_N, _FILL_N)
