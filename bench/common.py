@@ -86,14 +86,16 @@ def detector_settings(profile: str) -> DetectorSettings:
 def persistence_s(settings: DetectorSettings, detector: str) -> float:
     """Seconds of persistence before ``detector`` can open (its ``persistence`` steps x 5 s).
 
-    ``gpu_health`` opens on the step that sees the error; the weights' staleness rule needs
-    ``stale_steps`` silent steps; the latency weight reacts on the next step.
+    ``gpu_health`` opens on the step that sees the error; the weights' staleness rule judges no
+    silence shorter than ``stale_min_s``; the latency weight reacts on the next step.
     """
     if detector in ("gpu_health", "weights"):
         return STEP_S
     if detector == "stale":
-        return float(getattr(settings.weights, "stale_steps", 3)) * STEP_S
-    return float(getattr(getattr(settings, detector), "persistence", 1)) * STEP_S
+        return settings.weights.stale_min_s
+    if detector == "weights":
+        return STEP_S
+    return float(getattr(settings, detector).persistence) * STEP_S
 
 
 @contextmanager

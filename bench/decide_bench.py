@@ -1,4 +1,4 @@
-"""``bench/decide_bench``: the cost of stage 2's decisions (``ModelDecider.step``) per replica (issue 6).
+"""``bench/decide_bench``: the cost of stage 2's decisions (``ModelDecider.step``) per replica.
 
 In-process and pure: ``R`` replicas (default 1k and 10k) spread over 50 models, one decider per
 model, fed realistic per-replica feature vectors every 5 s step (log-normal latencies with a

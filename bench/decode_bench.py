@@ -1,8 +1,8 @@
 """Decode throughput of ``llm.requests`` messages on one core (the worker's hot path), optionally
 side by side with the decoder of an earlier git revision.
 
-Seed rule measured: the hot path must not pay a per-event Python cost (DESIGN.md numbers: a plain
-aiokafka loop with ``json.loads`` reaches ~180k events/s on this class of machine). Cases:
+Rule measured: the hot path must not pay a per-event Python cost (docs/design.md, "The hot path
+reads batches": a plain aiokafka loop with ``json.loads`` reaches ~180k events/s on two cores). Cases:
 
 - ``single``: one event per message, decoded one message at a time (decode_request_message);
 - ``single_poll``: the same messages decoded a poll of 500 at a time (decode_request_messages), as

@@ -94,7 +94,7 @@ from bench.scoring import (  # noqa: E402
     score,
     weight_episodes,
 )
-from skewwatch.pipeline.telemetry import TelemetrySample  # noqa: E402
+from skewwatch.schemas.telemetry_sample import TelemetrySample  # noqa: E402
 from skewwatch.sim.generator import TrafficChunk  # noqa: E402
 from skewwatch.sim.shapes import SHAPES, make_shape  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 A benchmark's ``--baseline REV`` extracts ``skewwatch/`` of ``REV`` (``git archive``) and runs it in a
 child process with that copy first on ``PYTHONPATH``, so the old code runs whole (every module of
-its revision, not one file against today's others) while the parent interleaves its rounds with the
+its revision, not one file against the current tree's others) while the parent interleaves its rounds with the
 current tree's.
 """
 

@@ -1,6 +1,6 @@
 """The seed's routing table, reproduced on the fleet simulator, on two traffic shapes (benchmark 2).
 
-Seed claim (DESIGN.md item 1), P99 latency deviation / GPU-utilisation spread: round robin
+Seed claim (seed §1), P99 latency deviation / GPU-utilisation spread: round robin
 ±380 ms / ±22 %, least connections ±290 ms / ±18 %, multi-signal dynamic weights ±65 ms / ±5 %.
 Target: ``dynamic_least_request`` at least 3x tighter P99 deviation than round robin and no worse
 than least connections, on both shapes.

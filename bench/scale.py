@@ -1,4 +1,4 @@
-"""``bench/scale``: step cost against replicas, memory per replica, and reaction time (issue 6).
+"""``bench/scale``: step cost against replicas, memory per replica, and reaction time.
 
 Three parts, each selectable with ``--parts``:
 
@@ -530,7 +530,7 @@ def step_table(rows: list[dict[str, Any]]) -> str:
 
 
 def judge(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 6's scale targets that this run measured."""
+    """The scale targets (bench/README.md) that this run measured."""
     out: list[dict[str, Any]] = []
     for row in result.get("step_cost", []):
         if row["replicas"] == 10_000:

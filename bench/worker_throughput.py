@@ -4,7 +4,7 @@ Pre-produces ``--events`` request events from ``skewwatch.sim`` (``--replicas`` 
 messages and/or ``{"events": [...]}`` batches of ``--batch``) onto fresh topics, then starts
 ``skewwatch worker`` as a child process and times, from its first to its last accepted event (read
 from ``/metrics``), how fast it drains the topic. Uses ``KAFKA_BOOTSTRAP`` or starts the embedded
-broker. This is not the full throughput benchmark of issue 6 (no peers, one run per case).
+broker. This is not the full throughput benchmark, ``bench/throughput`` (no peers, one run per case).
 
     .venv/bin/python bench/worker_throughput.py [--events 200000] [--batch 1 --batch 100]
 

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what it needs (.venv), fetches Apache Kafka from Maven Central
-# (cached), and runs pytest; tests/conftest.py starts the broker on loopback for the session.
+# (cached), builds the tools the tests drive (promtool, Prometheus, Alertmanager, helm, k8s-validate from
+# their Go modules; HAProxy from Debian's packages; all cached in ~/.cache/skewwatch, scripts/tools.sh)
+# and runs pytest; tests/conftest.py starts the broker on loopback for the session.
 # Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/python -c "from skewwatch.broker import ensure_kafka_jars; ensure_kafka_jars()"  # fetch Kafka once, outside test timeouts
+# cold: ~12 min of Go builds on 2 cores, once; warm: instant. If a tool cannot be built, the suite still
+# runs and the tests that need it fail, each naming the tool and the command that installs it.
+bash scripts/tools.sh || echo "scripts/tools.sh failed (above): the tests that need those tools will fail" >&2
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -57,6 +57,9 @@ COMMANDS: dict[str, str] = {
     "otlp-receiver": "skewwatch.otlp.receiver:otlp_receiver_command",
     "collect-gpu": "skewwatch.collect.collect_gpu_command:collect_gpu_command",
     "scrape": "skewwatch.collect.scrape_command:scrape_command",
+    "tail": "skewwatch.tail:tail_command",
+    "apply": "skewwatch.bridges.haproxy:apply_command",
+    "alertmanager-bridge": "skewwatch.bridges.alertmanager:alertmanager_bridge_command",
 }
 
 

@@ -77,8 +77,23 @@ def check_kafka(bootstrap: str, settings: Settings, timeout: float = 10.0) -> No
 
 
 def faust_app_kwargs(kafka: KafkaSettings | None = None, *, bootstrap: str | None = None) -> dict[str, Any]:
-    """The connection options of a ``faust.App``, from the same settings as :func:`client_kwargs`."""
-    return {"broker": f"kafka://{client_kwargs(kafka, bootstrap=bootstrap)['bootstrap_servers']}"}
+    """The connection options of a ``faust.App``, from the same settings as :func:`client_kwargs`:
+    the broker URL and, on a secured cluster, Faust's ``broker_credentials`` (SASL over TLS or not, or
+    TLS alone) built from the same TLS context and SASL options."""
+    options = client_kwargs(kafka, bootstrap=bootstrap)
+    app: dict[str, Any] = {"broker": f"kafka://{options['bootstrap_servers']}"}
+    protocol = options.get("security_protocol", "PLAINTEXT")
+    if protocol.startswith("SASL"):
+        import faust
+
+        app["broker_credentials"] = faust.SASLCredentials(
+            username=options["sasl_plain_username"], password=options["sasl_plain_password"],
+            mechanism=options["sasl_mechanism"], ssl_context=options.get("ssl_context"))
+    elif protocol == "SSL":
+        import faust
+
+        app["broker_credentials"] = faust.SSLCredentials(options["ssl_context"])
+    return app
 
 
 def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:

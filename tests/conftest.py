@@ -1,6 +1,6 @@
 """Shared fixtures: one real Kafka broker per test session, and per-test topic names on it.
 
-Ground rule (issue 2): integration tests run against a real Apache Kafka, never a mock. ``KAFKA_BOOTSTRAP``
+Integration tests run against a real Apache Kafka, never a mock. ``KAFKA_BOOTSTRAP``
 points the suite at an existing cluster; otherwise the session starts the embedded broker
 (skewwatch.broker.EmbeddedBroker) on a free loopback port in a temporary directory, once.
 

@@ -1,4 +1,4 @@
-"""``bench/throughput``: the worker against the ceiling and the peers (issue 6).
+"""``bench/throughput``: the worker against the ceiling and the peers.
 
 One invocation, one broker, one pre-produced dataset (:mod:`bench.throughput.dataset`: >= 1M
 generator events, 128 replicas of 2 models, 8 partitions, once as single-event messages and once as

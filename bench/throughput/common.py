@@ -1,6 +1,6 @@
 """Pieces every benchmark shares: a broker to run against, fresh settings, the machine's facts.
 
-Issue 6 asks for "one run, same machine, same broker": :func:`broker_bootstrap` uses
+Ratios are quoted from one run, on one machine, against one broker: :func:`broker_bootstrap` uses
 ``KAFKA_BOOTSTRAP`` when set and otherwise starts the embedded Apache Kafka once for the whole
 benchmark. :func:`fresh_settings` gives every worker run its own topic names and consumer group,
 so a run never restores another run's checkpoints (that would skip the work being measured).

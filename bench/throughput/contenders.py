@@ -1,4 +1,4 @@
-"""The peers of issue 6, each run in a child process of its own: ceiling, Quix Streams, Faust.
+"""The peers, each run in a child process of its own: ceiling, Quix Streams, Faust.
 
 Each reads one topic of the :mod:`~bench.throughput.dataset` from the beginning with a fresh
 consumer group until it has counted every event, then writes one JSON result. The clocks start

@@ -1,7 +1,7 @@
 """The benchmark's input: one generator run produced twice, as single-event and as batched messages.
 
-Issue 6: "the same pre-produced topic (>= 1M request events from the simulator/generator, realistic
-sizes, >= 64 replicas, 8 partitions)". One pass of :func:`skewwatch.sim.generator.generate_chunks`
+Every contender reads the same pre-produced topic: >= 1M request events from the generator,
+realistic sizes, >= 64 replicas, 8 partitions. One pass of :func:`skewwatch.sim.generator.generate_chunks`
 feeds two :class:`~skewwatch.sim.emit.TrafficProducer` s, so both topics hold exactly the same
 events: one per message (key = replica), and ``{"v": 1, "events": [...]}`` messages of up to
 ``batch`` events of one replica (the contract's batch form, what a sidecar that batches per replica

@@ -1,6 +1,6 @@
 """Turning runs into the throughput table: medians, spread, ratios to the ceiling, the targets.
 
-Issue 6 quotes its targets as ratios *from the same run*, so every ratio here divides two medians
+The targets are ratios *from the same run*, so every ratio here divides two medians
 measured by the same invocation; the per-round ratios (contender run *i* over ceiling run *i*,
 measured back to back) give the ratio's own spread on a shared, noisy machine.
 
@@ -36,7 +36,7 @@ CASES: dict[str, str] = {
     "ours-batch-ckpt": "ours-batch with a checkpoint at every step close (limits.checkpoint_interval_s = 0)",
 }
 
-# (name, case, reference case, minimum ratio): issue 6's targets.
+# (name, case, reference case, minimum ratio): the throughput targets (bench/README.md).
 TARGETS: tuple[tuple[str, str, str, float], ...] = (
     ("ours-batch >= 0.8 x ceiling", "ours-batch", "ceiling", 0.8),
     ("ours >= 1.0 x quix", "ours", "quix", 1.0),
@@ -87,7 +87,7 @@ def _paired_ratios(case_runs: list[dict[str, Any]], ceiling_runs: list[dict[str,
 
 
 def targets(summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 6's targets that this run can judge (both cases measured)."""
+    """The throughput targets that this run can judge (both cases measured)."""
     out = []
     for name, case, ref, minimum in TARGETS:
         if case in summary and ref in summary:

@@ -1,6 +1,6 @@
 """The real worker as a benchmark contender: ``skewwatch worker`` in a child process, watched from outside.
 
-Issue 6, contender 4 ("ours, the real worker end to end"). The worker reads the dataset's topic
+The contender "ours": the real worker, end to end. The worker reads the dataset's topic
 (the other topics are fresh per run, so no checkpoint is restored and all work is redone). From
 outside, the harness reads ``/metrics`` (``skewwatch_events_in_total``) every ``scrape_s`` and the
 process's CPU time every ``poll_s``. The clocks start when the worker's first poll with records returns (written by

@@ -5,8 +5,9 @@ Routes (``[web]`` host and port, 127.0.0.1:6066 by default):
 * ``GET /healthz``: liveness. 200 ``{"status": "ok"}`` while the process serves; no token needed.
 * ``GET /readyz``: readiness. 200 when the broker answers, both stages have partitions and stage 1 is
   less than ``[health] max_lag_records`` behind; else 503. The body lists each check.
-* ``GET /api/v1/weights``: the latest routing correction per model this worker owns.
-* ``POST /api/v1/update_weights``: publish the current weights now. The body is empty, ``{}``, or
+* ``GET /api/v1/weights``: the latest routing correction published per model this worker owns.
+* ``POST /api/v1/update_weights``: publish each model's correction of its latest complete step now,
+  with that step's own seq (one already published goes out again unchanged). The body is empty, ``{}``, or
   ``{"models": ["a", "b"]}`` (only those models); anything else is 400. A model is published at most
   once per ``[web] update_interval_s`` (1 s): the others are listed as ``throttled``, and a request
   that published nothing because of that is 429 with ``Retry-After``. While the broker is unreachable,
@@ -107,11 +108,16 @@ class WorkerApi:
 
     async def weights(self, request: web.Request) -> web.Response:
         stage = self.state.stage2
-        models = {m: c.to_dict() for m, c in (stage.corrections.items() if stage else [])}
+        models = {m: c.to_dict() for m, c in (stage.published().items() if stage else [])}
         return web.json_response({"models": models})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.state.metrics.exposition(),
+        ready, _ = self.state.readiness()  # the rules' "worker not ready" reads what /readyz says
+        self.state.metrics.ready.set(1.0 if ready else 0.0)
+        # in a thread: with per-replica series a large fleet's exposition takes a while (~0.8 s for 10k
+        # replicas), which must not stall the stages on this loop
+        body = await asyncio.to_thread(self.state.metrics.exposition)
+        return web.Response(body=body,
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def update_weights(self, request: web.Request) -> web.Response:

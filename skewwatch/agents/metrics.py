@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from skewwatch.agents.replica_gauges import ReplicaGauges
+
 
 @dataclass
 class WorkerMetrics:
@@ -63,6 +65,9 @@ class WorkerMetrics:
                                        registry=r)
         self.watermark = Gauge("skewwatch_watermark_seconds", "Event-time watermark per input partition",
                                ["partition"], registry=r)
+        self.ready = Gauge("skewwatch_worker_ready",
+                           "1 while the worker is ready (GET /readyz: broker, partitions, lag)", registry=r)
+        self.replicas = ReplicaGauges(r)  # per-replica and per-model series, from each model's last decided step
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

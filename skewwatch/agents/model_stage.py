@@ -9,12 +9,23 @@ stage 1 (:class:`~skewwatch.agents.commit.CommitPipeline`: once its outputs are 
 most every ``limits.checkpoint_interval_s``), so seq numbers and open alerts survive restarts.
 The consumer, the poll loop and the checkpoint restore are
 :class:`~skewwatch.agents.stage.CheckpointedStage`'s; this module is what stage 2 does with a poll.
+
+**Time without input.** Event time moves with the input: a model whose replicas all fell silent
+still gets an (empty) step at every step end the other models' input passes, so its alerts
+resolve and its correction says the pool is silent. When no input arrives at all (every stage 1
+partition idle: all traffic stopped), event time would stand still and so would every alert and
+weight; after ``[detectors.decider] idle_advance_s`` (60 s) of wall time without a record, the
+partition's steps close empty at the wall clock's pace, ``idle_advance_s`` behind it, as Kafka
+Streams' wall-clock punctuation. A replay or catch-up never goes that long without input, so its
+results stay those of event time; if input resumes with steps older than the ones closed idle,
+they come late and are dropped (counted as late by the assembler).
 """
 
 from __future__ import annotations
 
 import base64
 import logging
+import math
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -33,6 +44,7 @@ from skewwatch.pipeline.model_decisions import ModelDecider
 from skewwatch.pipeline.model_merge import merge_model_features
 from skewwatch.pipeline.replica_step_record import model_step_inputs, read_step_header
 from skewwatch.pipeline.step_completion import DEFAULT_MAX_PENDING, ModelStep, StepAssembler
+from skewwatch.schemas.corrections import encode_correction
 from skewwatch.schemas.features import encode_features
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
@@ -55,6 +67,7 @@ class PartitionModels:
         self.deciders: dict[str, ModelDecider] = {}
         self.next_offset: int | None = None
         self.last_input_wall = time.monotonic()
+        self.idle_anchor: float | None = None  # the newest step end known when input last arrived
 
     def snapshot(self) -> bytes:
         """The checkpoint of this partition: the pending records (their bytes, base64) and the deciders."""
@@ -97,7 +110,6 @@ class ModelStage(CheckpointedStage[PartitionModels]):
                  metrics: WorkerMetrics) -> None:
         super().__init__(settings, bootstrap, producer, metrics)
         self.detector_settings = settings.detectors
-        self.corrections: dict[str, RoutingCorrection] = {}  # latest published, per model
         self._weight_gauges: dict[tuple[str, str], Any] = {}  # (model, replica) -> its labelled gauge
 
     @property
@@ -141,16 +153,24 @@ class ModelStage(CheckpointedStage[PartitionModels]):
             state.assembler.progress(*progress)
         state.next_offset = messages[-1].offset + 1
         state.last_input_wall = time.monotonic()
-        await self._finish(tp, state, state.assembler.complete())
+        await self._finish(tp, state, state.assembler.complete(step_s=self.settings.window.step_s))
+        state.idle_anchor = state.assembler.newest_end()
 
     async def _complete_quiet_partitions(self) -> None:
-        """When input goes quiet on the wall clock (end of a stream), release what is pending."""
+        """When input goes quiet on the wall clock, release what is pending (end of a stream); when
+        it stays quiet for ``idle_advance_s``, let event time follow the wall clock (module doc)."""
         now = time.monotonic()
+        step = self.settings.window.step_s
+        idle_advance = self.detector_settings.decider.idle_advance_s
         for partition, state in self.partitions.items():
+            quiet = now - state.last_input_wall
+            tp = TopicPartition(self.settings.topics.replica_steps, partition)
             oldest = state.assembler.oldest_pending()
-            if oldest is not None and now - state.last_input_wall > 2 * self.settings.window.step_s:
-                steps = state.assembler.complete(force_until=oldest)
-                await self._finish(TopicPartition(self.settings.topics.replica_steps, partition), state, steps)
+            if oldest is not None and quiet > 2 * step:
+                await self._finish(tp, state, state.assembler.complete(force_until=oldest))
+            if quiet >= idle_advance + step and state.idle_anchor is not None:
+                until = state.idle_anchor + math.floor((quiet - idle_advance) / step) * step
+                await self._finish(tp, state, state.assembler.complete(force_until=until, step_s=step))
 
     async def _finish(self, tp: TopicPartition, state: PartitionModels, steps: list[ModelStep]) -> None:
         if not steps:
@@ -185,8 +205,6 @@ class ModelStage(CheckpointedStage[PartitionModels]):
         if decider is None:
             decider = state.deciders[step.model] = ModelDecider(self.detector_settings, model=step.model)
         decision = decider.step(step.model, step.window_end, replica_features, model_fv, telemetry)
-        if decision.current is not None:
-            self.corrections[step.model] = decision.current
         sends = [await self.producer.send(topics.features, key=model_fv.key.encode(),
                                           value=encode_features(model_fv))]
         self.metrics.features_out.labels("model").inc()
@@ -195,8 +213,13 @@ class ModelStage(CheckpointedStage[PartitionModels]):
             sends.append(await self.producer.send(topics.alerts, key=key.encode(),
                                                   value=orjson.dumps(alert.to_dict())))
             self.metrics.alerts_out.labels(alert.detector, str(alert.severity), alert.state).inc()
+            log.info("alert %s %s %s %s: %s", alert.state, alert.severity, key, alert.detector, alert.message)
         if decision.correction is not None:
             sends.append(await self._publish_correction(decision.correction))
+        current = decision.current or decision.correction
+        self.metrics.replicas.observe_step(step.model, replica_features, telemetry,
+                                           mode=str(getattr(current, "mode", "normal")),
+                                           published_at=time.time() if decision.correction is not None else None)
         gauges = self._weight_gauges
         for replica, w in decision.weights.items():
             gauge = gauges.get((step.model, replica))
@@ -206,11 +229,10 @@ class ModelStage(CheckpointedStage[PartitionModels]):
         return sends
 
     async def _publish_correction(self, correction: RoutingCorrection) -> Any:
-        self.corrections[correction.model] = correction
         self.metrics.corrections_out.inc()
         return await self.producer.send(self.settings.topics.routing_corrections,
                                         key=correction.model.encode(),
-                                        value=orjson.dumps(correction.to_dict()))
+                                        value=encode_correction(correction.to_dict()))
 
     def _refresh_open_alerts(self) -> None:
         counts: dict[tuple[str, str], int] = {}
@@ -222,11 +244,23 @@ class ModelStage(CheckpointedStage[PartitionModels]):
         for (detector, severity), n in counts.items():
             self.metrics.open_alerts.labels(detector, severity).set(n)
 
+    def published(self) -> dict[str, RoutingCorrection]:
+        """GET /api/v1/weights: the latest correction published for every model this worker owns."""
+        found: dict[str, RoutingCorrection] = {}
+        for state in self.partitions.values():
+            for model, decider in state.deciders.items():
+                if decider.last_published is not None:
+                    found[model] = decider.last_published
+        return found
+
     async def force_update(self, models: Collection[str] | None = None,
                            allow: Callable[[str], bool] = lambda model: True) -> ForcedUpdate:
-        """POST /api/v1/update_weights: recompute the weights of ``models`` (None: every model this worker
-        owns) now and publish them; ``allow(model)`` False skips a model (the per-model rate limit).
-        Returns at once; the caller waits for :attr:`ForcedUpdate.acks` as long as it likes."""
+        """POST /api/v1/update_weights: publish the correction of ``models`` (None: every model this
+        worker owns) as of each one's latest complete step (the newest windows every input partition
+        has closed; a step still missing a partition's replicas is not forced), with that step's own
+        seq, whether or not it changed enough to go out by itself; one already published is sent again
+        as it was. ``allow(model)`` False skips a model (the per-model rate limit). Returns at once;
+        the caller waits for :attr:`ForcedUpdate.acks` as long as it likes."""
         update = ForcedUpdate()
         wanted = None if models is None else set(models)
         async with self._lock:
@@ -238,7 +272,7 @@ class ModelStage(CheckpointedStage[PartitionModels]):
                     if not allow(model):
                         update.throttled.append(model)
                         continue
-                    correction = decider.force_publish(time.time())
+                    correction = decider.publish_now()
                     if correction is None:
                         continue
                     update.acks.append(await self._publish_correction(correction))

@@ -34,10 +34,8 @@ _MAX_CACHED_KEYS = 1 << 18
 # A partition's records of one call go out as batches of their own from this many on; fewer are sent
 # one by one (on the cached partition) and join the producer's open batch for that partition. Why:
 # ``send_batch`` first waits until the partition's previous batch has left (up to linger_ms), and a
-# batch of a few records pays a produce request on its own. Measured (bench/publish_bench.py, ~1 KB
-# records, calls back to back, 256 KiB batches), µs of CPU per record, send() vs own batches:
-# 2 per partition and call 22-27 vs 63 (and 8x the wall time), 12: 20-22 vs 14-15 (wall 1.5x),
-# 20: 22-25 vs 9-12 (same wall), 156: 19-23 vs 3-4 (wall 4x less).
+# batch of a few records pays a produce request on its own: own batches cost more per record than
+# send() below about a dozen records per partition, less above (bench/README.md, "Publishing alone").
 MIN_BATCH_RECORDS = 16
 # KeyedPublisher's own batches: a partition's records of a step at 10k replicas (~160 KB) in one,
 # well under the topics' 1 MiB max.message.bytes

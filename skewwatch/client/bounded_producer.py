@@ -1,10 +1,9 @@
 """A Kafka producer that never blocks its caller: a bounded buffer in front of aiokafka.
 
-Issue 4 (and the seed's telemetry collector, DESIGN item 6) asks for a publisher that
-"survives broker outages: buffers a bounded number of samples and drops the oldest with a
-counter, never blocks NVML reads forever". The same holds for an inference server that
-publishes request events (issue 7): a down broker must cost it a counter, not a stall and
-not unbounded memory.
+A telemetry collector must survive broker outages: it buffers a bounded number of samples,
+drops the oldest with a counter, and never blocks its NVML reads. The same holds for an
+inference server that publishes request events: a down broker must cost it a counter, not a
+stall and not unbounded memory.
 
 How it works:
 

@@ -1,6 +1,6 @@
 """The producer helper: let an inference server publish request events with one call per request.
 
-Issue 7 ("Producer helper"): a small typed API, safe from synchronous and asyncio code, that never
+A small typed API, safe from synchronous and asyncio code, that never
 blocks the caller's hot loop: a bounded in-memory buffer, batched ``{"events": [...]}`` messages
 every ``batch_size`` events or ``linger_ms``, drop-oldest with a counter under back-pressure, flush
 on close, and the worker's own validation (``check_request_event``) so a server learns about a bad

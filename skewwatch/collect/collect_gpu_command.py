@@ -1,6 +1,6 @@
 """``skewwatch collect-gpu``: sample NVML every interval and publish to ``llm.gpu-telemetry``.
 
-Issue 4 ("Collector"): one sample per GPU every ``--interval`` (default: the window step,
+One sample per GPU every ``--interval`` (default: the window step,
 5 s), key = replica id; an XID event publishes a fresh sample for its GPU at once instead of
 waiting for the next interval (so ``gpu_health`` can drain within one step); no NVML means a
 one-line error and exit code 1 unless ``--simulate``; a broker outage costs buffered-then-
@@ -163,7 +163,7 @@ def collect_gpu_command(
     loglevel: str,
     log_format: str,
 ) -> None:
-    """Publish one GPU telemetry sample per GPU per interval from NVML (issue 4)."""
+    """Publish one GPU telemetry sample per GPU per interval from NVML."""
     setup_logging(loglevel, log_format)
     settings = command_settings(config_path)
     try:

@@ -1,9 +1,9 @@
 """Prometheus exposition -> TelemetrySample, through one DATA TABLE per engine.
 
-Issue 4 ("Bridges"): deployments already expose engine and GPU state on Prometheus
-endpoints (vLLM, SGLang, TGI, DCGM exporter); the bridge maps them onto the
-``gpu-telemetry`` schema without changing the servers. DESIGN item 6: field names map one
-to one to what DCGM exporter and vLLM expose. This module is pure (text in, samples out);
+Deployments already expose engine and GPU state on Prometheus endpoints (vLLM, SGLang, TGI,
+DCGM exporter); the bridge maps them onto the ``gpu-telemetry`` schema without changing the
+servers, whose field names map one to one to what DCGM exporter and vLLM expose (docs/design.md,
+"GPU telemetry"). This module is pure (text in, samples out);
 the HTTP scraping lives in :mod:`skewwatch.collect.scrape_command`.
 
 A table is a tuple of rules. For each field the FIRST rule that yields a value wins, and

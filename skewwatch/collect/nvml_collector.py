@@ -1,9 +1,9 @@
 """Read GPU state through NVML (``pynvml``, package nvidia-ml-py) into TelemetrySamples.
 
-DESIGN item 6 / seed: "a collector on each GPU node reads NVML (pynvml): memory used/total,
-utilisation, power, temperature, clocks throttle reasons, ECC counts, XID events". Issue 4:
-every NVML call a GPU does not support yields ``None`` for that field (unknown), never a
-crash and never a zero; a machine without NVML is reported in one line, not a traceback.
+A collector on each GPU node reads memory used/total, utilisation, power, temperature, clock
+throttle reasons, ECC counts and XID events (docs/design.md, "GPU telemetry"). Every NVML call
+a GPU does not support yields ``None`` for that field (unknown), never a crash and never a zero;
+a machine without NVML is reported in one line, not a traceback.
 
 Units: memory in bytes (``nvmlDeviceGetMemoryInfo``), utilisation 0..1 (NVML gives percent),
 power in W (NVML gives mW), temperature in degrees C, throttle reasons as NVML's

@@ -1,6 +1,6 @@
 """Telemetry samples onto ``llm.gpu-telemetry``: encoding, keying, and stopping on signals.
 
-Issue 4: topic ``llm.gpu-telemetry``, key = replica id (so a replica's telemetry shares the
+Topic ``llm.gpu-telemetry``, key = replica id (so a replica's telemetry shares the
 partition of its request events), published through
 :class:`~skewwatch.client.bounded_producer.BoundedProducer` so a broker outage never stalls sampling.
 

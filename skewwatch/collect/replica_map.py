@@ -1,7 +1,7 @@
 """Which replica a GPU serves: ``--replica-map FILE`` (JSON or TOML), else one replica per GPU.
 
-Issue 4: "``--replica-map`` maps GPU index/UUID to replica ids (a file, or one replica per GPU
-by default)". Telemetry is keyed by replica id so it lands on the same partition as the
+``--replica-map`` maps GPU index/UUID to replica ids (a file, or one replica per GPU by
+default). Telemetry is keyed by replica id so it lands on the same partition as the
 replica's request events. A UUID entry wins over an index entry (UUIDs survive a reordering
 of devices); a GPU not in the map gets the default ``<node>-gpu<index>``, the same name the
 DCGM bridge derives, so both sources agree without a map.

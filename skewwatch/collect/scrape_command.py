@@ -1,12 +1,11 @@
 """``skewwatch scrape``: bridge a Prometheus endpoint (vLLM, SGLang, TGI, DCGM exporter) to telemetry.
 
-Issue 4 ("Bridges"): "Scrapes a Prometheus text endpoint and maps it to the schema. Parse
-with prometheus_client's parser, not by hand." A deployment plugs in without changing its
-servers: point one bridge at each engine's ``/metrics`` (``--replica`` = the replica id the
-router uses) and one at each node's DCGM exporter (replica from ``--replica``, the ``pod``
-label, or ``<Hostname>-gpu<index>``). The mapping itself is the data tables of
-:mod:`skewwatch.collect.engine_maps`; this module only fetches (aiohttp), keeps the
-per-target counter state across scrapes and publishes through
+A deployment plugs in without changing its servers: point one bridge at each engine's
+``/metrics`` (``--replica`` = the replica id the router uses) and one at each node's DCGM
+exporter (replica from ``--replica``, the ``pod`` label, or ``<Hostname>-gpu<index>``). The
+mapping itself is the data tables of :mod:`skewwatch.collect.engine_maps`; this module only
+fetches (aiohttp), parses (prometheus_client's parser, not by hand), keeps the per-target
+counter state across scrapes and publishes through
 :class:`~skewwatch.client.bounded_producer.BoundedProducer`.
 
 A failed scrape (endpoint down, timeout, unparsable text) publishes nothing for that
@@ -228,7 +227,7 @@ def scrape_command(
     loglevel: str,
     log_format: str,
 ) -> None:
-    """Bridge a vLLM / SGLang / TGI / DCGM Prometheus endpoint onto llm.gpu-telemetry (issue 4)."""
+    """Bridge a vLLM / SGLang / TGI / DCGM Prometheus endpoint onto llm.gpu-telemetry."""
     setup_logging(loglevel, log_format)
     if replica is None and kind != "dcgm":
         raise click.UsageError(f"--replica is required for --kind {kind}")

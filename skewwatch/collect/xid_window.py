@@ -1,7 +1,7 @@
 """XID errors of one GPU within a sliding window: the ``xid_last`` / ``xid_count_5m`` fields.
 
-Issue 4: the collector turns NVML critical-XID events into samples; ``gpu_health`` drains a
-replica on XID 48/79/94/95 (seed §4.3). A count over the last 5 minutes (DCGM exporter's
+The collector turns NVML critical-XID events into samples; ``gpu_health`` drains a replica on
+XID 48/79/94/95 (hardware faults: health 0, seed §4.3). A count over the last 5 minutes (DCGM exporter's
 ``DCGM_EXP_XID_ERRORS_COUNT`` default window) keeps one event visible for several sampling
 intervals without latching a replica as broken forever, which a bare "last XID" would do.
 ``xid_last`` is the most recent code still inside the window. Pure: time is passed in.

@@ -1,4 +1,4 @@
-"""OTLP in (issue 7): OpenTelemetry request spans from vLLM / the OTel Collector as request events.
+"""OTLP in: OpenTelemetry request spans from vLLM / the OTel Collector as request events.
 
 ``decode`` turns an OTLP trace payload (protobuf or JSON) into contract-v1 request events,
 ``attribute_map`` is the data-driven table saying which span attribute becomes which field, and

@@ -1,6 +1,6 @@
 """Which OpenTelemetry span attributes become which request-event fields: data, not code.
 
-Issue 7 ("OTLP in"): a vLLM fleet is watched by configuration alone. vLLM emits one span per
+A vLLM fleet is watched by configuration alone. vLLM emits one span per
 finished request; this module says, as a table, how such a span becomes one contract-v1
 request event, so a new server or a renamed attribute is a config change, not a code change.
 

@@ -1,6 +1,6 @@
 """OTLP trace payloads -> contract-v1 request events, pure (bytes in, plain data out).
 
-Issue 7 ("OTLP in"): the worker consumes the topic the OpenTelemetry Collector's Kafka exporter
+The worker consumes the topic the OpenTelemetry Collector's Kafka exporter
 writes, and ``skewwatch otlp-receiver`` accepts OTLP/HTTP; both hand the payload here. Decoding
 uses the official ``opentelemetry-proto`` messages and ``google.protobuf.json_format``, not a
 hand-written parser.

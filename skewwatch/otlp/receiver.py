@@ -1,6 +1,6 @@
 """``skewwatch otlp-receiver``: an OTLP/HTTP trace endpoint that publishes request events.
 
-Issue 7 ("OTLP in"): point vLLM's ``--otlp-traces-endpoint http://HOST:4318/v1/traces`` here and
+Point vLLM's ``--otlp-traces-endpoint http://HOST:4318/v1/traces`` here and
 its per-request spans become contract-v1 events on ``llm.requests``, keyed by replica, as
 ``{"events": [...]}`` batches (per replica per export, at most ``otlp.max_events_per_message``
 events each), with no Collector needed.

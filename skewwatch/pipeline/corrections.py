@@ -7,14 +7,19 @@ current state: ``weights`` for every replica of the pool and the ``actions`` in 
 **seq.** Strictly increasing per model and derived from event time, not from a counter in
 memory: a step's record has ``seq = int(window_end × 1000)`` (milliseconds), so a worker that
 restarts and replays a step re-sends the *same* seq (consumers drop ``seq <= last seen``) and
-never goes backwards. A forced recompute (``POST /api/v1/update_weights``) between two steps
-uses ``last_seq + 1``; the next step's seq is ``max(window_end_ms, last_seq + 1)``, which is
-still strictly increasing (5000 forced recomputes per 5 s step would be needed to catch up).
+never goes backwards. ``POST /api/v1/update_weights`` publishes the latest step's correction
+with that step's own seq (or re-sends it unchanged when it went out already): every seq the
+worker shows was, or will be, published.
+
+**mode** (contract v1.3): ``normal``, or ``panic`` when the pool's guards route to every replica
+the evidence does not rule out (too few healthy replicas, or no replica with a positive weight:
+:mod:`skewwatch.pipeline.failstatic`); ``mode_reason`` says why. A record without ``mode`` (a
+writer before v1.3) is ``normal``.
 
 **When to publish** (:func:`should_publish`): on the first record, when the pool's replicas
 change, when any weight moved by more than ``weight_epsilon`` (absolute), when the set of
 actions changed (replica, action, severity, reason, params — ``expires_at`` alone is a renewal,
-not a change), when a published action would expire before the next heartbeat while it is
+not a change), when the mode changed, when a published action would expire before the next heartbeat while it is
 still in force, and at least every ``heartbeat_s`` = 30 s (event time) as a heartbeat.
 
 >>> c = RoutingCorrection(model="m", ts=60.0, seq=step_seq(60.0, None), weights={"a": 0.5, "b": 0.5}, actions=[])
@@ -37,6 +42,7 @@ from skewwatch.config_section import FrozenConfigSection, NonNegative, Positive
 from skewwatch.pipeline.detectors.alerts import Action
 
 CORRECTIONS_SCHEMA_VERSION = 1
+MODES = ("normal", "panic")
 
 
 class CorrectionConfig(FrozenConfigSection, frozen=True):
@@ -55,8 +61,10 @@ class RoutingCorrection:
     model: str
     ts: float  # event time of the step (window_end) or of the forced recompute
     seq: int  # strictly increasing per model
-    weights: dict[str, float]  # replica -> weight, summing to 1 over the pool (or all 0)
+    weights: dict[str, float]  # replica -> weight, summing to 1 over the pool (never all 0)
     actions: list[Action] = field(default_factory=list)
+    mode: str = "normal"  # normal | panic (v1.3)
+    mode_reason: str | None = None  # why the mode is panic (v1.3)
     v: int = CORRECTIONS_SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -66,6 +74,8 @@ class RoutingCorrection:
             "seq": self.seq,
             "weights": dict(self.weights),
             "actions": [a.to_dict() for a in self.actions],
+            "mode": self.mode,
+            "mode_reason": self.mode_reason,
             "v": self.v,
         }
 
@@ -77,6 +87,8 @@ class RoutingCorrection:
             seq=int(data["seq"]),
             weights={str(k): float(v) for k, v in data.get("weights", {}).items()},
             actions=[Action.from_dict(a) for a in data.get("actions", [])],
+            mode=str(data.get("mode") or "normal"),
+            mode_reason=data.get("mode_reason"),
             v=int(data.get("v", CORRECTIONS_SCHEMA_VERSION)),
         )
 
@@ -85,11 +97,6 @@ def step_seq(window_end: float, last_seq: int | None) -> int:
     """The seq of a regular step: its window_end in ms, kept above the last seq issued."""
     seq = round(window_end * 1000)
     return seq if last_seq is None else max(seq, last_seq + 1)
-
-
-def forced_seq(window_end: float, last_seq: int | None) -> int:
-    """The seq of a forced recompute: one past the last seq issued."""
-    return round(window_end * 1000) if last_seq is None else last_seq + 1
 
 
 def publish_reason(
@@ -104,6 +111,8 @@ def publish_reason(
         return "first"
     if prev.weights.keys() != new.weights.keys():  # as sets, without building them
         return "replicas changed"
+    if prev.mode != new.mode:
+        return "mode changed"
     if any(abs(new.weights[r] - prev.weights[r]) > epsilon for r in new.weights):
         return "weights changed"
     prev_actions = {a.identity: a for a in prev.actions}

@@ -20,7 +20,7 @@ classifies each *named* ``cudaError_t`` value instead.
 Source of names and numbers: ``enum cudaError`` in CUDA's ``driver_types.h`` (CUDA 12.x and
 13.1/13.3 headers, cross-checked against the CUDA Runtime API reference "Data types used by CUDA
 Runtime", group ``CUDART_TYPES``). Numbers are the current ones (CUDA >= 10.1); CUDA <= 10.0 used
-a dense numbering (e.g. 4 was ``cudaErrorLaunchFailure``, today ``cudaErrorCudartUnloading``),
+a dense numbering (e.g. 4 was ``cudaErrorLaunchFailure``, now ``cudaErrorCudartUnloading``),
 so integer codes from very old runtimes would be misread: send the name when you can.
 
 How a value is classified, beyond the seed's examples (the rationale is in docs/detectors.md):

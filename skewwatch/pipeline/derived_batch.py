@@ -1,8 +1,8 @@
 """Derived batch sizes: fill in the batch of request events that carry none, from telemetry.
 
-Issue 7 ("OTLP in"): "Where a source does not report per-request batch size (vLLM spans do not),
-take it from the replica's latest ``running_requests`` / max-batch telemetry and mark it derived;
-if neither exists the batch detectors stay silent for that replica rather than guess." Contract
+Where a source does not report per-request batch size (vLLM spans do not), it is taken from the
+replica's latest ``running_requests`` / max-batch telemetry and marked derived; if neither exists
+the batch detectors stay silent for that replica rather than guess. Contract
 v1.1 makes ``batch_size`` / ``batch_capacity`` optional (0 = unknown in the columns); stage 1
 calls :func:`derive_batch` on each decoded poll before the windows see it. Pure: the telemetry
 comes in through ``lookup`` (stage 1 passes the :class:`~skewwatch.pipeline.telemetry_join.TelemetryJoin`

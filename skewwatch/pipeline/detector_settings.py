@@ -7,9 +7,9 @@ composes them, so ``[detectors.<name>]`` in TOML and ``SKEWWATCH_DETECTORS__<NAM
 the environment reach exactly the parameters the detector declares (the settings loader,
 :mod:`skewwatch.config`, checks them when the settings load).
 
->>> s = DetectorSettings.from_overrides({"long_tail": {"ratio": "4"}, "weights": {"stale_steps": 5}})
->>> s.long_tail.ratio, s.weights.stale_steps, s.corrections.heartbeat_s
-(4.0, 5, 30.0)
+>>> s = DetectorSettings.from_overrides({"long_tail": {"ratio": "4"}, "weights": {"panic_threshold": 0.3}})
+>>> s.long_tail.ratio, s.weights.panic_threshold, s.corrections.heartbeat_s
+(4.0, 0.3, 30.0)
 >>> sorted(s.detector_configs()) == sorted(DETECTORS)
 True
 """
@@ -43,6 +43,9 @@ class DeciderConfig(FrozenConfigSection, frozen=True):
     model_level: tuple[str, ...] = ()  # detectors also run on the per-model vector (alerts only)
     release_after_s: Positive = 600.0  # a replica silent this long leaves the pool and its state is dropped
     window_s: Positive = 60.0  # length given to the empty vector of a replica without a summary
+    # stage 2: with no input at all for this long (wall clock), steps close empty so alerts and
+    # weights do not freeze (event time otherwise; a replay never waits this long)
+    idle_advance_s: Positive = 60.0
 
     def __post_init__(self) -> None:
         for key in ("disabled", "model_level"):

@@ -9,19 +9,25 @@ the step's ``window_end``), no I/O; the whole state is JSON-able (``state_dict``
 Per step, for every replica known to the model (seen in this step or an earlier one):
 
 1. a replica without a summary this step is given an empty vector (count 0), so its alerts
-   resolve and its silence is counted, instead of it being forgotten; with no load signal its
-   weight counts it as fully loaded (it gets less traffic at once, and 0 once stale);
+   resolve and its silence is counted, instead of it being forgotten;
 2. every enabled detector updates that replica's state; its telemetry is passed only when
-   fresh (age <= ``[detectors.weights] telemetry_max_age_s``, 15 s), else None;
-3. health comes from the ``gpu_health`` detector, weights from :mod:`skewwatch.pipeline.weights`
-   (:func:`~skewwatch.pipeline.weights.pool_weights`, the pool as columns);
-4. the routing correction gets ``seq`` from event time and is returned in
-   ``StepDecision.correction`` only when :func:`~skewwatch.pipeline.corrections.should_publish`
-   says so (change or 30 s heartbeat). The decider assumes that what it returns is published.
+   fresh (age <= ``[detectors.weights] telemetry_max_age_s``, 15 s), else None. A replica whose
+   window holds no request is not judged by the detectors that read requests
+   (``Detector.needs_traffic``): it has been silent for longer than the window, so their open
+   alerts on it resolve with that reason (likewise the model-level alerts of a silent model);
+3. health comes from the ``gpu_health`` detector, the formula's scores from
+   :mod:`skewwatch.pipeline.weights` (:func:`~skewwatch.pipeline.weights.pool_weights`, the pool
+   as columns), and the weights that go out from :mod:`skewwatch.pipeline.pool_evidence`: held
+   scores, credibility, staleness and the pool's guards (ejection cap, panic, never all-zero);
+4. the routing correction gets ``seq`` from event time and ``mode`` (``normal`` or ``panic``) from
+   the guards, and is returned in ``StepDecision.correction`` only when
+   :func:`~skewwatch.pipeline.corrections.should_publish` says so (change or 30 s heartbeat). The
+   decider assumes that what it returns is published.
 
 A replica silent for ``[detectors.decider] release_after_s`` (600 s) is released: its state is
-dropped and it leaves the weights. A step whose ``window_end`` is not after the last one is a
-duplicate (e.g. re-delivered after a rebalance): it changes nothing and returns
+dropped and it leaves the weights — unless every replica of the pool is that silent: a pool is
+never emptied, it stays in panic mode and routes to all. A step whose ``window_end`` is not after
+the last one is a duplicate (e.g. re-delivered after a rebalance): it changes nothing and returns
 ``skipped=True``.
 
 Configuration: ``Settings.detectors`` (``[detectors.<name>]`` in TOML,
@@ -50,18 +56,22 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
+import numpy as np
+
 from skewwatch.gc_pause import gc_paused
 from skewwatch.pipeline.corrections import (
     RoutingCorrection,
-    forced_seq,
     publish_reason,
     step_seq,
 )
 from skewwatch.pipeline.detector_settings import DetectorSettings
-from skewwatch.pipeline.detectors.alerts import Action, Alert
+from skewwatch.pipeline.detectors.alerts import Action, Alert, Severity
+from skewwatch.pipeline.detectors.base import Detector
 from skewwatch.pipeline.detectors.gpu_health import GpuHealthDetector
 from skewwatch.pipeline.detectors.step_columns import StepColumns
+from skewwatch.pipeline.failstatic import DETECTOR as POOL_DETECTOR
 from skewwatch.pipeline.health import HEALTHY
+from skewwatch.pipeline.pool_evidence import EJECTING_ACTIONS, PoolEvidence
 from skewwatch.pipeline.weights import ReplicaWeight, pool_weights
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
@@ -75,7 +85,7 @@ class StepDecision:
 
     model: str
     window_end: float
-    alerts: list[Alert]  # open/resolve transitions this step -> llm.alerts
+    alerts: list[Alert]  # open/resolve transitions this step -> llm.alerts (pool-level ones: replica None)
     correction: RoutingCorrection | None  # publish this on llm.routing-corrections; None: nothing new
     current: RoutingCorrection | None  # the correction as of this step, published or not (GET /weights)
     weights: dict[str, ReplicaWeight]  # per replica, with reasons and components
@@ -86,9 +96,8 @@ class StepDecision:
 
 @dataclass(slots=True)
 class _Track:
-    """A known replica's silence bookkeeping."""
+    """A known replica's silence bookkeeping (for its release)."""
 
-    silent_steps: int = 0
     last_seen: float | None = None  # last window_end with a request in its newest step
     first_seen: float = 0.0
 
@@ -97,11 +106,11 @@ class _Track:
         return self.last_seen if self.last_seen is not None else self.first_seen
 
     def to_dict(self) -> dict[str, Any]:
-        return {"silent_steps": self.silent_steps, "last_seen": self.last_seen, "first_seen": self.first_seen}
+        return {"last_seen": self.last_seen, "first_seen": self.first_seen}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> _Track:
-        return cls(int(data["silent_steps"]), data.get("last_seen"), float(data["first_seen"]))
+        return cls(data.get("last_seen"), float(data["first_seen"]))
 
 
 class ModelDecider:
@@ -125,6 +134,7 @@ class ModelDecider:
         self._last_weights: dict[str, ReplicaWeight] = {}
         self._last_health: dict[str, float] = {}
         self._open_alerts: dict[tuple[str, str], int] | None = None  # as of the last step (metrics)
+        self._evidence = PoolEvidence()  # held scores, arrival rates, ejections, pool alerts
 
     # ------------------------------------------------------------------ the step
 
@@ -193,17 +203,13 @@ class ModelDecider:
         track_list = self._tracks_in_order()
         # per replica, in order: its vector (None: no summary this step), silence and fresh telemetry
         found: list[FeatureVector | None] = [by_replica.get(replica) for replica in order]
-        silent_steps: list[int] = []
         silent: list[str] = []  # only these can be released below: the others were seen now
         for replica, track, fv_or_none in zip(order, track_list, found, strict=True):
             if fv_or_none is not None and fv_or_none.step_count > 0:
-                track.silent_steps = 0
                 track.last_seen = now
-                silent_steps.append(0)
             else:
-                track.silent_steps += 1
                 silent.append(replica)
-                silent_steps.append(track.silent_steps)
+        summaries = list(found)  # None where a replica sent no summary (its telemetry is then unknown)
         if len(by_replica) < len(order):  # the known replicas without a summary get an empty vector
             window_start = now - self.settings.decider.window_s
             for row, (replica, fv_or_none) in enumerate(zip(order, found, strict=True)):
@@ -218,46 +224,74 @@ class ModelDecider:
                 sample, age = telemetry.get(replica, no_telemetry)
                 if sample is not None and age is not None and age <= max_age:
                     fresh_telemetry[row] = sample
+        self._evidence.observe(now, order, summaries, fresh_telemetry, self.settings.weights,
+                               self.settings.decider.window_s)
         columns = StepColumns(vectors, fresh_telemetry, self._replica_keys())
         # detector by detector over the step (columns where a detector can), then back in the
-        # order of one replica at a time, detectors in registry order
+        # order of one replica at a time, detectors in registry order. A replica whose window holds
+        # no request is judged only by the detectors that do not read requests (gpu_health), and
+        # the others' open alerts on it resolve: no traffic for longer than the window.
         alerts: list[Alert] = []
         actions: list[Action] = []
+        empty = np.flatnonzero(columns.column("count") <= 0).tolist()
+        judged = columns
+        if empty:
+            keep = [row for row, fv in enumerate(vectors) if fv.count > 0]
+            judged = StepColumns([vectors[i] for i in keep], [fresh_telemetry[i] for i in keep],
+                                 [columns.keys[i] for i in keep])
         for detector in self.detectors.values():
-            detector.update_step(columns, now, alerts, actions)
+            if empty and detector.needs_traffic:
+                self._expire(detector, [(columns.keys[row], order[row], self._no_evidence(summaries[row], row, now))
+                                        for row in empty], model, now, alerts)
+                detector.update_step(judged, now, alerts, actions)
+            else:
+                detector.update_step(columns, now, alerts, actions)
         if len(self.detectors) > 1 and alerts:
             position = {replica: i for i, replica in enumerate(order)}
             rank = {name: i for i, name in enumerate(self.detectors)}
             alerts.sort(key=lambda a: (position[a.replica or ""], rank[a.detector]))
 
-        if model_features is not None:
-            for name in self.settings.decider.model_level:
-                if name in self.detectors:
-                    alerts.extend(self.detectors[name].update(model_features, None, now).alerts)
+        model_level = [self.detectors[name] for name in self.settings.decider.model_level if name in self.detectors]
+        for detector in model_level:
+            if model_features is not None and model_features.count > 0:
+                alerts.extend(detector.update(model_features, None, now).alerts)
+            elif detector.needs_traffic:
+                self._expire(detector, [(model, None, "no request of the model in its window")], model, now,
+                             alerts)
 
         release_after = self.settings.decider.release_after_s
         released = [r for r in silent if now - tracks[r].last_heard() >= release_after]
+        if len(released) == len(order):
+            released = []  # the whole pool is silent: it is kept (panic, routed to all), never emptied
         for replica in released:
             self.forget_replica(replica)
         if released:
             actions = [a for a in actions if a.replica in tracks]
             kept = [i for i, replica in enumerate(order) if replica in tracks]
             order = [order[i] for i in kept]
-            silent_steps = [silent_steps[i] for i in kept]
+            summaries = [summaries[i] for i in kept]
             columns = StepColumns([vectors[i] for i in kept], [fresh_telemetry[i] for i in kept],
                                   [columns.keys[i] for i in kept])
         health = self._health(now, columns.keys)
-        weights = pool_weights(columns, order, telemetry, health, silent_steps, self.settings.weights)
+        weights = pool_weights(columns, order, telemetry, [(score, note) for score, note, _ in health],
+                               self.settings.weights)
+        settled = self._evidence.settle(model, now, order, summaries, weights, [a for _, _, a in health],
+                                        self.settings.weights)
+        alerts.extend(settled.alerts)
+        if settled.withdrawn:  # held back by the ejection cap, or routed anyway in panic
+            actions = [a for a in actions if not (a.replica in settled.withdrawn and a.action in EJECTING_ACTIONS)]
         correction = RoutingCorrection(
             model=model,
             ts=now,
             seq=step_seq(now, self._last_seq),
             weights={r: w.weight for r, w in weights.items()},
             actions=sorted(actions, key=lambda a: (a.replica, a.action)),
+            mode=settled.mode,
+            mode_reason=settled.mode_reason,
         )
         self._current = correction
         self._last_weights = weights
-        self._last_health = dict(zip(order, [score for score, _ in health], strict=True))
+        self._last_health = dict(zip(order, [score for score, _, _ in health], strict=True))
         cfg = self.settings.corrections
         prev = self._last_published
         if prev is not None and self._last_published_step is not None:
@@ -276,43 +310,66 @@ class ModelDecider:
             publish_reason=reason,
         )
 
-    def force_publish(self, now: float | None = None) -> RoutingCorrection | None:
-        """``POST /api/v1/update_weights``: re-issue the latest correction with ``last_seq + 1``.
+    def _no_evidence(self, summary: FeatureVector | None, row: int, now: float) -> str:
+        """Why a replica without a request in its window has no evidence (for a resolve message)."""
+        window = self.settings.decider.window_s
+        if summary is not None:
+            return f"no request in its {window:.0f} s window"
+        silent = now - self._tracks_in_order()[row].last_heard()
+        return f"no report from the replica, {silent:.0f} s since its last request"
 
-        The weights are those of the latest step (at most one step old); None before any step.
-        ``now`` stamps the record's ``ts`` (default: the latest step's event time); the heartbeat
-        keeps counting in event time either way. The returned correction is assumed published;
-        its ``seq`` is the answer to the caller.
+    def _expire(self, detector: Detector, targets: list[tuple[str, str | None, str]], model: str, now: float,
+                alerts: list[Alert]) -> None:
+        """Resolve ``detector``'s open alerts on ``targets`` ((key, replica, why): replicas, or the
+        model with replica None, without a request in their window) and drop its state there: no
+        evidence, no alert."""
+        open_now = detector.open_alerts()
+        if open_now:
+            wanted = {key: (replica, why) for key, replica, why in targets}
+            for alert_key, severity in open_now.items():
+                key, _, rule = alert_key.partition("#")
+                if key not in wanted:
+                    continue
+                replica, why = wanted[key]
+                evidence: dict[str, float | int | str | None] = {"window_s": self.settings.decider.window_s}
+                if rule:
+                    evidence["rule"] = rule
+                alerts.append(Alert(now, model, replica, detector.name, Severity(severity), "resolved",
+                                    f"resolved (no evidence: {why})", evidence))
+        for key, _, _ in targets:
+            detector.forget(key)
+
+    def publish_now(self) -> RoutingCorrection | None:
+        """``POST /api/v1/update_weights``: the correction of the latest step, published now.
+
+        It was computed from the newest windows this decider has (the worker first completes the
+        steps it holds); if it went out already it is returned as it was (same ``seq``: sending it
+        again is a no-op for a consumer), else it is marked published with its own ``seq`` (its
+        step's event time, above every seq published before). None before any step.
         """
-        if self._current is None:
-            return None
         current = self._current
-        forced = RoutingCorrection(
-            model=current.model,
-            ts=current.ts if now is None else now,
-            seq=forced_seq(current.ts, self._last_seq),
-            weights=dict(current.weights),
-            actions=list(current.actions),
-        )
-        self._current = forced
-        self._published(forced, current.ts)
-        return forced
+        if current is None:
+            return None
+        published = self._last_published
+        if published is None or published.seq != current.seq:
+            self._published(current, current.ts)
+        return current
 
     def _published(self, correction: RoutingCorrection, step_time: float) -> None:
         self._last_published = correction
         self._last_published_step = step_time
         self._last_seq = correction.seq
 
-    def _health(self, now: float, keys: list[str]) -> list[tuple[float, str | None]]:
-        """(score, note) of each replica key (``model/replica``), in that order."""
-        healthy: tuple[float, str | None] = (1.0, None)
+    def _health(self, now: float, keys: list[str]) -> list[tuple[float, str | None, str | None]]:
+        """(score, note, action) of each replica key (``model/replica``), in that order."""
+        healthy: tuple[float, str | None, str | None] = (1.0, None, None)
         detector = self.detectors.get(GpuHealthDetector.name)
         if not isinstance(detector, GpuHealthDetector):
             return [healthy] * len(keys)
         unwell = detector.unwell_keys()
         if not unwell:  # the usual step: no replica of any model has an error class
             return [healthy] * len(keys)
-        result: list[tuple[float, str | None]] = []
+        result: list[tuple[float, str | None, str | None]] = []
         for key in keys:
             if key not in unwell:
                 result.append(healthy)
@@ -322,7 +379,7 @@ class ModelDecider:
                 result.append(healthy)
                 continue
             note = f"{assessment.action}: {assessment.cause}" if assessment.action else None
-            result.append((assessment.score, note))
+            result.append((assessment.score, note, assessment.action))
         return result
 
     def _sorted_replicas(self) -> list[str]:
@@ -370,6 +427,9 @@ class ModelDecider:
                 for severity in detector.open_alerts().values():
                     key = (name, str(severity))
                     counts[key] = counts.get(key, 0) + 1
+            for pool_severity in self._evidence.open_alerts().values():
+                key = (POOL_DETECTOR, pool_severity)
+                counts[key] = counts.get(key, 0) + 1
             self._open_alerts = counts
         return dict(self._open_alerts)
 
@@ -380,6 +440,7 @@ class ModelDecider:
         self._open_alerts = None
         for detector in self.detectors.values():
             detector.forget(f"{self.model}/{replica}")
+        self._evidence.forget(replica)
 
     # ------------------------------------------------------------------ state
 
@@ -397,6 +458,7 @@ class ModelDecider:
             "last_window_end": self._last_window_end,
             "last_weights": {r: w.to_dict() for r, w in self._last_weights.items()},
             "last_health": dict(self._last_health),
+            "evidence": self._evidence.state_dict(),
         }
 
     @classmethod
@@ -429,4 +491,5 @@ class ModelDecider:
             for r, w in state.get("last_weights", {}).items()
         }
         decider._last_health = {r: float(h) for r, h in state.get("last_health", {}).items()}
+        decider._evidence.load_state(state.get("evidence", {}), decider.settings.weights)
         return decider

@@ -1,6 +1,6 @@
 """Per-model features: merge the replicas' window summaries for one window end (stage 2).
 
-DESIGN.md "Two stages, two keys": quantiles cannot be merged, so stage 1 ships each replica's
+Quantiles cannot be merged (docs/design.md, "Two stages, two keys"), so stage 1 ships each replica's
 mergeable :class:`~skewwatch.pipeline.window.WindowSummary` (sparse sketch counts, Welford
 moments, counts and sums) and stage 2 merges them here: sketches are added slot by slot (all
 share the same log-bin layout; the latency, TTFT and time-per-output-token sketches alike),

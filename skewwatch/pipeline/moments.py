@@ -1,8 +1,8 @@
 """Mergeable count / mean / M2 moments (Welford state, Chan et al. parallel merge), vectorised.
 
-Issue 2 ("Windows") asks for "counts/sums/Welford moments for the rest" of the window features,
-so that per-bucket statistics can be merged into a 60 s window and replicas into a model
-(DESIGN.md, "Two stages, two keys": stage 1 ships mergeable moments, not finished variances).
+The window keeps counts, sums and Welford moments for every feature that is not a quantile, so
+that per-bucket statistics merge into a 60 s window and replicas into a model (stage 1 ships
+mergeable moments, not finished variances: docs/design.md, "Two stages, two keys").
 
 A :class:`Moments` holds three arrays of the same shape: ``count``, ``mean`` and ``m2`` (the sum
 of squared deviations from the mean). Batch moments are computed two-pass (mean first, then

@@ -1,8 +1,8 @@
 """A mergeable relative-error quantile sketch (DDSketch-style log bins) in numpy.
 
-Issue 2 ("Windows") asks for latency/TTFT quantiles from "a mergeable relative-error sketch
-(DDSketch-style log buckets in numpy, <= 1 % relative error on P99)" so that a window step can
-*subtract* the expired bucket and stage 2 can *add* replicas' sketches into a per-model one.
+Latency and TTFT quantiles come from a mergeable relative-error sketch (log buckets, <= 1 %
+relative error at P50/P95/P99), so that a window step can *subtract* the expired bucket and
+stage 2 can *add* replicas' sketches into a per-model one.
 
 Why hand-written rather than the ``ddsketch`` package: ``ddsketch`` adds values one at a time
 in Python (``sketch.add(v)``), which costs ~1 us per value on the hot path, and it has no

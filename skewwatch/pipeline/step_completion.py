@@ -18,6 +18,12 @@ others in stage 1, so they do not stall the rule; a replica missing from a compl
 simply silent, which the weights treat as a signal. Records for an already completed step
 (a replay after a rebalance) are counted as late and dropped.
 
+**A model without summaries.** Stage 1 stops reporting a replica long without requests, so a
+model whose whole pool is silent gets no record at all, and would never be decided again. Given
+the step length, :meth:`StepAssembler.complete` also releases an *empty* step for every model it
+knows at every step end the min-watermark has passed (while other models move event time on), and
+the worker uses the same to let time pass when no input arrives at all (``force_until``).
+
 Memory: the worker holds each pending record as its bytes (~2 KB per replica step with a telemetry
 sample), decoded when the step completes and embedded in a checkpoint as they are (base64), and the
 number of replica steps held is bounded (``max_pending``): past it, the oldest pending steps are
@@ -135,18 +141,40 @@ class StepAssembler:
             return None
         return min(self.source_progress.values())
 
-    def complete(self, force_until: float | None = None) -> list[ModelStep]:
+    def complete(self, force_until: float | None = None, step_s: float | None = None) -> list[ModelStep]:
         """Release every complete step, oldest first; ``force_until`` also releases steps ending at or
-        before it (the worker uses it when its input has gone quiet on the wall clock). Then, while
-        more than ``max_pending`` replica steps are held, the oldest pending steps."""
+        before it (the worker uses it when its input has gone quiet on the wall clock). With
+        ``step_s``, a model with no record for a step end up to there gets an empty step (no
+        chunks: none of its replicas reported). Then, while more than ``max_pending`` replica steps
+        are held, the oldest pending steps.
+
+        >>> a = StepAssembler()
+        >>> a.add_chunk("quiet", 5.0, source=0, replicas=1, payload=b"q"); a.add_chunk("busy", 5.0, 0, 1, b"b")
+        >>> [(s.model, s.window_end) for s in a.complete(force_until=5.0)]
+        [('quiet', 5.0), ('busy', 5.0)]
+        >>> a.add_chunk("busy", 15.0, source=0, replicas=1, payload=b"b")
+        >>> [(s.model, s.window_end, len(s.chunks)) for s in a.complete(force_until=15.0, step_s=5.0)]
+        [('quiet', 10.0, 0), ('quiet', 15.0, 0), ('busy', 10.0, 0), ('busy', 15.0, 1)]
+        """
         limit = self.complete_until
         if force_until is not None:
             limit = force_until if limit is None else max(limit, force_until)
         done: list[ModelStep] = []
         if limit is not None:
             for model, pending in self.models.items():
-                for end in sorted(e for e in pending.steps if e <= limit):
-                    done.append(self._release(model, pending, end, complete=True))
+                ends = {e for e in pending.steps if e <= limit}
+                if step_s is not None and pending.completed_until != float("-inf"):
+                    first = pending.completed_until
+                    k = 1
+                    while first + k * step_s <= limit + 1e-9:
+                        ends.add(first + k * step_s)
+                        k += 1
+                for end in sorted(ends):
+                    if end in pending.steps:
+                        done.append(self._release(model, pending, end, complete=True))
+                    else:
+                        pending.completed_until = end
+                        done.append(ModelStep(model, end, {}))
         while self.max_pending is not None and self.pending > self.max_pending:
             end, model = min((min(p.steps), m) for m, p in self.models.items() if p.steps)
             done.append(self._release(model, self.models[model], end, complete=False))
@@ -158,6 +186,12 @@ class StepAssembler:
         self.pending -= step.size
         pending.completed_until = end
         return ModelStep(model, end, {key: payload for key, (_, payload) in step.chunks.items()}, complete)
+
+    def newest_end(self) -> float | None:
+        """The newest step end released or pending, over every model (None before any)."""
+        ends = [max([p.completed_until, *p.steps]) for p in self.models.values()]
+        ends = [e for e in ends if e != float("-inf")]
+        return max(ends) if ends else None
 
     def oldest_pending(self) -> float | None:
         """The end of the oldest step still pending, of any model (None when nothing is)."""

@@ -1,7 +1,7 @@
 """The worker-side telemetry join: many samples per replica -> one merged view per step.
 
-Issue 4 "In the worker" (DESIGN.md item 6): telemetry joins the request windows by replica (the
-latest sample, with its age); a sample older than 3 intervals counts as stale, and the weight uses
+Telemetry joins the request windows by replica (the latest sample, with its age; docs/design.md,
+"GPU telemetry"); a sample older than 3 intervals (15 s) counts as stale, and the weight uses
 what is fresh and says which signal was missing. One replica has several producers, so "the latest
 sample" is not one message:
 
@@ -48,8 +48,8 @@ engine sample" still means the engine answered), else the best GPU source; ``gpu
 State is bounded: per key the newest ``history`` samples, sized from the window settings by
 :func:`history_for` (23 with the defaults: 110 s at the 5 s interval, see there). The history is
 what lets a step find its sample when the worker reads telemetry ahead of requests (catching up
-on a backlog, stage 1 was measured reading telemetry ~45 s of event time ahead of the requests
-it was closing steps for, before :mod:`~skewwatch.pipeline.telemetry_pacing` bounded that); a step
+on a backlog, telemetry can run tens of seconds of event time ahead of the requests whose steps
+close; :mod:`~skewwatch.pipeline.telemetry_pacing` bounds how far); a step
 whose samples have all been pushed out of the history sees no telemetry (stale), as during an
 outage, and never a sample from its future. Keys of a replica not heard from for
 ``retain_s`` are dropped when the replica's next sample comes, at most ``max_keys_per_replica``

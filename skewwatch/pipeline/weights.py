@@ -29,16 +29,15 @@ fully loaded one, and all idle replicas are equal.
 
 **Health and normalisation.** ``weight ∝ raw_score × health`` (health from
 :mod:`skewwatch.pipeline.health`: 1.0, 0.9 throttle, 0.4 isolate, 0.0 drain), normalised to sum
-to 1 over the model's pool. If no replica has a positive score every weight is 0 (nothing
-should be routed) and the reason says so.
+to 1 over the model's pool. If no replica has a positive score every weight here is 0 and the
+reason says so; the decider never publishes that (:mod:`skewwatch.pipeline.failstatic`).
 
-**Stale.** A replica that reported no request (``step_count`` 0, or no summary at all) for
-``stale_steps`` = 3 consecutive steps gets weight 0 and the reason ``stale``: never its last
-weight forever. Because a replica with weight 0 gets no requests, it stays stale until the
-router probes it (its own health checks) or traffic is sent to it otherwise; set
-``liveness_from_telemetry`` to count a fresh *engine* telemetry sample (vLLM, SGLang, TGI,
-simulator: the engine process answering) as "alive" so an idle replica of a quiet model is
-not dropped. Default off: the issue's rule, exactly.
+This module is the formula alone. What the decider adds on top, for every profile: a silent
+replica's staleness from its own arrival rate (:mod:`skewwatch.pipeline.staleness`), its last
+score held while its silence is plausible, credibility weighting toward the pool's score when the
+window holds few requests (:mod:`skewwatch.pipeline.credibility`), and the pool's guards
+(ejection cap, panic threshold, never all-zero: :mod:`skewwatch.pipeline.failstatic`). Their
+settings are fields of :class:`WeightConfig` too.
 
 >>> from skewwatch.schemas.feature_vector import FeatureVector
 >>> from skewwatch.schemas.telemetry_sample import TelemetrySample
@@ -59,12 +58,13 @@ import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import numpy.typing as npt
+from msgspec import Meta
 
-from skewwatch.config_section import Count, FrozenConfigSection, NonNegative, Positive
+from skewwatch.config_section import FrozenConfigSection, NonNegative, Positive, Unit
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
@@ -83,13 +83,27 @@ class WeightConfig(FrozenConfigSection, frozen=True):
     queue_cap: Positive = 32.0  # seed: max safe queue depth
     latency_ref_ms: Positive = 2000.0  # seed: 2 s reference latency
     min_denominator: Positive = 0.05  # ours: idle guard, weight <= 20x a fully loaded replica
-    stale_steps: Count = 3  # no data for 3 steps -> weight 0
     telemetry_max_age_s: Positive = 15.0  # ours: 3 intervals of 5 s
-    liveness_from_telemetry: bool = False  # fresh engine telemetry counts as "not stale"
+    # staleness (pipeline/staleness.py): stale when P(silence | own rate) < stale_probability
+    liveness_from_telemetry: bool = True  # a fresh engine telemetry sample: alive, never stale
+    stale_probability: Annotated[float, Meta(gt=0, lt=1)] = 1e-4  # false stales per gap of a healthy Poisson replica
+    stale_min_requests: Annotated[float, Meta(ge=1)] = 10.0  # fewer (decayed) requests: no silence judged
+    stale_min_s: Positive = 15.0  # no silence shorter than 3 steps is judged (resolution, a missed hand-off)
+    stale_gap_factor: NonNegative = 2.0  # nor one shorter than this x the longest recent gap (bursty traffic)
+    rate_horizon_s: Positive = 600.0  # time constant of the arrival-rate estimate
+    # credibility (pipeline/credibility.py): z = n / (n + k); 0 = off
+    credibility_k: NonNegative = 16.0
+    # the pool's guards (pipeline/failstatic.py), after Envoy's outlier detection defaults
+    panic_threshold: Unit = 0.5  # fewer healthy replicas than this share: route to all (mode panic)
+    max_ejection_share: Unit = 0.5  # at most max(1, floor(share x pool)) ejected at once
+    base_ejection_s: Positive = 30.0  # an ejection lasts at least this ...
+    ejection_multiplier: Annotated[float, Meta(ge=1)] = 2.0  # ... times this per repeat ...
+    max_ejection_s: Positive = 300.0  # ... and at most this
 
     def __post_init__(self) -> None:
         self._require(self.mem_coef + self.queue_coef + self.latency_coef > 0, "mem_coef",
                       "with queue_coef and latency_coef sums to 0 (every weight would be the same)")
+        self._require(self.max_ejection_s >= self.base_ejection_s, "max_ejection_s", "must be >= base_ejection_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +116,6 @@ class WeightInput:
     telemetry_age_s: float | None = None  # event-time age of the sample; None when unknown
     health: float = 1.0
     health_note: str | None = None  # e.g. "isolate: cudaErrorMemoryAllocation"
-    silent_steps: int = 0  # consecutive steps up to this one without any request
 
 
 @dataclass(slots=True)
@@ -112,9 +125,9 @@ class ReplicaWeight:
 
     replica: str
     weight: float  # normalised within the model's pool (sums to 1, or all 0)
-    raw_score: float  # 1 / guarded denominator, before health and normalisation; 0 when stale
+    raw_score: float  # 1 / guarded denominator, before health and normalisation
     health: float
-    reason: str  # "ok", or what is notable: stale, missing signals, health, floor
+    reason: str  # "ok", or what is notable: missing signals, health, floor; the decider adds its guards
     components: dict[str, float | None] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,14 +216,6 @@ Row = tuple[float, float, dict[str, float | None], list[str]]  # raw score, raw 
 
 def _row(inp: WeightInput, cfg: WeightConfig) -> Row:
     """One replica's score before normalisation, with its components and notes."""
-    alive = (
-        cfg.liveness_from_telemetry
-        and inp.telemetry is not None
-        and inp.telemetry.source in ENGINE_SOURCES
-        and telemetry_is_fresh(inp.telemetry_age_s, cfg)
-    )
-    if inp.silent_steps >= cfg.stale_steps and not alive:
-        return 0.0, 0.0, {}, [f"stale: no requests for {inp.silent_steps} steps"]
     denominator, components, notes = load_denominator(inp, cfg)
     if denominator < cfg.min_denominator:
         notes.append(f"denominator {denominator:.3f} floored at {cfg.min_denominator:g} (idle)")
@@ -227,7 +232,7 @@ def _normalise(replicas: Sequence[str], health: Sequence[float], rows: Sequence[
     total = sum(effective for _, effective, _, _ in rows)
     result: dict[str, ReplicaWeight] = {}
     for replica, replica_health, (raw, effective, components, notes) in zip(replicas, health, rows, strict=True):
-        if total <= 0 and not any(n.startswith("stale") for n in notes):
+        if total <= 0:
             notes.append("pool has no replica with a positive weight")
         result[replica] = ReplicaWeight(
             replica=replica,
@@ -290,15 +295,14 @@ def pool_weights(
     replicas: Sequence[str],
     telemetry: Mapping[str, tuple[TelemetrySample, float]],
     health: Sequence[tuple[float, str | None]],
-    silent_steps: Sequence[int],
     config: WeightConfig,
 ) -> dict[str, ReplicaWeight]:
     """:func:`compute_weights` over a model's step as columns; the same results, bit for bit.
 
     ``step`` holds each replica's vector (an empty one for a replica without a summary, which
     weighs the same as none) and its fresh telemetry, in ``replicas`` order, as do ``health``
-    (score, note) and ``silent_steps``; ``telemetry`` maps a replica to its latest (sample, age).
-    The usual replica (not stale, healthy, above the idle floor, with at least one signal, and
+    (score, note); ``telemetry`` maps a replica to its latest (sample, age).
+    The usual replica (healthy, above the idle floor, with at least one signal, and
     without telemetry at all or with a fresh sample giving memory) is computed as columns, its
     missing signals included; any other row goes through the reference's per-replica code, for
     its notes. This runs per model and step, so it keeps to few numpy calls (each costs about
@@ -337,8 +341,8 @@ def pool_weights(
         # not floored and at least one signal (no signal: 0 / 0, NaN, which compares False)
         columnar = denominator >= cfg.min_denominator
     scores = [score for score, _ in health]
-    if scores.count(1.0) != n or (n and max(silent_steps) >= cfg.stale_steps):
-        columnar &= (np.array(scores, dtype=np.float64) == 1.0) & (np.array(silent_steps) < cfg.stale_steps)
+    if scores.count(1.0) != n:
+        columnar &= np.array(scores, dtype=np.float64) == 1.0
     if telemetry:
         # mem missing despite a sample (stale, or without memory used/total): the reference says which
         no_telemetry: tuple[None, None] = (None, None)
@@ -367,8 +371,7 @@ def pool_weights(
     effective = list(raws)
     for row in np.flatnonzero(~columnar).tolist():
         sample, age = telemetry.get(replicas[row], no_sample)
-        weight_input = WeightInput(replicas[row], step.vectors[row], sample, age, health[row][0], health[row][1],
-                                   silent_steps[row])
+        weight_input = WeightInput(replicas[row], step.vectors[row], sample, age, health[row][0], health[row][1])
         reference_row = by_reference[row] = _row(weight_input, cfg)
         effective[row] = reference_row[1]
     pool_total = sum(effective)

@@ -1,7 +1,8 @@
 """The wire contracts: versioned JSON Schema files and the Python code that decodes/encodes them.
 
-DESIGN.md ("schemas/"): every topic's record is described by a JSON Schema (draft 2020-12) shipped
-in this package, and decoded by the module beside it. docs/contracts.md documents every field.
+Every topic's record is described by a JSON Schema (draft 2020-12) shipped in this package, and
+decoded by the module beside it; nothing here imports the engine (docs/design.md, "Pure pipeline,
+thin agents, contracts at the bottom"). docs/contracts.md documents every field.
 
 >>> sorted(SCHEMA_FILES)[:2]
 ['dead-letter.v1', 'features.v1']
@@ -16,6 +17,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from skewwatch.schemas.corrections import decode_correction, encode_correction
 from skewwatch.schemas.dead_letter import dead_letter_record, decode_dead_letter
 from skewwatch.schemas.features import decode_features, encode_features
 from skewwatch.schemas.rejection import REASON_CODES, Rejection
@@ -37,6 +39,7 @@ SCHEMA_FILES: dict[str, str] = {
     "features.v1": "features.v1.json",
     "dead-letter.v1": "dead-letter.v1.json",
     "gpu-telemetry.v1": "gpu-telemetry.v1.json",
+    "routing-correction.v1": "routing-correction.v1.json",
 }
 
 
@@ -58,11 +61,13 @@ __all__ = [
     "Rejection",
     "check_request_event",
     "dead_letter_record",
+    "decode_correction",
     "decode_dead_letter",
     "decode_features",
     "decode_request_message",
     "decode_request_messages",
     "decode_telemetry",
+    "encode_correction",
     "encode_features",
     "encode_request_event",
     "encode_request_events",

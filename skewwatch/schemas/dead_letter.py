@@ -1,9 +1,9 @@
 """``llm.dead-letter`` records (contract dead-letter.v1): the rejected message, untouched, and why.
 
-Seed rule implemented (issue 2, "Bad input"): every rejected message goes to the dead-letter topic
-with its original bytes, its topic/partition/offset, and a reason a person can act on. One record
-per input message that had at least one rejection; the original value is kept whole (valid events
-included), so a fixed copy can be replayed.
+Every rejected message goes to the dead-letter topic with its original bytes, its
+topic/partition/offset, and a reason a person can act on. One record per input message that had at
+least one rejection; the original value is kept whole (valid events included), so a fixed copy can
+be replayed (docs/design.md, "Nothing lost on bad input").
 
 Size policy (docs/contracts.md): base64 grows bytes by 4/3, so even a valid-sized 1 MiB request
 message does not fit a default (1 MiB) topic once wrapped. The original value is kept whole up to

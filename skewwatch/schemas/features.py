@@ -1,8 +1,8 @@
 """Encode and decode ``llm.features`` records (contract features.v1).
 
-Seed rule implemented (issue 2, "Wire contract v1"): one record per replica and one per model
-every 5 s of event time; statistics that are unknown are ``null``, never NaN (JSON has no NaN,
-and a consumer must not mistake "no data" for a number). The key is ``FeatureVector.key``.
+One record per replica and one per model every 5 s of event time (seed §2.5); statistics that are
+unknown are ``null``, never NaN (JSON has no NaN, and a consumer must not mistake "no data" for a
+number). The key is ``FeatureVector.key``.
 
 >>> fv = FeatureVector(model="m", replica="r1", window_start=0.0, window_end=60.0, count=0,
 ...                    latency_p99=float("nan"))

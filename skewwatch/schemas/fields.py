@@ -1,10 +1,10 @@
 """Field specs, the scalar checks every decoder words its reasons with, and the tolerant parse.
 
-Seed rule implemented (issue 2, "Bad input"): a rejected input carries a reason a person can act
-on, naming the field and the value ("latency_ms: must be ≥ 0, got -3"). The request and the
-telemetry decoders describe their fields as :class:`FieldSpec` rows and share these checks, so
-the same mistake reads the same everywhere. Integers accept integral floats (12.0, as JSON
-Schema's "integer" does) and reject booleans and 12.5; numbers must be finite.
+A rejected input carries a reason a person can act on, naming the field and the value ("latency_ms:
+must be ≥ 0, got -3"). The request and the telemetry decoders describe their fields as
+:class:`FieldSpec` rows and share these checks, so the same mistake reads the same everywhere.
+Integers accept integral floats (12.0, as JSON Schema's "integer" does) and reject booleans and
+12.5; numbers must be finite.
 
 >>> spec = FieldSpec("latency_ms", "number", True)
 >>> check_number(spec, -3)

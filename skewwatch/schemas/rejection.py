@@ -1,9 +1,9 @@
 """Why an input was rejected: a stable reason code plus a sentence a person can act on.
 
-Seed rule implemented (issue 2, "Bad input"): every rejected input goes to ``llm.dead-letter``
-with a reason and is counted as ``skewwatch_rejected_total{reason=<reason_code>}``. The codes
-below are that label's only values, so dashboards and alerts can rely on them; the ``reason``
-text names the field and the offending value ("events[4].batch_size: 40 > batch_capacity 32").
+Every rejected input goes to ``llm.dead-letter`` with a reason and is counted as
+``skewwatch_rejected_total{reason=<reason_code>}``. The codes below are that label's only values, so
+dashboards and alerts can rely on them; the ``reason`` text names the field and the offending value
+("events[4].batch_size: 40 > batch_capacity 32").
 
 >>> r = Rejection("out_of_range", "latency_ms: must be ≥ 0, got -3", event_index=0)
 >>> r.to_dict()["reason_code"], r.is_message_level

@@ -1,7 +1,7 @@
 """Decode and encode ``llm.gpu-telemetry`` records (contract gpu-telemetry.v1).
 
-Seed rules implemented (DESIGN.md item 6, issue 2 "Bad input"): GPU nodes publish one sample per
-GPU per interval, field names one-to-one with NVML / DCGM exporter / engine metrics; a bad sample
+GPU nodes publish one sample per GPU per interval, field names one to one with NVML / DCGM
+exporter / engine metrics (docs/design.md, "GPU telemetry"); a bad sample
 is rejected with the same reason codes and wording as a bad request event (the worker dead-letters
 it and counts ``skewwatch_rejected_total{reason=...}``), and decoding never raises. Telemetry is a
 few samples per GPU per second, so this decoder checks field by field in plain Python.

@@ -1,6 +1,6 @@
 """Producing synthetic traffic to Kafka: keys, batching per replica and event-time pacing.
 
-Contract v1 (issue 2): topic ``llm.requests``, key = replica id, value = one event object or
+Contract v1: topic ``llm.requests``, key = replica id, value = one event object or
 ``{"events": [...]}`` (a batch from one producer, here always one replica's events so the key
 stays meaningful). Telemetry goes to ``llm.gpu-telemetry`` keyed by replica too.
 

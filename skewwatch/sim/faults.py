@@ -1,7 +1,7 @@
 """Injected faults and their ground truth: what goes wrong, on which replica, when.
 
-``--inject KIND --replica R --at T --for D`` makes each of the seed's detectors (DESIGN.md items
-3-5) fire, in the statistical generator and in the fleet simulator alike, and a labels file
+``--inject KIND --replica R --at T --for D`` makes each of the seed's detectors (seed §2.4, §2.5,
+§4.3) fire, in the statistical generator and in the fleet simulator alike, and a labels file
 (JSON list of ``{replica, kind, start, end}``, event-time epoch seconds) is the ground truth of
 the detection-quality benchmark. This module is the one description of a fault that both
 generators read; each decides how to realise it. Every kind has documented parameters whose

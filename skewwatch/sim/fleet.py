@@ -69,13 +69,13 @@ from typing import Any
 
 import numpy as np
 
+from skewwatch.collect.histogram import TPOT_BUCKETS_S, TTFT_BUCKETS_S, IntervalHistogram
 from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.faults import CUDA_ERRORS, FaultError, Injection, applies_to, target_model
 from skewwatch.sim.generator import STEP_S, TrafficChunk
 from skewwatch.sim.router import POLICIES, DynamicWeightRouter, make_router
 from skewwatch.sim.trace import Trace, load_trace
-from skewwatch.collect.histogram import TPOT_BUCKETS_S, TTFT_BUCKETS_S, IntervalHistogram
 
 GIB = float(1 << 30)
 # Event kinds, in the order they are handled at equal times: a step closes before anything

@@ -1,4 +1,4 @@
-"""``skewwatch generate``: synthetic request events and GPU telemetry into Kafka (issues 2 and 3).
+"""``skewwatch generate``: synthetic request events and GPU telemetry into Kafka.
 
 N replicas of one or two models, Poisson arrivals, log-normal latencies, token lengths resampled
 from a real trace (the bundled Azure LLM inference trace by default), produced per contract v1

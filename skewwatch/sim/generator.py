@@ -13,7 +13,7 @@ gives the same events on any machine. Each replica draws from its own random str
 faults from another), so injecting a fault on one replica does not change what any other
 replica produces, and a shorter run is a prefix of a longer one.
 
-Clean traffic is kept clearly inside every detector's rule (DESIGN.md item 3), so alerts
+Clean traffic is kept clearly inside every detector's rule (seed §2.4, §2.5), so alerts
 come only from injected faults: latency log-sigma 0.2 and token exponent 0.15 give
 P99/P50 ~ 1.8 (rule: > 3); batch fill 0.5 (rule: < 0.3); KV hit rate ~ 0.75 (rules: < 0.65,
 > 0.85); no CUDA errors.

@@ -2,7 +2,7 @@
 
 ``skewwatch worker`` runs stage 1 (per input partition: decode, 60 s windows per replica, the
 telemetry join, one hand-off record per model and step) and stage 2 (per model: merge the
-replicas' summaries, run the :class:`~skewwatch.pipeline.decide.ModelDecider`, publish). Both
+replicas' summaries, run the :class:`~skewwatch.pipeline.model_decisions.ModelDecider`, publish). Both
 are thin glue around pure parts; :class:`LocalPipeline` composes the same parts on the
 simulator's chunks, in the order the stages use them:
 
@@ -12,8 +12,8 @@ simulator's chunks, in the order the stages use them:
    worker partition's does (the newest event time minus the allowed lateness, 5 s), the closed
    steps out;
 2. per model and step, each replica's step with its merged telemetry as of the step's end, as
-   stage 2 receives them (:class:`~skewwatch.pipeline.assembler.ReplicaStepInput`; the hand-off
-   record between the stages decodes to objects equal to these, ``tests/unit/test_handoff.py``, so
+   stage 2 receives them (:class:`~skewwatch.pipeline.replica_step_record.ReplicaStepInput`; the hand-off
+   record between the stages decodes to objects equal to these, ``tests/unit/test_replica_step_record.py``, so
    it is not encoded here: that saves a fifth of the time);
 3. :func:`~skewwatch.pipeline.model_merge.merge_model_features` and the model's decider, the
    telemetry passed with its age.
@@ -59,14 +59,14 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from skewwatch.config import Settings, load_settings
-from skewwatch.pipeline.assembler import ReplicaStepInput
-from skewwatch.pipeline.decide import ModelDecider
 from skewwatch.pipeline.derived_batch import derive_batch
-from skewwatch.pipeline.events import RequestColumns
+from skewwatch.pipeline.model_decisions import ModelDecider
 from skewwatch.pipeline.model_merge import merge_model_features
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.pipeline.replica_step_record import ReplicaStepInput
 from skewwatch.pipeline.telemetry_join import TelemetryJoin, history_for
 from skewwatch.pipeline.window import PartitionWindows, ReplicaStep
+from skewwatch.schemas.requests.columns import RequestColumns
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.generator import TrafficChunk
 
 if TYPE_CHECKING:

@@ -4,8 +4,10 @@ The ``dynamic`` routing policies (``dynamic``, ``dynamic_least_request``) apply 
 worker publishes on ``llm.routing-corrections``, in lockstep on event time. The full loop runs the real worker on a
 real broker; this module is the same loop with the broker and worker replaced by the pure
 code they run (:class:`skewwatch.pipeline.window.PartitionWindows` for the 60 s windows, one partition
-holding every replica, and :func:`skewwatch.pipeline.weights.compute_weights` for the seed's formula),
-so a seeded closed loop runs in CI in seconds and the simulator's router can be checked on its own.
+holding every replica, :func:`skewwatch.pipeline.weights.compute_weights` for the weight formula, and
+:class:`skewwatch.pipeline.pool_evidence.PoolEvidence` for what the decider adds: held scores,
+credibility, staleness and the pool's guards; no detectors, so no health), so a seeded closed loop runs
+in CI in seconds and the simulator's router can be checked on its own.
 
 Use it as the simulator's ``on_step``: after step k's chunk is built, it computes every
 replica's features and weights from the events and telemetry of that chunk and the ones before,
@@ -32,6 +34,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from skewwatch.config import WindowSettings
 from skewwatch.kafka_client import client_kwargs
+from skewwatch.pipeline.pool_evidence import PoolEvidence
 from skewwatch.pipeline.weights import WeightConfig, WeightInput, compute_weights
 from skewwatch.pipeline.window import PartitionWindows
 from skewwatch.schemas.feature_vector import FeatureVector
@@ -44,14 +47,14 @@ if TYPE_CHECKING:
 
 
 class LocalWeightsLoop:
-    """``on_step`` callback: seed-formula weights from the last 60 s, applied to the router."""
+    """``on_step`` callback: the decider's weights from the last 60 s, applied to the router."""
 
     def __init__(self, window: WindowSettings | None = None, weights: WeightConfig | None = None) -> None:
         self.window = window or WindowSettings()
         self.weight_config = weights or WeightConfig()
         self._windows = PartitionWindows(self.window)
         self._telemetry: dict[str, TelemetrySample] = {}
-        self._silent: dict[str, int] = {}
+        self._evidence: dict[str, PoolEvidence] = {}  # per model
         self.corrections: list[dict[str, Any]] = []  # every correction applied, in order
 
     def __call__(self, sim: FleetSimulator, chunk: TrafficChunk) -> None:
@@ -62,21 +65,26 @@ class LocalWeightsLoop:
                     for s in self._windows.close_steps() if s.features.window_end == end}
         for sample in chunk.telemetry:
             self._telemetry[sample.replica] = sample
+        max_age = self.weight_config.telemetry_max_age_s
         for model, pool in sim.pools.items():
-            inputs = []
+            inputs, vectors, fresh = [], [], []
             for replica in pool:
-                fv = features.get((model, replica.name)) or FeatureVector(  # never seen, or released: silent
-                    model=model, replica=replica.name, window_start=end - self.window.length_s, window_end=end,
-                    count=0)
-                silent = 0 if fv.step_count else self._silent.get(replica.name, 0) + 1
-                self._silent[replica.name] = silent
+                # never seen, or released: no summary (the decider's evidence holds its weight)
+                found = features.get((model, replica.name))
+                fv = found or FeatureVector(model=model, replica=replica.name,
+                                            window_start=end - self.window.length_s, window_end=end, count=0)
                 tel = self._telemetry.get(replica.name)
-                inputs.append(WeightInput(replica.name, fv, tel,
-                                          telemetry_age_s=None if tel is None else end - tel.ts,
-                                          silent_steps=silent))
+                age = None if tel is None else end - tel.ts
+                inputs.append(WeightInput(replica.name, fv, tel, telemetry_age_s=age))
+                vectors.append(found)
+                fresh.append(tel if age is not None and age <= max_age else None)
+            names = [replica.name for replica in pool]
+            evidence = self._evidence.setdefault(model, PoolEvidence())
+            evidence.observe(end, names, vectors, fresh, self.weight_config, self.window.length_s)
             weights = compute_weights(inputs, self.weight_config)
+            settled = evidence.settle(model, end, names, vectors, weights, [None] * len(names), self.weight_config)
             record = {"model": model, "ts": end, "weights": {r: w.weight for r, w in weights.items()},
-                      "actions": []}
+                      "actions": [], "mode": settled.mode}
             self.corrections.append(record)
             sim.apply_correction(record, end)
 

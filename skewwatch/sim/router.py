@@ -1,7 +1,7 @@
 """The simulator's router: round robin, least connections, or the pipeline's dynamic weights.
 
-Issue 5 reproduces the seed's routing table (DESIGN.md item 1: round robin, least connections,
-multi-signal dynamic weights) with a router inside the fleet simulator. Each policy picks one
+The seed's routing table (seed §1: round robin, least connections, multi-signal dynamic weights)
+is reproduced with a router inside the fleet simulator. Each policy picks one
 replica of a model's pool per arriving request:
 
 - ``round_robin``: the pool in turn.

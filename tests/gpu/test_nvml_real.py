@@ -1,7 +1,6 @@
 """The real NVML path, no fakes: run on a machine with an NVIDIA GPU (``.venv/bin/pytest tests/gpu -q``).
 
-Issue 4: "tests/gpu/ tests that run the real NVML path and are skipped with a reason when no GPU is
-present". Everything here is skipped, with the NVML error as the reason, where NVML cannot initialise.
+Everything here is skipped, with the NVML error as the reason, where NVML cannot initialise.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 3 end to end on the real broker: the generator injects one anomaly on one replica of
+"""Detection end to end on the real broker: the generator injects one anomaly on one replica of
 several; the right alert and action appear for that replica only, within 20 s of event time after
 the rule's persistence is met, no alert fires on the clean replicas, and the faulty replica's weight
 drops below its peers."""
@@ -83,6 +83,8 @@ def test_injected_anomaly_is_detected_on_its_replica_only(kind: str, kafka_setti
     assert opened, f"no {detector} alert; alerts: {alerts}"
     assert {a["replica"] for a in opened} == {faulty}
     assert opened[0]["severity"] == severity
+    # the worker (--loglevel info) logs each transition on one line
+    assert f"alert open {severity} m/{faulty} {detector}:" in worker.log_tail(10_000), worker.log_tail()
     # the window is 60 s long: the condition holds on it some steps after the fault starts
     features = sorted((orjson.loads(r.value) for r in records
                        if r.topic == topics.features and r.key == f"m/{faulty}".encode()),

@@ -141,7 +141,7 @@ def test_simulate_command_produces_the_fleet_to_kafka(kafka_settings: Settings) 
 
 
 def test_simulate_dynamic_closes_the_loop_through_the_real_worker(kafka_settings: Settings, tmp_path: Path) -> None:
-    """Issue 5: lockstep on event time with the worker's routing corrections; the slow replica loses traffic."""
+    """The closed loop: lockstep on event time with the worker's routing corrections; the slow replica loses traffic."""
     import os
     import subprocess
     import sys

@@ -6,7 +6,8 @@ with PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512; SSL with a client certificate (mTLS
 with SCRAM-SHA-256. Then every client over SASL_SSL/SCRAM-SHA-512 (worker, generator, simulator, GPU
 collector, scrape bridge, OTLP receiver, producer helper, topic admin), and the refusals: a wrong
 password, an untrusted certificate, a certificate for another host, a missing client certificate;
-each is one line naming the listener and the mechanism, exit code 4, and no retry loop.
+each is one line naming the listener and the mechanism, exit code 4, and no retry loop. And the readers
+of the outputs: the corrections subscriber, `skewwatch tail`, the Alertmanager bridge.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -27,14 +29,16 @@ import msgspec
 import orjson
 import pytest
 
+from skewwatch.client import CorrectionsSubscriber
 from skewwatch.client.request_producer import RequestEventProducer
 from skewwatch.config import KafkaSettings, Settings
-from skewwatch.kafka_client import run_blocking
+from skewwatch.kafka_client import client_kwargs, run_blocking
 from skewwatch.kafka_security import client_options
 from skewwatch.topics import ensure_topics
 from tests.conftest import unique_settings
 from tests.integration.commands import one_line_error
 from tests.integration.secure_broker import USERS, SecureBroker
+from tests.integration.test_alertmanager_bridge import Alertmanager, wait_for
 from tests.integration.test_telemetry_publish import _Exposition
 from tests.integration.worker_proc import WorkerProcess, consume_until, free_port, produce, settings_env
 from tests.unit.test_otlp_decode import vllm_request
@@ -178,6 +182,52 @@ def post_spans(port: int) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+def test_the_output_readers_connect_over_sasl_ssl(secure: SecureBroker, secrets: dict[str, Path],
+                                                  tmp_path: Path) -> None:
+    """The corrections subscriber with the settings' client options, `skewwatch tail`, and the Alertmanager
+    bridge (a Faust app: broker_credentials from the same settings)."""
+    settings = secure_settings(secure.kafka("SCRAM-SHA-512", password_file=secrets["worker"]))
+    bootstrap, topics = settings.kafka.bootstrap or "", settings.topics
+    options = client_options(settings.kafka)
+    correction = {"model": "m", "ts": 60.0, "seq": 60000, "weights": {"r1": 0.8, "r2": 0.2}, "actions": []}
+    alert = {"ts": time.time(), "model": "m", "replica": "r1", "detector": "gpu_health", "severity": "CRITICAL",
+             "state": "open", "message": "XID 79", "evidence": {"xid": 79}}
+    asyncio.run(produce(bootstrap, topics.routing_corrections, [(b"m", orjson.dumps(correction))],
+                        client_options=options))
+    asyncio.run(produce(bootstrap, topics.alerts, [(b"m/r1", orjson.dumps(alert))], client_options=options))
+
+    async def subscribe() -> dict[str, float]:
+        async with CorrectionsSubscriber(bootstrap, topics.routing_corrections,
+                                         client_kwargs=client_kwargs(settings.kafka)) as corrections:
+            await corrections.wait_caught_up(timeout=30)
+            return corrections.weights("m")
+
+    assert asyncio.run(subscribe()) == {"r1": 0.8, "r2": 0.2}
+
+    env = command_env(settings)
+    done = subprocess.run([sys.executable, "-m", "skewwatch", "tail", "alerts"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert [orjson.loads(line)["message"] for line in done.stdout.splitlines()] == ["XID 79"]
+
+    am = Alertmanager(tmp_path)
+    am.start()
+    bridge = subprocess.Popen([sys.executable, "-m", "skewwatch", "alertmanager-bridge", "--url", am.url,
+                               "--group-id", f"skewwatch-am-secure-{uuid.uuid4().hex[:8]}"],
+                              env=env, stdout=(tmp_path / "bridge.log").open("wb"), stderr=subprocess.STDOUT)
+    try:
+        def delivered() -> list[dict[str, Any]] | bool:
+            return [a for a in am.alerts() if a["labels"].get("model") == "m"] or bridge.poll() is not None
+
+        found = wait_for(delivered, "the alert over SASL_SSL", 90)
+        assert bridge.poll() is None, (tmp_path / "bridge.log").read_text()
+        assert found[0]["labels"]["detector"] == "gpu_health"
+    finally:
+        bridge.terminate()
+        bridge.wait(timeout=30)
+        am.stop()
 
 
 # --------------------------------------------------------------------------------------------- refusals

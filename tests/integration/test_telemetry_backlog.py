@@ -1,8 +1,8 @@
-"""Issue 4: a worker that starts on a backlog joins every step with the telemetry of its time.
+"""A worker that starts on a backlog joins every step with the telemetry of its time.
 
 Ten minutes of requests and telemetry are on the topics before the worker starts (a restart after an
 outage). Telemetry is small, so the first fetches bring all of it while the requests take many polls;
-the join keeps 32 samples per key (160 s at the 5 s interval), so without flow control the samples of
+the join keeps a bounded history per key (``telemetry_join.history_for``), so without flow control the samples of
 the early steps are pushed out before those steps close and they see their telemetry as stale. The
 worker holds telemetry that runs more than ``[window] telemetry_ahead_s`` ahead of the requests'
 watermark and pauses its partition (``pipeline/telemetry_pacing.py``): every step must carry a fresh

@@ -1,4 +1,4 @@
-"""Issue 4 end to end on the real broker: telemetry from several GPUs and sources reaches the decider.
+"""Telemetry end to end on the real broker: telemetry from several GPUs and sources reaches the decider.
 
 One worker, one generated run of three models (three replicas each), the generator's requests and
 telemetry, with the telemetry of one replica per model rewritten the way real producers send it:

@@ -1,7 +1,7 @@
 """Telemetry onto the real broker: BoundedProducer delivery and recovery, collect-gpu and scrape end to end.
 
-Issue 4: samples on ``llm.gpu-telemetry`` keyed by replica; the collector "survives broker outages:
-buffers a bounded number of samples and drops the oldest with a counter". Here the broker is real
+Samples go on ``llm.gpu-telemetry`` keyed by replica; the collector survives broker outages: it
+buffers a bounded number of samples and drops the oldest with a counter. Here the broker is real
 (fixture ``kafka_settings`` from tests/conftest.py: topics created, names unique per test). The outage
 is a port where nothing listens at first; a TCP relay to the real broker then opens on that very port,
 and what was buffered (the newest ``max_buffered`` messages) arrives.

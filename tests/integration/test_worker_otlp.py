@@ -1,4 +1,4 @@
-"""OTLP in, through the real worker (issue 7, recipes 1 and 2 of docs/connect.md).
+"""OTLP in, through the real worker (recipes 1 and 2 of docs/connect.md).
 
 * Recipe 1: OTLP protobuf and OTLP/JSON payloads, produced onto a Kafka topic exactly as the OTel
   Collector's Kafka exporter frames them (``collector_kafka_records``: one ExportTraceServiceRequest per

@@ -1,4 +1,4 @@
-"""Pure scoring of the issue 5 benchmarks: alerts -> episodes, episodes vs labels -> precision,
+"""Pure scoring of the quality and routing benchmarks: alerts -> episodes, episodes vs labels -> precision,
 recall and delay; weights -> stale/weights episodes; the routing table's spreads.
 
 No broker, no worker: these are the functions that turn what the real worker published into the

@@ -1,4 +1,4 @@
-"""The benchmark scripts import and run a toy case in seconds (issue 6: bench/throughput, bench/scale).
+"""The benchmark scripts import and run a toy case in seconds (bench/throughput, bench/scale).
 
 Not a measurement: it keeps the harness from rotting between the (long) real runs.
 """

@@ -1,4 +1,4 @@
-"""The llm.requests decoder: every bad-input case of issue 2, good events surviving bad ones,
+"""The llm.requests decoder: every bad-input case of the contract, good events surviving bad ones,
 the vectorised path agreeing with the per-event reference, and no input ever raising."""
 
 from __future__ import annotations
@@ -498,7 +498,7 @@ def test_required_fields_are_the_contracts() -> None:
                                "completion_tokens")  # v1.1: batch_size / batch_capacity optional
 
 
-# --- the whole-poll typed path (issue 6): one msgspec pass per poll, the reference's result ----------
+# --- the whole-poll typed path: one msgspec pass per poll, the reference's result ----------
 
 # Valid events exactly as msgspec takes them (no 12.0 for an integer), batch fields absent, null or
 # over capacity (64 > 32: the one rule the typed path words afterwards).

@@ -517,9 +517,6 @@ def low_rate_pool(seconds: float = 1800.0, rate: float = 0.08, seed: int = 14) -
         yield end, vectors, telemetry
 
 
-POOL = ("r0", "r1", "r2", "r3")
-
-
 @pytest.mark.parametrize("name", DETECTOR_NAMES)
 def test_a_low_rate_healthy_replica_raises_no_alert(name: str) -> None:
     from skewwatch.pipeline.detector_settings import DetectorSettings
@@ -533,3 +530,126 @@ def test_a_low_rate_healthy_replica_raises_no_alert(name: str) -> None:
         assert d.alerts == [], (name, end, [a.to_dict() for a in d.alerts])
         judged += sum(1 for v in vectors if v.count >= 6)
     assert judged > 100  # windows with enough requests to be judged were there, and passed
+
+
+# --------------------------------------------------------------------------- the pool: every detector
+# Each detector runs alone in a model's decider over a pool of four replicas; whatever it finds,
+# the correction keeps the pool's guards: a low-rate healthy replica is never weighted 0, a pool
+# that falls silent is never routed to nowhere, and no more than the cap is ejected at once.
+
+POOL = ("r0", "r1", "r2", "r3")
+
+
+def _alone(name: str, **weights: Any) -> Any:
+    from skewwatch.pipeline.detector_settings import DetectorSettings
+
+    others = ",".join(n for n in DETECTORS if n != name)
+    return DetectorSettings.from_overrides({"decider": {"disabled": others}, "weights": weights})
+
+
+def _on(replica: str, inputs: Inputs) -> Inputs:
+    import dataclasses
+
+    fv, tel = inputs
+    return (dataclasses.replace(fv, replica=replica),
+            None if tel is None else dataclasses.replace(tel, replica=replica))
+
+
+def _pool_step(decider: Any, end: float, by_replica: dict[str, Inputs]) -> Any:
+    vectors = [fv for fv, _ in by_replica.values()]
+    telemetry = {r: (tel, end - tel.ts) for r, (_, tel) in by_replica.items() if tel is not None}
+    return decider.step("m", end, vectors, None, telemetry)
+
+
+@pytest.mark.parametrize("name", DETECTOR_NAMES)
+def test_a_low_rate_healthy_replica_is_never_weighted_zero(name: str) -> None:
+    from skewwatch.config import WindowSettings
+    from skewwatch.pipeline.model_decisions import ModelDecider
+    from tests.reference import reference_features
+
+    rng = random.Random(14)
+    events = []
+    for replica in POOL:  # ~0.08 requests/s each, 9 s requests: Poisson gaps of a minute are ordinary
+        t = T0 + rng.expovariate(0.08)
+        while t < T0 + 1800:
+            events.append({"model": "m", "replica": replica, "ts": t, "latency_ms": rng.uniform(7000, 11000),
+                           "prompt_tokens": rng.randint(100, 3000), "completion_tokens": rng.randint(50, 500)})
+            t += rng.expovariate(0.08)
+    events.sort(key=lambda e: e["ts"])
+    decider = ModelDecider(_alone(name))
+    last: dict[str, float] = {}
+    index = 0
+    for i in range(1, 361):
+        end = T0 + STEP * i
+        while index < len(events) and events[index]["ts"] < end:
+            last[events[index]["replica"]] = events[index]["ts"]
+            index += 1
+        vectors = [reference_features(events[:index], "m", r, end, WindowSettings())
+                   for r in POOL if r in last and end - last[r] <= 90]  # stage 1 reports a replica 90 s
+        d = decider.step("m", end, vectors, None, {})
+        if end >= T0 + 120:
+            assert all(w.weight > 0 for w in d.weights.values()), (name, end, d.weights)
+            assert d.current is not None and d.current.mode == "normal"
+
+
+@pytest.mark.parametrize("name", DETECTOR_NAMES)
+def test_a_whole_pool_silent_is_never_all_zero(name: str) -> None:
+    from skewwatch.pipeline.model_decisions import ModelDecider
+
+    decider = ModelDecider(_alone(name))
+    holding = inputs_for(name, [True] * 12)
+    clean = inputs_for(name, [False] * 12)
+    ends = []
+    for step_inputs, clean_inputs in zip(holding, clean, strict=True):  # the fault on r0, the others clean
+        end = step_inputs[0].window_end
+        ends.append(end)
+        by_replica = {"r0": _on("r0", step_inputs), **{r: _on(r, clean_inputs) for r in POOL[1:]}}
+        _pool_step(decider, end, by_replica)
+    opened = set(decider.open_alerts())
+    corrections = []
+    for i in range(1, 240):  # then no replica reports anything for 20 minutes
+        d = decider.step("m", ends[-1] + STEP * i, [], None, {})
+        assert d.current is not None
+        corrections.append(d.current)
+        assert sum(d.current.weights.values()) == pytest.approx(1.0), (name, d.current)
+        assert set(d.current.weights) == set(POOL)
+    assert corrections[-1].mode == "panic" and "silent" in (corrections[-1].mode_reason or "")
+    # without requests, only what does not need them may still be open (a GPU's health, the pool's own)
+    still = {(detector, severity) for detector, severity in decider.open_alerts()}
+    assert all(d == "fail_static" or not DETECTORS[d].needs_traffic for d, _ in still), (opened, still)
+
+
+@pytest.mark.parametrize("name", DETECTOR_NAMES)
+@pytest.mark.parametrize("share", [0.5, 0.25])
+def test_the_ejection_cap_holds(name: str, share: float) -> None:
+    from skewwatch.pipeline.failstatic import ejection_cap
+    from skewwatch.pipeline.model_decisions import ModelDecider
+
+    decider = ModelDecider(_alone(name, max_ejection_share=share))
+    cap = ejection_cap(len(POOL), share)
+    for step_inputs in inputs_for(name, [True] * 12):  # the rule holds on every replica at once
+        d = _pool_step(decider, step_inputs[0].window_end, {r: _on(r, step_inputs) for r in POOL})
+        assert d.current is not None
+        out = {a.replica for a in d.current.actions if a.action in ("drain", "isolate")}
+        out |= {r for r, w in d.current.weights.items() if w == 0.0}
+        assert len(out) <= cap, (name, d.current)
+        assert sum(d.current.weights.values()) == pytest.approx(1.0)
+
+
+def test_the_ejection_cap_holds_for_hardware_faults_and_says_so() -> None:
+    from skewwatch.pipeline.model_decisions import ModelDecider
+
+    decider = ModelDecider(_alone("gpu_health", max_ejection_share=0.25))
+    alerts = []
+    for i in range(6):
+        end = T0 + STEP * i
+        by_replica = {r: (base_fv(end, replica=r, step_cuda_errors={"cudaErrorIllegalAddress": 1}
+                                  if r in ("r0", "r1") else {}), None) for r in POOL}
+        d = _pool_step(decider, end, by_replica)
+        alerts += d.alerts
+    assert d.current is not None and d.current.mode == "normal"
+    assert [a.replica for a in d.current.actions if a.action == "drain"] == ["r0"]  # one of four
+    assert d.current.weights["r0"] == 0.0 and d.current.weights["r1"] > 0
+    cap = [a for a in alerts if a.detector == "fail_static"]
+    assert [(a.evidence["rule"], a.state, a.replica) for a in cap] == [("ejection_cap", "open", None)]
+    assert "held back: r1" in cap[0].message

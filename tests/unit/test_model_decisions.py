@@ -13,7 +13,6 @@ import pytest
 from skewwatch.config import ConfigError, load_settings
 from skewwatch.pipeline.corrections import (
     RoutingCorrection,
-    forced_seq,
     publish_reason,
     should_publish,
     step_seq,
@@ -96,12 +95,11 @@ def test_gpu_fault_drains_and_drops_the_weight() -> None:
 
 def test_seq_is_event_time_and_strictly_increasing_across_forced_publishes() -> None:
     decider = ModelDecider()
-    assert decider.force_publish() is None
+    assert decider.publish_now() is None
     d = step(decider, 0)
     assert d.correction is not None and d.correction.seq == round(T0 * 1000)
-    forced = decider.force_publish(now=T0 + 2.0)
-    assert forced is not None and forced.seq == round(T0 * 1000) + 1 and forced.ts == T0 + 2.0
-    assert decider.force_publish().seq == round(T0 * 1000) + 2  # type: ignore[union-attr]
+    # published already: the same record again, never a new seq for the same step
+    assert decider.publish_now() == d.correction
     seqs = []
     for i in range(1, 20):
         d = step(decider, i, {"r1": {"latency_mean": 100.0 if i % 2 else 1500.0}})  # weights move every step
@@ -110,11 +108,26 @@ def test_seq_is_event_time_and_strictly_increasing_across_forced_publishes() -> 
     assert seqs == [round((T0 + 5.0 * i) * 1000) for i in range(1, 20)]
 
 
-def test_a_wall_clock_forced_publish_does_not_suppress_event_time_heartbeats() -> None:
+def test_publish_now_publishes_the_latest_step_with_its_own_seq() -> None:
+    decider = ModelDecider()
+    first = step(decider, 0).correction
+    quiet = step(decider, 1)  # nothing changed: not published
+    assert quiet.correction is None and quiet.current is not None and quiet.current.seq == round((T0 + 5) * 1000)
+    assert decider.last_published == first
+    forced = decider.publish_now()
+    # the step's own correction (its weights, its ts, its seq), not the previous one with seq + 1
+    assert forced == quiet.current and decider.last_published == quiet.current
+    assert decider.publish_now() == forced  # twice: the same record
+    later = step(decider, 2, {"r1": {"latency_mean": 1500.0}}).correction
+    assert later is not None and later.seq == round((T0 + 10) * 1000) > forced.seq
+
+
+def test_a_forced_publish_keeps_the_event_time_heartbeat() -> None:
     decider = ModelDecider()
     step(decider, 0)
-    decider.force_publish(now=T0 + 10_000.0)  # a replay: the wall clock is far ahead of event time
-    reasons = [step(decider, i).publish_reason for i in range(1, 8)]
+    step(decider, 1)
+    decider.publish_now()  # the step at T0 + 5 goes out: the heartbeat counts from there
+    reasons = [step(decider, i).publish_reason for i in range(2, 9)]
     assert reasons == [None] * 5 + ["heartbeat", None]
 
 
@@ -128,7 +141,7 @@ def test_publishes_on_change_and_heartbeat_only() -> None:
     assert [a.action for a in d.correction.actions] == ["adjust_batch_policy"]  # type: ignore[union-attr]
 
 
-def test_silent_replica_goes_stale_then_is_released() -> None:
+def test_silent_replica_is_held_then_stale_then_back_then_released() -> None:
     settings = DetectorSettings.from_overrides({"decider": {"release_after_s": "60"}})
     decider = ModelDecider(settings)
     step(decider, 0)
@@ -136,20 +149,27 @@ def test_silent_replica_goes_stale_then_is_released() -> None:
     for i in range(1, 16):
         d = step(decider, i, replicas=("r1", "r2"))
         weights.append(d.weights.get("r3"))
-    # without a summary it has no load signal: counted as fully loaded (1 / 1), the others are not
-    assert weights[0] is not None and 0.0 < weights[0].weight < 0.1
-    assert "treated as fully loaded" in weights[0].reason
-    assert weights[2] is not None and weights[2].weight == 0.0 and weights[2].reason.startswith("stale")
-    assert weights[10] is not None  # 55 s after its last request
-    assert weights[11] is None and "r3" not in decider.replicas  # released at 60 s
-    assert sum(w.weight for w in d.weights.values()) == pytest.approx(1.0)
+        assert sum(w.weight for w in d.weights.values()) == pytest.approx(1.0)
+    # 200 requests a minute: its weight is held while the silence is plausible (not "fully loaded")
+    assert all(w is not None and w.weight == pytest.approx(1 / 3) and w.reason.startswith("held")
+               for w in weights[:2])
+    # at 15 s a silence is improbable at its rate: stale, ejected for the base ejection time (30 s)
+    assert all(w is not None and w.weight == 0.0 for w in weights[2:8])
+    assert weights[2] is not None and "stale: no request for 15 s" in weights[2].reason
+    assert "ejected (stale) until" in weights[2].reason
+    # then back at its held weight (its silence while out says nothing) ...
+    assert weights[8] is not None and weights[8].weight == pytest.approx(1 / 3)
+    # ... and released 60 s after its last request
+    assert weights[10] is not None
+    assert weights[11] is None and "r3" not in decider.replicas
 
 
-def test_a_replica_with_an_empty_step_counts_as_silent() -> None:
+def test_a_replica_with_empty_steps_is_held_then_stale() -> None:
     decider = ModelDecider()
-    for i in range(3):
-        d = step(decider, i, {"r1": {"step_count": 0}})
-    assert d.weights["r1"].weight == 0.0 and d.weights["r1"].reason.startswith("stale")
+    for i in range(4):
+        d = step(decider, i, {"r1": {"step_count": 0}} if i else {})
+    assert d.weights["r1"].weight == 0.0 and "stale" in d.weights["r1"].reason
+    assert d.current is not None and d.current.mode == "normal"
 
 
 def test_alerts_of_a_vanished_replica_resolve() -> None:
@@ -321,7 +341,7 @@ def test_replaying_a_step_after_restore_gives_the_same_seq() -> None:
 def test_settings_from_env_and_toml(tmp_path: Path) -> None:
     toml = tmp_path / "skewwatch.toml"
     toml.write_text(
-        "[detectors.long_tail]\nratio = 3.5\npersistence = 4\n[detectors.weights]\nstale_steps = 5\n"
+        "[detectors.long_tail]\nratio = 3.5\npersistence = 4\n[detectors.weights]\npanic_threshold = 0.25\n"
         '[detectors.gpu_health]\nreclassify = ["cudaErrorLaunchTimeout=hardware"]\nhardware_xids = [79, 48]\n'
     )
     settings = load_settings(
@@ -329,7 +349,7 @@ def test_settings_from_env_and_toml(tmp_path: Path) -> None:
     )
     ds = settings.detectors
     assert ds.long_tail.ratio == 4.0 and ds.long_tail.persistence == 4
-    assert ds.gpu_health.isolate_s == 120.0 and ds.weights.stale_steps == 5
+    assert ds.gpu_health.isolate_s == 120.0 and ds.weights.panic_threshold == 0.25
     assert ds.gpu_health.reclassify == ("cudaErrorLaunchTimeout=hardware",)
     assert ds.gpu_health.hardware_xids == (79, 48)
     assert ModelDecider(ds).detectors["long_tail"].config.to_dict()["ratio"] == 4.0
@@ -342,6 +362,12 @@ MODULES = [
     "skewwatch.pipeline.health",
     "skewwatch.pipeline.batch_controller",
     "skewwatch.pipeline.weights",
+    "skewwatch.pipeline.staleness",
+    "skewwatch.pipeline.credibility",
+    "skewwatch.pipeline.failstatic",
+    "skewwatch.pipeline.pool_evidence",
+    "skewwatch.pipeline.step_completion",
+    "skewwatch.schemas.corrections",
     "skewwatch.pipeline.corrections",
     "skewwatch.pipeline.model_decisions",
     "skewwatch.pipeline.detectors.alerts",
@@ -429,8 +455,7 @@ def test_correction_round_trips_through_json() -> None:
 
 def test_seq_helpers() -> None:
     assert step_seq(60.0, None) == 60_000 and step_seq(65.0, 60_000) == 65_000
-    assert step_seq(65.0, 70_000) == 70_001  # never backwards, even after many forced publishes
-    assert forced_seq(60.0, 60_000) == 60_001 and forced_seq(60.0, None) == 60_000
+    assert step_seq(65.0, 70_000) == 70_001  # never backwards
 
 
 @pytest.mark.parametrize(

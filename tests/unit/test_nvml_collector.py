@@ -1,8 +1,7 @@
 """The NVML collector with NVML replaced ONLY at the pynvml function boundary.
 
-Issue 4: "with NVML replaced only at the pynvml function boundary (this machine has no GPU), samples
-carry the right fields and units; XID events become samples; missing NVML gives the one-line error".
-The fakes return pynvml's own ctypes structures and raise pynvml's own error classes
+Samples carry the right fields and units, XID events become samples, and a machine without NVML
+gets the one-line error. The fakes return pynvml's own ctypes structures and raise pynvml's own error classes
 (``pynvml.NVMLError(NVML_ERROR_NOT_SUPPORTED)`` becomes ``NVMLError_NotSupported``), so the code under
 test runs unchanged; the real-NVML counterpart is tests/gpu/test_nvml_real.py.
 """

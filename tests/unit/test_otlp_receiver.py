@@ -148,7 +148,7 @@ async def test_gzip_bomb_is_refused_not_inflated(publisher: ListPublisher) -> No
     assert publisher.dead_letters == [] and publisher.messages == []
 
 
-# --------------------------------------------------------------------------- dead letters (issue 7)
+# ---------------------------------------------------------------------------------------- dead letters
 def mixed_export() -> ExportTraceServiceRequest:
     """Four spans of replica r1: good, wrong type, negative latency, not an inference span."""
     spans = [

@@ -24,6 +24,7 @@ from referencing import Registry, Resource
 
 from skewwatch.config import LimitSettings
 from skewwatch.schemas import SCHEMA_FILES, load_schema
+from skewwatch.schemas.corrections import decode_correction, encode_correction
 from skewwatch.schemas.dead_letter import (
     DEAD_LETTER_MAX_VALUE_BYTES,
     DEAD_LETTER_TOPIC_MAX_MESSAGE_BYTES,
@@ -165,7 +166,7 @@ def test_schema_and_decoder_agree_on_generated_messages(events: list[dict[str, A
 @given(st.lists(st.lists(json_events(), min_size=1, max_size=3), min_size=1, max_size=6), st.booleans())
 def test_schema_and_decoder_agree_message_by_message_on_a_generated_poll(messages: list[list[dict[str, Any]]],
                                                                          batch_form: bool) -> None:
-    # a whole poll, as the worker decodes it (issue 6: one msgspec pass when every message is clean)
+    # a whole poll, as the worker decodes it (one msgspec pass when every message is clean)
     values = [orjson.dumps({"events": events} if batch_form else events[0]) for events in messages]
     decoded = decode_request_messages(values, LIMITS)
     assert len(decoded.rejects) == len(values)
@@ -245,6 +246,46 @@ def test_encoded_features_validate_and_never_carry_nan() -> None:
     assert decode_features(record) == dataclasses.replace(fv, latency_p50=None, latency_p99=None)
     with pytest.raises(ValueError, match="missing"):
         decode_features(b'{"model": "m"}')
+
+
+# --- llm.routing-corrections -----------------------------------------------------------------------
+
+CORRECTION = validator("routing-correction.v1")
+
+
+def test_the_correction_schema_lists_exactly_the_correction_fields() -> None:
+    from skewwatch.pipeline.corrections import RoutingCorrection
+    from skewwatch.pipeline.detectors.alerts import Action
+
+    schema = load_schema("routing-correction.v1")
+    assert set(schema["properties"]) == {f.name for f in dataclasses.fields(RoutingCorrection)}
+    assert set(schema["properties"]["actions"]["items"]["properties"]) == {f.name for f in dataclasses.fields(Action)}
+
+
+def test_encoded_corrections_validate_and_old_records_still_read() -> None:
+    from skewwatch.pipeline.corrections import RoutingCorrection
+    from skewwatch.pipeline.detectors.alerts import Action, Severity
+
+    panic = RoutingCorrection("m", 60.0, 60_000, {"a": 0.5, "b": 0.5},
+                              [Action("a", "drain", Severity.CRITICAL, "hardware", {}, 360.0)],
+                              mode="panic", mode_reason="panic: 1 of 4 replicas healthy")
+    for correction in (panic, RoutingCorrection("m", 65.0, 65_000, {"a": 1.0})):
+        record = encode_correction(correction.to_dict())
+        CORRECTION.validate(orjson.loads(record))
+        assert RoutingCorrection.from_dict(decode_correction(record)) == correction
+    # a record from a writer before v1.4: valid, and read as normal
+    old = {"model": "m", "ts": 60.0, "seq": 60_000, "weights": {"a": 1.0}, "actions": [], "v": 1}
+    CORRECTION.validate(old)
+    assert decode_correction(orjson.dumps(old))["mode"] == "normal"
+    assert RoutingCorrection.from_dict(old).mode == "normal"
+    with pytest.raises(jsonschema.ValidationError):
+        CORRECTION.validate({**old, "mode": "chaos"})
+    for bad, match in ((b"[]", "JSON object"), (b'{"model": "m"}', "missing"), (b'{"v": 2}', "version"),
+                       (orjson.dumps({**old, "mode": "chaos"}), "unknown mode")):
+        with pytest.raises(ValueError, match=match):
+            decode_correction(bad)
+    with pytest.raises(ValueError, match="mode must be"):
+        encode_correction({**old, "mode": "chaos"})
 
 
 # --- llm.gpu-telemetry --------------------------------------------------------------------------------

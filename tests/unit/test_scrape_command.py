@@ -1,7 +1,7 @@
 """Bridges: recorded expositions of each engine, served over real HTTP, map to the expected samples.
 
-Issue 4: "each engine's fixture maps to the expected sample; counters become rates correctly across
-two scrapes and across a counter reset". The fixtures under tests/fixtures/ are written the way the
+Each engine's fixture maps to the expected sample; counters become rates correctly across two
+scrapes and across a counter reset. The fixtures under tests/fixtures/ are written the way the
 exporters format them (prometheus_client for vLLM and SGLang, metrics-exporter-prometheus for TGI,
 dcgm-exporter for DCGM); a local http.server serves them, so the real aiohttp + parser path runs.
 """

@@ -10,15 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from skewwatch.pipeline.events import RequestColumns
-from skewwatch.pipeline.telemetry import TelemetrySample
+from skewwatch.collect.histogram import TPOT_BUCKETS_S, histogram_quantile
+from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry import decode_telemetry, encode_telemetry
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.faults import Injection
 from skewwatch.sim.fleet import LIVE_ENGINE_FIELDS, FleetConfig, FleetSimulator
 from skewwatch.sim.generator import GeneratorConfig, generate_chunks
 from skewwatch.sim.shapes import BASE_LOAD, SHAPES, make_shape
 from skewwatch.sim.trace import ColumnMapping, TraceError, load_trace, read_trace
-from skewwatch.collect.histogram import TPOT_BUCKETS_S, histogram_quantile
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000.0

@@ -1,4 +1,4 @@
-"""The log-bin quantile sketch against numpy's exact quantiles (issue 2: <= 1 % at P50/P95/P99)."""
+"""The log-bin quantile sketch against numpy's exact quantiles (<= 1 % relative error at P50/P95/P99)."""
 
 from __future__ import annotations
 

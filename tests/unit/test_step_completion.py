@@ -190,3 +190,30 @@ def test_stage2_checkpoint_of_another_version_is_refused() -> None:
             PartitionModels.restore(orjson.dumps({**snapshot, "v": version}), settings, detectors)
     with pytest.raises(ValueError, match="unsupported version"):
         PartitionModels.restore(b"[]", settings, detectors)
+
+
+def test_a_model_without_records_still_gets_its_steps_empty() -> None:
+    a = StepAssembler()
+    for model in ("quiet", "busy"):
+        a.add_chunk(model, 10.0, source=0, replicas=1, payload=b"r")
+    a.progress(source=0, closed_end=10.0, sources=1)
+    assert [(s.model, s.window_end) for s in a.complete(step_s=5.0)] == [("quiet", 10.0), ("busy", 10.0)]
+    # only busy reports from here on; the min-watermark passes 25: quiet gets 15, 20, 25 empty
+    for end in (15.0, 20.0, 25.0):
+        a.add_chunk("busy", end, source=0, replicas=1, payload=b"r")
+    a.progress(source=0, closed_end=25.0, sources=1)
+    steps = a.complete(step_s=5.0)
+    assert [(s.model, s.window_end, len(s.chunks)) for s in steps] == [
+        ("quiet", 15.0, 0), ("quiet", 20.0, 0), ("quiet", 25.0, 0),
+        ("busy", 15.0, 1), ("busy", 20.0, 1), ("busy", 25.0, 1)]
+    assert all(s.complete for s in steps)
+    # a record for a step released empty comes late: counted, dropped
+    a.add_chunk("quiet", 20.0, source=0, replicas=1, payload=b"r")
+    assert a.late == 1 and a.pending == 0
+    # without the step length (the memory bound's path) nothing is made up
+    a.progress(source=0, closed_end=40.0, sources=1)
+    assert a.complete() == [] and a.newest_end() == 25.0
+    # the state keeps where each model's steps stand
+    b = StepAssembler()
+    b.load_state(a.state_dict())
+    assert [(s.model, s.window_end) for s in b.complete(step_s=5.0)][:2] == [("quiet", 30.0), ("quiet", 35.0)]

@@ -95,25 +95,6 @@ def test_drained_replica_gets_zero() -> None:
     assert weights["a"].weight == 0.0 and weights["b"].weight == 1.0
 
 
-@pytest.mark.parametrize(("silent", "stale"), [(0, False), (2, False), (3, True), (50, True)])
-def test_stale_after_three_silent_steps(silent: int, stale: bool) -> None:
-    weights = compute_weights([inp("a", telemetry=tel("a"), silent_steps=silent), inp("b", telemetry=tel("b"))])
-    if stale:
-        assert weights["a"].weight == 0.0 and weights["a"].reason.startswith("stale")
-        assert weights["a"].raw_score == 0.0 and weights["b"].weight == 1.0
-    else:
-        assert weights["a"].weight == pytest.approx(0.5)
-
-
-def test_fresh_engine_telemetry_can_count_as_liveness() -> None:
-    engine = TelemetrySample(ts=59.0, replica="a", source="vllm", queue_length=0)
-    config = WeightConfig.from_overrides({"liveness_from_telemetry": "true"})
-    assert one(inp("a", telemetry=engine, silent_steps=5), config).weight == 1.0
-    assert one(inp("a", telemetry=engine, silent_steps=5)).reason.startswith("stale")
-    nvml_only = tel("a")
-    assert one(inp("a", telemetry=nvml_only, silent_steps=5), config).reason.startswith("stale")
-
-
 def test_all_idle_pool_is_guarded_and_equal() -> None:
     weights = compute_weights([inp(r, telemetry=tel(r, used=0.0), latency=0.0, queue=0.0) for r in ("a", "b", "c")])
     for w in weights.values():
@@ -123,7 +104,7 @@ def test_all_idle_pool_is_guarded_and_equal() -> None:
 
 
 def test_no_healthy_replica_gives_all_zero_without_dividing_by_zero() -> None:
-    weights = compute_weights([inp("a", telemetry=tel("a"), health=0.0), inp("b", silent_steps=3)])
+    weights = compute_weights([inp("a", telemetry=tel("a"), health=0.0), inp("b", health=0.0)])
     assert {r: w.weight for r, w in weights.items()} == {"a": 0.0, "b": 0.0}
     assert "pool has no replica with a positive weight" in weights["a"].reason
     assert compute_weights([]) == {}
@@ -165,17 +146,17 @@ signal = st.one_of(st.none(), st.floats(min_value=0.0, max_value=1e5, allow_nan=
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
-        st.tuples(signal, signal, st.one_of(st.none(), st.floats(0.0, 2.0)), st.floats(0.0, 1.0), st.integers(0, 5)),
+        st.tuples(signal, signal, st.one_of(st.none(), st.floats(0.0, 2.0)), st.floats(0.0, 1.0)),
         min_size=1,
         max_size=6,
     )
 )
 def test_weights_are_a_distribution_or_all_zero(rows: list[tuple[Any, ...]]) -> None:
     inputs = []
-    for i, (latency, queue, mem_ratio, health, silent) in enumerate(rows):
+    for i, (latency, queue, mem_ratio, health) in enumerate(rows):
         telemetry = None if mem_ratio is None else tel(str(i), used=mem_ratio * 80 * GB)
         features = fv(str(i), latency=latency, queue=queue)
-        inputs.append(WeightInput(str(i), features, telemetry, 1.0, health=health, silent_steps=silent))
+        inputs.append(WeightInput(str(i), features, telemetry, 1.0, health=health))
     weights = compute_weights(inputs)
     total = sum(w.weight for w in weights.values())
     assert total == pytest.approx(1.0) or total == 0.0
@@ -203,22 +184,19 @@ def _pool_row(draw: st.DrawFn, replica: str) -> tuple[WeightInput, FeatureVector
         replica=replica, features=features, telemetry=sample,
         telemetry_age_s=draw(st.one_of(st.none(), st.sampled_from([0.0, 5.0, 15.0, 30.0]))),
         health=draw(st.sampled_from([1.0, 1.0, 1.0, 0.9, 0.4, 0.0])), health_note=draw(st.sampled_from([None, "x"])),
-        silent_steps=draw(st.integers(0, 4)),
     )
     empty = FeatureVector(model="m", replica=replica, window_start=0.0, window_end=60.0, count=0)
     return weight_input, features or empty
 
 
 @settings(max_examples=300, deadline=None)
-@given(data=st.data(), n=st.integers(1, 8), liveness=st.booleans(), min_denominator=st.sampled_from([0.05, 0.5]))
-def test_pool_weights_are_the_reference_bit_for_bit(
-    data: st.DataObject, n: int, liveness: bool, min_denominator: float
-) -> None:
+@given(data=st.data(), n=st.integers(1, 8), min_denominator=st.sampled_from([0.05, 0.5]))
+def test_pool_weights_are_the_reference_bit_for_bit(data: st.DataObject, n: int, min_denominator: float) -> None:
     """The columnar path (the decider's) against the per-replica reference, on random pools."""
     from skewwatch.pipeline.detectors.step_columns import StepColumns
     from skewwatch.pipeline.weights import pool_weights
 
-    config = WeightConfig(liveness_from_telemetry=liveness, min_denominator=min_denominator)
+    config = WeightConfig(min_denominator=min_denominator)
     rows = [data.draw(_pool_row(f"r{i}")) for i in range(n)]
     inputs = [row for row, _ in rows]
     fresh = [i.telemetry if i.telemetry_age_s is not None and i.telemetry_age_s <= config.telemetry_max_age_s
@@ -226,7 +204,7 @@ def test_pool_weights_are_the_reference_bit_for_bit(
     step = StepColumns([vector for _, vector in rows], fresh)
     telemetry = {i.replica: (i.telemetry, i.telemetry_age_s) for i in inputs if i.telemetry is not None}
     got = pool_weights(step, [i.replica for i in inputs], telemetry,  # type: ignore[arg-type]
-                       [(i.health, i.health_note) for i in inputs], [i.silent_steps for i in inputs], config)
+                       [(i.health, i.health_note) for i in inputs], config)
     # repr: NaN (a NaN queue mean is taken as a queue) equals NaN, and -0.0 differs from 0.0
     assert repr({r: w.to_dict() for r, w in got.items()}) == repr(
         {r: w.to_dict() for r, w in compute_weights(inputs, config).items()}
@@ -234,7 +212,7 @@ def test_pool_weights_are_the_reference_bit_for_bit(
 
 
 def test_pool_weights_of_a_pool_of_usual_replicas_are_the_reference() -> None:
-    """The all-columns path: every replica with fresh telemetry, every signal, healthy, not stale."""
+    """The all-columns path: every replica with fresh telemetry, every signal, healthy."""
     import random
 
     from skewwatch.pipeline.detectors.step_columns import StepColumns
@@ -249,14 +227,14 @@ def test_pool_weights_of_a_pool_of_usual_replicas_are_the_reference() -> None:
         step = StepColumns([i.features for i in inputs if i.features is not None], [i.telemetry for i in inputs])
         telemetry = {i.replica: (i.telemetry, i.telemetry_age_s) for i in inputs}
         got = pool_weights(step, [i.replica for i in inputs], telemetry,  # type: ignore[arg-type]
-                           [(1.0, None)] * n, [0] * n, config)
+                           [(1.0, None)] * n, config)
         want = compute_weights(inputs, config)
         assert {r: w.to_dict() for r, w in got.items()} == {r: w.to_dict() for r, w in want.items()}
 
 
 def test_pool_weights_without_telemetry_are_the_reference() -> None:
     """Pools with no telemetry at all (mem missing everywhere), some without queue or latency, a
-    few unhealthy, stale or idle replicas among them: columns and reference rows mixed."""
+    few unhealthy or idle replicas among them: columns and reference rows mixed."""
     import random
 
     from skewwatch.pipeline.detectors.step_columns import StepColumns
@@ -275,17 +253,16 @@ def test_pool_weights_without_telemetry_are_the_reference() -> None:
                 None,
                 health=1.0 if trial % 2 or rng.random() < 0.9 else rng.choice([0.0, 0.4, 0.9]),
                 health_note=None,
-                silent_steps=0 if rng.random() < 0.95 else rng.randint(1, 4),
             )
             for i in range(n)
         ]
         step = StepColumns([i.features for i in inputs if i.features is not None], [None] * n)
         got = pool_weights(step, [i.replica for i in inputs], {}, [(i.health, i.health_note) for i in inputs],
-                           [i.silent_steps for i in inputs], config)
+                           config)
         want = compute_weights(inputs, config)
         assert repr({r: w.to_dict() for r, w in got.items()}) == repr({r: w.to_dict() for r, w in want.items()})
     reasons = {w.reason for w in got.values()}
     assert reasons  # the last pool produced weights with reasons
-    sample = pool_weights(StepColumns([fv("a")], [None]), ["a"], {}, [(1.0, None)], [0], config)["a"]
+    sample = pool_weights(StepColumns([fv("a")], [None]), ["a"], {}, [(1.0, None)], config)["a"]
     assert sample.reason == "mem missing (no telemetry)" and sample.components["mem"] is None
     assert sample.weight == 1.0 and sample.raw_score == pytest.approx(1 / 0.5)  # (0.3*0.5 + 0.3*0.5) / 0.6

@@ -506,7 +506,7 @@ def test_memory_per_active_replica_worst_case() -> None:
     """Adversarial bound: latencies drawn independently of output lengths, so the TPOT
     (latency / tokens) of the events spreads over ~7 decades and nearly every event gets an entry of
     its own in the TPOT sketch (as well as the latency one). No engine's traffic looks like this; it
-    bounds what the sketches can cost, not the issue's 16 KiB, which the test above checks."""
+    bounds what the sketches can cost, not the 16 KiB target, which the test above checks."""
     rng = np.random.default_rng(15)
     replicas = [("m", f"r{i}") for i in range(50)]
     events = sorted(random_events(rng, 50 * 4 * 80, 0.0, 80.0, replicas), key=lambda e: e["ts"])

@@ -1,6 +1,6 @@
-"""The columnar windows (issue 6): same features as the plain-Python reference on any stream, the
-per-replica objects bit-identical to ``WindowSummary.features``, rows released and reused cleanly,
-snapshots of the per-key implementation still read."""
+"""The columnar windows: same features as the plain-Python reference on any stream, the per-replica
+objects bit-identical to ``WindowSummary.features``, rows released and reused cleanly, a corrupt
+snapshot refused and an exported state rebuilding the same windows."""
 
 from __future__ import annotations
 

@@ -40,6 +40,10 @@ class Detector(ABC):
 
     name: ClassVar[str]  # the detector's name: its [detectors.<name>] table and the alerts' "detector"
     Config: ClassVar[type[FrozenConfigSection]]  # its configuration type (beside it)
+    # True: the rule reads finished requests, so a replica whose window holds none is not judged and
+    # its open alerts resolve (no evidence). False: it also judges a replica without traffic (faults
+    # reported by telemetry, hardware errors).
+    needs_traffic: ClassVar[bool] = True
 
     def __init__(self, config: FrozenConfigSection | None = None) -> None:
         self.config = config if config is not None else self.Config()

@@ -30,7 +30,7 @@ window late (the routing benchmark in the README measures the difference).
 The action ``adjust_batch_policy`` sends ``params.max_batch_size`` from the seed's §4.2
 controller (:mod:`skewwatch.pipeline.batch_controller`): queue length from the window's mean
 ``queue_length`` (else the engine's telemetry, else the window's mean batch size, so the
-recommendation keeps today's batches rather than inventing one), GPU utilisation from telemetry,
+recommendation keeps the current batches rather than inventing one), GPU utilisation from telemetry,
 P95 from the window.
 
 >>> from skewwatch.schemas.feature_vector import FeatureVector

@@ -72,6 +72,7 @@ class GpuHealthDetector(Detector):
     name = "gpu_health"
     Config = HealthConfig
     config: HealthConfig
+    needs_traffic = False  # XID / ECC come from telemetry, and a drained replica is silent by design
 
     def __init__(self, config: HealthConfig | None = None) -> None:
         super().__init__(config)

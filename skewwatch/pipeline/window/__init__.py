@@ -1,12 +1,13 @@
 """Sliding 60 s / 5 s event-time windows per (model, replica), kept as 12 five-second buckets.
 
-Implements issue 2 "Windows" and DESIGN.md "Topology, state and recovery" (stage 1), vectorised
-across replicas (issue 6). Modules: ``partition.py`` (the columnar state, ``apply``, ``close_steps``),
-``steps.py`` (what a step returns: ``StepBatch`` columns, per-replica ``ReplicaStep`` on demand),
-``summary.py`` (``WindowSummary``, the stage 1 -> 2 hand-off, and the feature definitions),
-``partition_state.py`` (``PartitionState``: the partition as plain columns, what
-:meth:`PartitionWindows.export_state` gives and :meth:`PartitionWindows.from_state` takes) and
-``snapshot.py`` (a ``PartitionState`` as checkpoint bytes and back).
+Stage 1's state (docs/design.md, "Two stages, two keys"): a 60 s window sliding by 5 s (seed §2.5)
+per replica, vectorised across a partition's replicas. Modules: ``partition.py`` (the columnar
+state, ``apply``, ``close_steps``), ``steps.py`` (what a step returns: ``StepBatch`` columns,
+per-replica ``ReplicaStep`` on demand), ``summary.py`` (``WindowSummary``, the stage 1 -> 2
+hand-off, and the feature definitions), ``partition_state.py`` (``PartitionState``: the partition as
+plain columns, what :meth:`PartitionWindows.export_state` gives and
+:meth:`PartitionWindows.from_state` takes) and ``snapshot.py`` (a ``PartitionState`` as checkpoint
+bytes and back).
 
 * **Event time, watermark, lateness.** Each Kafka partition has one :class:`PartitionWindows`.
   Its watermark is ``max event ts seen - allowed_lateness_s`` (never moving back). A bucket

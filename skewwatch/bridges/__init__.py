@@ -1,0 +1,1 @@
+"""Bridges from skewwatch's output topics to what a fleet already runs: HAProxy, Alertmanager."""
