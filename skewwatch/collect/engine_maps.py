@@ -353,8 +353,8 @@ def _as_ratio(value: float) -> float | None:
     return None  # e.g. vLLM's -1 "prefix caching disabled": unknown, not a ratio
 
 
-def _apply_rule(rule: MetricRule | DeltaRatioRule | SumRule, group: Group, group_key: tuple[str, ...], tracker: CounterTracker,
-                seen: list[Hashable]) -> float | None:
+def _apply_rule(rule: MetricRule | DeltaRatioRule | SumRule, group: Group, group_key: tuple[str, ...],
+                tracker: CounterTracker, seen: list[Hashable]) -> float | None:
     if isinstance(rule, MetricRule):
         series = _first_present(group, rule.names)
         if series is None:

@@ -12,10 +12,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -24,9 +22,9 @@ import pytest
 from skewwatch.config import ConfigError
 from skewwatch.pipeline.detectors.alerts import DetectorOutput, Severity
 from skewwatch.pipeline.detectors.base import Detector
+from skewwatch.pipeline.detectors.registry import DETECTORS
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import ThresholdDetector
-from skewwatch.pipeline.detectors.registry import DETECTORS
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 

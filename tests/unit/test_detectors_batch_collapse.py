@@ -111,8 +111,8 @@ def test_silent_when_no_event_had_a_batch_size_contract_v1_1() -> None:
     """OTLP events without batch fields and no telemetry to derive them: the window's batch
     statistics are None, so the detector makes no claim rather than guess (no alert, no action)."""
     from skewwatch.config import WindowSettings
-    from skewwatch.schemas.requests.columns import RequestColumns
     from skewwatch.pipeline.window import PartitionWindows
+    from skewwatch.schemas.requests.columns import RequestColumns
 
     windows = PartitionWindows(WindowSettings())
     rows = [{"request_id": f"q{i}", "ts": 100.0 + i * 0.5, "model": "m", "replica": "r1", "latency_ms": 50.0 + i,

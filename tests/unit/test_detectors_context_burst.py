@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from skewwatch.pipeline.detectors.alerts import Alert, Severity
-from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.context_burst import (
     HISTORY_KEY,
     PROFILE_SEED,
     ContextBurstConfig,
     ContextBurstDetector,
 )
+from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.schemas.feature_vector import FeatureVector
 
 SEED = ContextBurstConfig.from_overrides(PROFILE_SEED)

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from skewwatch.pipeline.detectors.alerts import Severity
-from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.kv_pressure import (
     FRAGMENTATION_MESSAGE,
     PREFILL_MESSAGE,
@@ -18,6 +17,7 @@ from skewwatch.pipeline.detectors.kv_pressure import (
     KvPressureConfig,
     KvPressureDetector,
 )
+from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 

@@ -6,16 +6,14 @@ requests as an exceedance test; both judged only with enough evidence."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import numpy as np
 import pytest
 
 from skewwatch.config import ConfigError
 from skewwatch.pipeline.detectors.alerts import Alert, Severity
-from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.long_tail import PROFILE_SEED, LongTailConfig, LongTailDetector
+from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 

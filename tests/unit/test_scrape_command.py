@@ -362,7 +362,8 @@ def _histogram(name: str, engines: dict[str, tuple[list[float], float]], bounds:
     """A Prometheus histogram as vLLM's prometheus_client writes it: per engine, cumulative bucket
     counts at ``bounds`` then +Inf, and the sum."""
     gauge = name.split(":")[0] + (":num_requests_running" if name.startswith("vllm") else ":num_running_reqs")
-    lines = [f"# TYPE {gauge} gauge", f'{gauge}{{model_name="m"}} 3', f"# HELP {name} latency", f"# TYPE {name} histogram"]
+    lines = [f"# TYPE {gauge} gauge", f'{gauge}{{model_name="m"}} 3', f"# HELP {name} latency",
+             f"# TYPE {name} histogram"]
     for engine, (cumulative, total) in engines.items():
         labels = f'engine="{engine}",model_name="m"'
         for bound, count in zip([*map(str, bounds), "+Inf"], cumulative, strict=True):

@@ -3,29 +3,32 @@
 Seed rule: "批处理坍塌: batch_size标准差 > 2 且平均填充率 < 30% → CRITICAL; 动态调整batch
 scheduler策略" (std(batch_size) > 2 and mean fill < 30 % → CRITICAL; change the batch
 scheduler's policy). The seed gives no persistence, so the alert opens on the first step the rule
-holds (``persistence = 1``) and resolves after ``clear_steps`` steps without it.
+holds (the seed profile: ``persistence = 1``) and resolves after ``clear_steps`` steps without it.
 
-**Option ``stuck_rule``** (ours, off by default; on in ``bench/profiles/tuned.toml``): the rule
-also holds when requests wait while the running batch is small and memory is not the reason,
-the signature of a *stuck* scheduler (batch 1-2 while the queue grows). A healthy
-continuous-batching engine admits waiting requests until its batch or its KV cache is full, so
-a queue of at least ``stuck_queue_min`` next to a running batch under ``stuck_fill_max`` of its
-capacity, with free KV cache for at least ``stuck_kv_room`` more requests the size of the
-running ones (``(1 - kv_cache_usage) / (kv_cache_usage / running_requests)``) and allocator
-fragmentation under ``stuck_fragmentation_max`` (else long prompts or kv_pressure explain the
-small batch), means the scheduler is not admitting. It reads the replica's fresh telemetry (``queue_length``,
-``running_requests``, ``kv_cache_usage``, allocator memory; capacity from ``batch_capacity``
-else the window's ``batch_size_mean / batch_fill_mean``), which follows the scheduler within a
-step; without telemetry it falls back to the window's ``queue_length_mean`` and
-``batch_fill_mean``, which lag by a request's latency. The seed's signature (std > 2) does not
-fit a scheduler stuck at 1-2 (its batches barely vary) and holds on healthy replicas at low load
-and on long prompts; ``seed_rule = false`` leaves the judgement to the stuck rule.
+**The default rule (``stuck_rule``): a stuck scheduler.** The seed's signature (std > 2 with
+fill < 30 %) describes batches that scatter; it does not fit a scheduler stuck at batch 1-2 while
+the queue grows (its batches barely vary), and it holds on healthy replicas at low load and on long
+prompts (the ``seed`` profile keeps it: ``seed_rule``). A healthy continuous-batching engine admits
+waiting requests at every iteration while it has a free batch slot and free KV cache, so the
+requests waiting that it *could* admit arrived within the current iteration. From the replica's
+fresh telemetry, ``k = min(queue_length, free slots, requests the free KV cache holds)`` (capacity
+from ``batch_capacity``, else the window's ``batch_size_mean / batch_fill_mean``; the KV room in
+requests of the running ones' mean size, ``(1 - kv_cache_usage) / (kv_cache_usage /
+running_requests)``). Under the null ``k ~ Poisson(mu)``, ``mu`` = twice the replica's request rate
+x one iteration (the engine's live mean time per output token, else ``iteration_s``); the rule
+holds when ``P(K >= k) <= alpha`` (1e-4 per scrape,
+:func:`~skewwatch.pipeline.detectors.evidence.poisson_tail_bound`) on ``persistence`` (2) scrapes in
+a row, with KV room for at least ``stuck_kv_room`` requests and allocator fragmentation under
+``stuck_fragmentation_max`` (else long prompts or kv_pressure explain the small batch). No constant
+is a queue length: what is stuck is relative to the replica's own arrival rate. Without telemetry it
+falls back to the window's events, which lag by a request's latency: ``queue_length_mean >=
+stuck_queue_min`` with ``batch_fill_mean < stuck_fill_max``. Every rule needs at least ``min_count``
+(6) finished requests in the window.
 
-**Option ``throttle``** (ours, off by default; on in the tuned profile): while the alert is open,
-a ``throttle`` action for the router goes beside ``adjust_batch_policy``. A collapsed scheduler
-serves a fraction of its share, and until the engine takes the new batch policy what it cannot
-admit only waits in its queue; weights from 60 s windows of *finished* requests notice that a
-window late (the routing benchmark in the README measures the difference).
+**``throttle``** (on by default, off in the seed profile): while the alert is open, a ``throttle``
+action for the router goes beside ``adjust_batch_policy``. A collapsed scheduler serves a fraction
+of its share, and until the engine takes the new batch policy what it cannot admit only waits in
+its queue; weights from 60 s windows of *finished* requests notice that a window late.
 
 The action ``adjust_batch_policy`` sends ``params.max_batch_size`` from the seed's §4.2
 controller (:mod:`skewwatch.pipeline.batch_controller`): queue length from the window's mean

@@ -12,8 +12,9 @@ the seed's code::
 The INFO alert's action ``prewarm_tokenizer_cache`` carries the mean and standard deviation of
 the burst's lengths (``params.tokens_mean``, ``params.tokens_std``).
 
-X
-newest 20 s (``recent_*`` features: count ``n``, mean, variance) could have come from the
+**The default rule (``burst_rule``).** The seed's variance growth reads a change of the length
+*mix* as a burst and needs a lookback full of requests. The default asks how likely it is that the
+replica's newest 20 s (``recent_*`` features: count ``n``, mean, variance) could have come from the
 replica's baseline, with each baseline that has enough evidence:
 
 * its **peers**' newest 20 s (the other replicas of the model, moments merged, leaving the
@@ -307,5 +308,6 @@ def _merged_without(step: StepColumns, count: str, mean: str, var: str,
             out.append(None)
             continue
         merged_mean = first[row] / total[row]
-        out.append((float(total[row]), float(merged_mean), float(max(second[row] / total[row] - merged_mean ** 2, 0.0))))
+        variance = max(second[row] / total[row] - merged_mean ** 2, 0.0)
+        out.append((float(total[row]), float(merged_mean), float(variance)))
     return out

@@ -16,8 +16,9 @@ Two rules, each with its own hysteresis (the alert's ``evidence.rule`` says whic
   baseline*: the replica's peers' (the median of the other replicas' window hit rates, at least
   ``min_peers`` with ``min_count`` requests) or, without peers, its own past (an exponentially
   weighted mean of its window's hit rate over the steps where the rule did not hold, time
-  constant ``baseline_tau_s``, known after ``baseline_steps`` steps). The hit rate that is normal depends on the traffic's prefix reuse (chat history,
-  shared system prompts): the seed's 0.65 is one fleet's. Fragmentation is the evidence, read on
+  constant ``baseline_tau_s``, known after ``baseline_steps`` steps). The hit rate that is normal
+  depends on the traffic's prefix reuse (chat history, shared system prompts): the seed's 0.65 is
+  one fleet's. Fragmentation is the evidence, read on
   ``persistence`` (2) scrapes in a row; the hit rate falling says the fragmentation costs reloads.
   With ``relative_hit_rate = false`` (the seed profile) the seed's ``hit rate < low_hit_rate``.
 * ``prefill`` (INFO): throughput under ``throughput_threshold`` (120 tokens/s) with a KV hit rate

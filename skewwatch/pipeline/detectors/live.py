@@ -6,7 +6,7 @@ conversation trace). Engines export per-token latencies *as tokens are produced*
 ``vllm:time_per_output_token_seconds`` and ``vllm:time_to_first_token_seconds`` histograms (and
 SGLang's equivalents), which the scrape bridge turns into each sample's ``tpot_*`` and ``ttft_*``
 fields: the output tokens produced since the previous sample, their mean and median time per
-token, and the first tokens with their mean time to first token (contract gpu-telemetry v1.2).
+token, and the first tokens with their mean time to first token (contract gpu-telemetry v1.3).
 
 :func:`record` keeps the samples of the last ``span_s`` in a replica's detector memory (plain JSON
 data, checkpointed with it; the same sample read twice counts once) and :func:`aggregate` sums
@@ -64,7 +64,7 @@ def record(memory: dict[str, Any], sample: TelemetrySample | None, span_s: float
     ttft_n = float(sample.ttft_count or 0) if sample.ttft_p50_s is not None else 0.0
     rows.append([float(sample.ts), float(sample.tpot_count), sample.tpot_count * sample.tpot_mean_s,
                  math.nan if sample.tpot_p50_s is None else float(sample.tpot_p50_s),
-                 ttft_n, float(sample.ttft_p50_s) if ttft_n else math.nan,
+                 ttft_n, float(sample.ttft_p50_s) if ttft_n and sample.ttft_p50_s is not None else math.nan,
                  float(sample.ttft_p99_s) if ttft_n and sample.ttft_p99_s is not None else math.nan])
     cutoff = sample.ts - span_s
     while rows and rows[0][0] <= cutoff:
