@@ -1,12 +1,14 @@
 """Detection end to end on the real broker: the generator injects one anomaly on one replica of
 several; the right alert and action appear for that replica only, within 20 s of event time after
-the rule's persistence is met, no alert fires on the clean replicas, and the faulty replica's weight
-drops below its peers.
+the rule's persistence is met, no alert fires on the clean replicas, and, where the fault slows the
+replica or its action moves traffic (not a context burst), the faulty replica's weight drops below
+its peers'.
 
-The worker runs the ``seed`` detector profile (``--profile seed``): the statistical generator's faults are the seed's
-conditions on a window's aggregates (below), which is what these delays are measured against. The
-default profile's rules (peers, own past, live engine signals) are judged across traffic shapes by
-the quality benchmark, whose fast and worker modes agree (``test_quality_modes.py``)."""
+The worker runs the ``seed`` detector profile (``--profile seed``): the statistical generator's
+faults are the seed's conditions on a window's aggregates (below), which is what these delays are
+measured against. The default profile's rules (peers, own past, live engine signals) are judged
+across traffic shapes by the quality benchmark, whose fast and worker modes agree
+(``test_quality_modes.py``)."""
 
 from __future__ import annotations
 
@@ -109,6 +111,12 @@ def test_injected_anomaly_is_detected_on_its_replica_only(kind: str, kafka_setti
     if action is not None:
         acted = [a for c in during for a in c["actions"] if a["action"] == action]
         assert acted and {a["replica"] for a in acted} == {faulty}
+    if kind == "context_burst":
+        # The rule's action (prewarm the tokenizer cache) moves no traffic, and the generator's burst
+        # lengthens only the prefill (TTFT ~ prompt^0.25): the faulty replica's latency signal rises by a
+        # few per cent, less than the spread the engines' memory signal gives healthy peers from one step
+        # to the next, so its weight is not expected below every peer's.
+        return
     last = during[-1]["weights"]
     peers = [w for r, w in last.items() if r != faulty]
     assert last[faulty] < min(peers), last
