@@ -5,8 +5,8 @@
   defaults *are* this profile.
 * ``seed``: the original design's rules as written (P99 > 3 x P50 for 3 steps, std(batch) > 2 with
   fill < 30 %, variance growth > 400 % on prompts above 2,048 tokens, KV hit rate < 0.65 / > 0.85),
-  for comparison and for fleets that want them; their measured false-alert rates are in
-  docs/detectors.md. Each detector module states its seed values beside its rules
+  for comparison and for fleets that want them; ``bench/quality.py`` measures both profiles side
+  by side across traffic shapes (the README's Results). Each detector module states its seed values beside its rules
   (``PROFILE_SEED``).
 
 Select one with ``[detectors] profile = "seed"`` in the TOML file,
