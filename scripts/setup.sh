@@ -9,7 +9,7 @@ if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; th
   exit 1
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-stamp=.venv/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)
+stamp=.venv/.installed-$( (cat pyproject.toml; echo "${SKEWWATCH_EXTRAS:-}") | sha1sum | cut -c1-12)  # extras asked for count too
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test${SKEWWATCH_EXTRAS:+,$SKEWWATCH_EXTRAS}]"
