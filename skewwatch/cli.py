@@ -10,6 +10,7 @@ stop it with one line on stderr naming the key and where its value came from, an
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,15 +27,19 @@ EXIT_CONFIG = ConfigProblem.exit_code  # invalid settings, like click's usage er
 SettingsError = ConfigProblem
 
 
-def command_settings(path: str | Path | None = None) -> Settings:
-    """The settings of a command (``--config`` file, else ``SKEWWATCH_CONFIG``, then the environment),
-    the ``[kafka]`` TLS/SASL settings checked too (a missing password file is a setting problem), or
+def command_settings(path: str | Path | None = None, profile: str | None = None) -> Settings:
+    """The settings of a command (``--config`` file, else ``SKEWWATCH_CONFIG``, then the environment;
+    ``profile``, from ``--profile``, wins over ``[detectors] profile``), the ``[kafka]`` TLS/SASL
+    settings checked too (a missing password file is a setting problem), or
     :class:`~skewwatch.errors.ConfigProblem` before the command starts anything."""
     from skewwatch.config import load_settings
     from skewwatch.kafka_security import check_security
 
+    env = dict(os.environ)
+    if profile is not None:
+        env["SKEWWATCH_DETECTORS__PROFILE"] = profile
     try:
-        settings = load_settings(path)
+        settings = load_settings(path, env)
         check_security(settings.kafka)
     except ConfigError as exc:
         raise ConfigProblem(str(exc)) from None

@@ -48,6 +48,7 @@ from skewwatch.config_section import (
     parse_text,
 )
 from skewwatch.pipeline.detector_settings import DetectorSettings
+from skewwatch.pipeline.detectors.profiles import with_profile
 
 # Kafka's rule for topic names: letters, digits, '.', '_', '-'; at most 249 characters
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -295,6 +296,8 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
         for part in reversed(key[:-1]):
             nested = {part: nested}
         _merge(raw, nested, sources, name)
+    if isinstance(raw.get("detectors"), Mapping):  # the profile's values beneath the user's own
+        raw["detectors"] = with_profile(raw["detectors"], sources, ("detectors",))
     return convert(raw, Settings, sources)
 
 

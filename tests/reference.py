@@ -74,7 +74,7 @@ def reference_features(events: Sequence[Mapping[str, Any]], model: str, replica:
     # time per output token: decode time (latency - ttft, or latency) / completion tokens
     tpot = [max(float(e["latency_ms"]) - float(e.get("ttft_ms") or 0.0), 0.0) / int(e["completion_tokens"])
             for e in window if int(e["completion_tokens"]) > 0]
-    tpot_p50, tpot_p99, tpot_max = _exact_quantiles(tpot, [0.5, 0.99, 1.0])
+    tpot_p50, tpot_p90, tpot_p99, tpot_max = _exact_quantiles(tpot, [0.5, 0.9, 0.99, 1.0])
 
     def column(name: str) -> list[float]:
         return [float(e[name]) for e in window if e.get(name) is not None]
@@ -122,6 +122,7 @@ def reference_features(events: Sequence[Mapping[str, Any]], model: str, replica:
         tpot_p50=tpot_p50,
         tpot_p99=tpot_p99,
         tpot_max=tpot_max,
+        tpot_p90=tpot_p90,
         recent_count=len(recent_prompt),
         recent_prompt_tokens_mean=_mean(recent_prompt),
         recent_prompt_tokens_var=_var(recent_prompt),

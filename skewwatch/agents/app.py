@@ -57,6 +57,7 @@ from skewwatch.kafka_client import (
 from skewwatch.kafka_security import describe_listener
 from skewwatch.listen import bind_socket, listening_url
 from skewwatch.logs import logging_options, setup_logging, skewwatch_version
+from skewwatch.pipeline.detectors.profiles import PROFILES
 from skewwatch.topics import TopicError, ensure_topics
 from skewwatch.web_auth import AccessPolicy, check_bind, is_loopback, load_token
 
@@ -277,13 +278,16 @@ def create_app(settings: Settings, bootstrap: str, sock: socket.socket,
               help="File holding the API's bearer token (default: [web] token_file, else $SKEWWATCH_WEB_TOKEN).")
 @click.option("--insecure-no-auth", is_flag=True,
               help="Allow listening beyond loopback without a token: anyone who reaches the port may call it.")
+@click.option("--profile", type=click.Choice(sorted(PROFILES)),
+              help="Detector profile: default (rules judged with evidence, against peers and the replica's own "
+                   "past) or seed (the original design's rules); wins over [detectors] profile.")
 @logging_options
 def worker_command(bootstrap: str | None, config_path: str | None, web_port: int | None,
-                   web_host: str | None, token_file: str | None, insecure_no_auth: bool, loglevel: str,
-                   log_format: str) -> None:
+                   web_host: str | None, token_file: str | None, insecure_no_auth: bool, profile: str | None,
+                   loglevel: str, log_format: str) -> None:
     """Run a skewwatch worker (both stages, HTTP API, metrics) against a Kafka cluster."""
     setup_logging(loglevel, log_format)
-    settings = command_settings(config_path)
+    settings = command_settings(config_path, profile)
     bootstrap = require_bootstrap(bootstrap, settings, "to read from")
     web = settings.web
     web.port = web.port if web_port is None else web_port

@@ -16,6 +16,8 @@ after), so adding an engine version is adding a name to a tuple. Rule kinds:
 * :class:`DeltaRatioRule` -- delta(numerator) / delta(denominator) between two scrapes
   (vLLM prefix-cache hit rate from its hits/queries counters). Unknown on the first scrape.
 * :class:`SumRule` -- the sum of several metrics (DCGM total memory = used + free + reserved).
+* :class:`HistogramDeltaRule` -- what a latency histogram observed between two scrapes (vLLM's and
+  SGLang's per-token and first-token latency histograms): count, mean, P50 and P99, four fields.
 
 Counter state between scrapes lives in :class:`CounterTracker`, a small pure class.
 
@@ -44,6 +46,7 @@ from typing import Any, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from skewwatch.collect.histogram import histogram_quantile
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 MIB = 1024.0 * 1024.0
@@ -108,7 +111,22 @@ class SumRule:
     scale: float = 1.0
 
 
-Rule = MetricRule | DeltaRatioRule | SumRule
+@dataclass(frozen=True, slots=True)
+class HistogramDeltaRule:
+    """What a latency histogram observed between two scrapes, as four fields: ``<prefix>_count``
+    (observations), ``<prefix>_mean_s`` (delta sum / delta count), ``<prefix>_p50_s`` and
+    ``<prefix>_p99_s`` (from the delta of the buckets, as Prometheus' ``histogram_quantile``).
+    Unknown on the first scrape; a count of 0 leaves the quantiles unknown."""
+
+    prefix: str  # "tpot" | "ttft" (contract gpu-telemetry v1.3)
+    names: tuple[str, ...]  # histogram family names: current first, then aliases
+
+    @property
+    def field(self) -> str:
+        return f"{self.prefix}_count"
+
+
+Rule = MetricRule | DeltaRatioRule | SumRule | HistogramDeltaRule
 Finalizer = Callable[[dict[str, Any], Group], None]
 
 
@@ -191,6 +209,10 @@ _VLLM = EngineMap(
         # v0 engine (<= 0.6): a gauge, -1 when prefix caching is disabled.
         MetricRule("kv_cache_hit_rate", ("vllm:gpu_prefix_cache_hit_rate",), "ratio", aggregate="mean"),
         MetricRule("preemptions_total", ("vllm:num_preemptions",), "counter"),
+        # live per-token latencies (observed as tokens are produced, not when requests finish);
+        # 0.11+ renamed time_per_output_token to inter_token_latency
+        HistogramDeltaRule("tpot", ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")),
+        HistogramDeltaRule("ttft", ("vllm:time_to_first_token_seconds",)),
     ),
 )
 
@@ -213,6 +235,8 @@ _SGLANG = EngineMap(
         MetricRule("kv_cache_hit_rate", ("sglang:cache_hit_rate",), "ratio", aggregate="mean"),
         # --max-running-requests as the scheduler resolved it; only the first exporter has it
         MetricRule("batch_capacity", ("sglang:max_running_requests",)),
+        HistogramDeltaRule("tpot", ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds")),
+        HistogramDeltaRule("ttft", ("sglang:time_to_first_token_seconds",)),
     ),
     finalize=_sglang_first_exporter,
 )
@@ -329,8 +353,8 @@ def _as_ratio(value: float) -> float | None:
     return None  # e.g. vLLM's -1 "prefix caching disabled": unknown, not a ratio
 
 
-def _apply_rule(rule: Rule, group: Group, group_key: tuple[str, ...], tracker: CounterTracker,
-                seen: list[Hashable]) -> float | None:
+def _apply_rule(rule: MetricRule | DeltaRatioRule | SumRule, group: Group, group_key: tuple[str, ...],
+                tracker: CounterTracker, seen: list[Hashable]) -> float | None:
     if isinstance(rule, MetricRule):
         series = _first_present(group, rule.names)
         if series is None:
@@ -372,6 +396,59 @@ def _apply_rule(rule: Rule, group: Group, group_key: tuple[str, ...], tracker: C
     return total * rule.scale
 
 
+def _histogram_delta(rule: HistogramDeltaRule, group: Group, group_key: tuple[str, ...],
+                     tracker: CounterTracker, seen: list[Hashable]) -> dict[str, float] | None:
+    """The observations of ``rule``'s histogram since the previous scrape (see the rule), summed
+    over its series (data-parallel engines, one series per label set)."""
+    for name in rule.names:
+        buckets = group.get(normalize_name(name) + "_bucket")
+        if buckets:
+            break
+    else:
+        return None
+
+    def deltas(series: list[Series]) -> list[tuple[Series, float | None]]:
+        out = []
+        for s in series:
+            key = (group_key, s.key())
+            out.append((s, tracker.observe(key, s.value)))
+            seen.append(key)
+        return out
+
+    bucket_deltas = deltas(buckets)
+    count_deltas = deltas(group.get(normalize_name(name) + "_count", []))
+    sum_deltas = deltas(group.get(normalize_name(name) + "_sum", []))
+    if any(d is None for _, d in bucket_deltas + count_deltas + sum_deltas) or not count_deltas:
+        return None  # the first scrape of a series: no interval yet
+    cumulative: dict[float, float] = {}
+    for s, d in bucket_deltas:
+        try:
+            bound = float(s.labels.get("le", "nan"))
+        except ValueError:
+            continue
+        if not math.isnan(bound):
+            cumulative[bound] = cumulative.get(bound, 0.0) + float(d or 0.0)
+    count = math.fsum(float(d or 0.0) for _, d in count_deltas)
+    total = math.fsum(float(d or 0.0) for _, d in sum_deltas)
+    out: dict[str, float] = {f"{rule.prefix}_count": count}
+    bounds = sorted(b for b in cumulative if math.isfinite(b))
+    if count <= 0 or not bounds:
+        return out
+    cumulative[math.inf] = max(cumulative.get(math.inf, count), count)
+    per_bucket: list[float] = []
+    below = 0.0
+    for bound in [*bounds, math.inf]:
+        here = max(cumulative[bound], below)  # cumulative counts never fall (a reset on one series could)
+        per_bucket.append(here - below)
+        below = here
+    out[f"{rule.prefix}_mean_s"] = max(total, 0.0) / count
+    for q, key in ((0.5, "p50"), (0.99, "p99")):
+        value = histogram_quantile(bounds, per_bucket, q)
+        if value is not None:
+            out[f"{rule.prefix}_{key}_s"] = value
+    return out
+
+
 def _identity(group: Group, labels_for: Mapping[str, tuple[str, ...]]) -> dict[str, str]:
     found: dict[str, str] = {}
     for series_list in group.values():
@@ -411,6 +488,9 @@ def map_series(series: list[Series], engine: EngineMap, tracker: CounterTracker,
         values: dict[str, Any] = {}
         for rule in engine.rules:
             if rule.field in values:
+                continue
+            if isinstance(rule, HistogramDeltaRule):
+                values.update(_histogram_delta(rule, group, group_key, tracker, seen) or {})
                 continue
             value = _apply_rule(rule, group, group_key, tracker, seen)
             if value is not None:

@@ -16,9 +16,12 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, Self
+
 from msgspec import field
 
-from skewwatch.config_section import FrozenConfigSection, Positive
+from skewwatch.config_section import FrozenConfigSection, Positive, convert, parse_strings
 from skewwatch.pipeline.corrections import CorrectionConfig
 from skewwatch.pipeline.detectors.base import Detector
 from skewwatch.pipeline.detectors.batch_collapse import BatchCollapseConfig
@@ -26,6 +29,7 @@ from skewwatch.pipeline.detectors.context_burst import ContextBurstConfig
 from skewwatch.pipeline.detectors.kv_pressure import KvPressureConfig
 from skewwatch.pipeline.detectors.learned import LearnedConfig
 from skewwatch.pipeline.detectors.long_tail import LongTailConfig
+from skewwatch.pipeline.detectors.profiles import ProfileName, with_profile
 from skewwatch.pipeline.detectors.registry import DETECTORS
 from skewwatch.pipeline.health import HealthConfig
 from skewwatch.pipeline.weights import WeightConfig
@@ -55,9 +59,13 @@ class DetectorSettings(FrozenConfigSection, frozen=True):
     """Every detector's configuration plus weights, corrections and the decider (``[detectors]``).
 
     A field per registered detector, named as the detector; a test checks the two agree.
+    ``profile`` names the defaults the detectors' sections start from
+    (:mod:`~skewwatch.pipeline.detectors.profiles`: ``default``, ``seed``).
     """
 
     section = "detectors"
+
+    profile: ProfileName = "default"
 
     long_tail: LongTailConfig = field(default_factory=LongTailConfig)
     batch_collapse: BatchCollapseConfig = field(default_factory=BatchCollapseConfig)
@@ -68,6 +76,13 @@ class DetectorSettings(FrozenConfigSection, frozen=True):
     weights: WeightConfig = field(default_factory=WeightConfig)
     corrections: CorrectionConfig = field(default_factory=CorrectionConfig)
     decider: DeciderConfig = field(default_factory=DeciderConfig)
+
+    @classmethod
+    def from_overrides(cls, overrides: Mapping[str, Any] | None = None) -> Self:
+        """Defaults, the profile ``overrides`` name, then ``overrides`` (TOML values or text);
+        ConfigError on an unknown key or a bad value."""
+        raw = {str(key).strip().lower(): value for key, value in (overrides or {}).items()}
+        return convert(with_profile(parse_strings(raw, cls)), cls)
 
     def detector_configs(self) -> dict[str, FrozenConfigSection]:
         """Detector name -> its configuration, in registry order."""

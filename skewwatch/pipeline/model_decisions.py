@@ -35,8 +35,9 @@ Configuration: ``Settings.detectors`` (``[detectors.<name>]`` in TOML,
 ``weights``, ``corrections`` and ``decider``:
 :class:`~skewwatch.pipeline.detector_settings.DetectorSettings`.
 
+>>> from skewwatch.pipeline.detector_settings import DetectorSettings
 >>> from skewwatch.schemas.feature_vector import FeatureVector
->>> decider = ModelDecider()
+>>> decider = ModelDecider(DetectorSettings.from_overrides({"profile": "seed"}))  # the seed's rules: simplest
 >>> def fv(r, end, p99=300.0):
 ...     return FeatureVector(model="m", replica=r, window_start=end - 60, window_end=end, count=100,
 ...                          step_count=5, latency_p50=100.0, latency_p99=p99, latency_mean=200.0)

@@ -2,7 +2,13 @@
 several; the right alert and action appear for that replica only, within 20 s of event time after
 the rule's persistence is met, no alert fires on the clean replicas, and, where the fault slows the
 replica or its action moves traffic (not a context burst), the faulty replica's weight drops below
-its peers'."""
+its peers'.
+
+The worker runs the ``seed`` detector profile (``--profile seed``): the statistical generator's
+faults are the seed's conditions on a window's aggregates (below), which is what these delays are
+measured against. The default profile's rules (peers, own past, live engine signals) are judged
+across traffic shapes by the quality benchmark, whose fast and worker modes agree
+(``test_quality_modes.py``)."""
 
 from __future__ import annotations
 
@@ -61,7 +67,7 @@ def test_injected_anomaly_is_detected_on_its_replica_only(kind: str, kafka_setti
     config = GeneratorConfig(models=("m",), replicas=4, rate=8.0, seed=7,
                              injections=(Injection(kind, faulty, FAULT_AT, FAULT_FOR, params),))
     bootstrap = kafka_settings.kafka.bootstrap or ""
-    worker = WorkerProcess(kafka_settings, tmp_path / "worker.log").start()
+    worker = WorkerProcess(kafka_settings, tmp_path / "worker.log", args=("--profile", "seed")).start()
     try:
         asyncio.run(produce_traffic(bootstrap, generate_chunks(config, START, RUN_FOR),
                                     requests_topic=kafka_settings.topics.requests,

@@ -19,6 +19,7 @@ from skewwatch.cli import EXIT_CONFIG
 from skewwatch.config import ConfigError, OtlpSettings, Settings, load_settings
 from skewwatch.otlp.decode import ENCODINGS
 from skewwatch.pipeline.detector_settings import DetectorSettings
+from skewwatch.pipeline.detectors.long_tail import LongTailConfig
 from skewwatch.pipeline.detectors.registry import DETECTORS
 
 # ---------------------------------------------------------------- the real CLI
@@ -30,7 +31,7 @@ BAD_FILES = {
     "not_a_table": ("[detectors]\nlong_tail = 3\n", ["detectors.long_tail = 3", "expected a table"]),
     "float_for_int": ("[kafka]\npartitions = 2.7\n", ["kafka.partitions = 2.7", "expected an integer"]),
     "unknown_section": ("[kafak]\nbootstrap = 'x:1'\n", ["kafak", "unknown section", "kafka"]),
-    "rule_over_keys": ("[detectors.batch_collapse]\nseed_rule = false\n",
+    "rule_over_keys": ("[detectors.batch_collapse]\nseed_rule = false\nstuck_rule = false\n",
                        ["detectors.batch_collapse.seed_rule", "stuck_rule"]),
     "not_toml": ("[window\n", ["not valid TOML"]),
 }
@@ -123,7 +124,7 @@ def test_defaults_then_file_then_environment(tmp_path: Path) -> None:
     assert (s.window.step_s, s.window.length_s, s.kafka.partitions) == (10.0, 60.0, 6)
     assert isinstance(s.window.step_s, float) and isinstance(s.kafka.partitions, int)
     assert (s.detectors.long_tail.ratio, s.detectors.long_tail.persistence) == (3.5, 2)
-    assert s.detectors.long_tail.min_count == 20  # untouched keys keep their defaults
+    assert s.detectors.long_tail.min_count == LongTailConfig().min_count  # untouched keys keep their defaults
     assert s.derived_batch.capacity_by_model == {"llama": 256, "qwen": 128} and not s.derived_batch.enabled
     assert s.otlp.replica_keys == ["k8s.pod.name"] and s.otlp.default_model is None
     assert s.kafka.bootstrap == "k:9092"  # KAFKA_BOOTSTRAP, the conventional short form, wins
@@ -175,7 +176,7 @@ def test_every_registered_detector_has_its_own_config_in_the_detectors_table() -
     for name, detector in DETECTORS.items():
         assert fields[name] is detector.Config
         assert detector.Config.section == f"detectors.{name}"
-    assert set(fields) - set(DETECTORS) == {"weights", "corrections", "decider"}
+    assert set(fields) - set(DETECTORS) == {"profile", "weights", "corrections", "decider"}
     assert set(DetectorSettings().detector_configs()) == set(DETECTORS)
 
 

@@ -1,5 +1,9 @@
-"""context_burst: token-length variance grows > 400 % against the window 60 s earlier (previous
-variance 0: current > 1000) and the mean prompt length is > 2048 tokens -> INFO, prewarm."""
+"""context_burst.
+
+The seed profile's rule: token-length variance grows > 400 % against the window 60 s earlier
+(previous variance 0: current > 1000) and the mean prompt length is > 2048 tokens -> INFO, prewarm;
+both windows need the evidence floor. The default rule: the newest prompts against the replica's
+peers and its own past, judged only with enough of them."""
 
 from __future__ import annotations
 
@@ -9,8 +13,20 @@ from typing import Any
 import pytest
 
 from skewwatch.pipeline.detectors.alerts import Alert, Severity
-from skewwatch.pipeline.detectors.context_burst import ContextBurstConfig, ContextBurstDetector
+from skewwatch.pipeline.detectors.context_burst import (
+    HISTORY_KEY,
+    PROFILE_SEED,
+    ContextBurstConfig,
+    ContextBurstDetector,
+)
+from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.schemas.feature_vector import FeatureVector
+
+SEED = ContextBurstConfig.from_overrides(PROFILE_SEED)
+
+
+def seed_detector(**overrides: Any) -> ContextBurstDetector:
+    return ContextBurstDetector(ContextBurstConfig.from_overrides({**PROFILE_SEED, **overrides}))
 
 
 def fv(t: float, var: float | None, mean: float | None = 3000.0, **kw: Any) -> FeatureVector:
@@ -39,7 +55,7 @@ def run(
 
 def burst(prev: float, curr: float, mean: float = 3000.0) -> list[Alert]:
     """Steps 0..12 where step 12 is compared with step 0 (60 s earlier)."""
-    det = ContextBurstDetector()
+    det = seed_detector()
     alerts = run(det, [prev] * 12 + [curr], [3000.0] * 12 + [mean])
     assert not any(alerts[:12])
     return alerts[12]
@@ -68,26 +84,26 @@ def test_previous_variance_zero_uses_the_absolute_threshold(curr: float, fires: 
 
 def test_previous_window_is_the_one_60_s_earlier_not_5_s() -> None:
     # a jump against the window 5 s earlier but not against the one 60 s earlier: no burst
-    det = ContextBurstDetector()
+    det = seed_detector()
     assert not any(run(det, [60_000.0] + [10_000.0] * 11 + [60_000.0]))
     # no change against 5 s earlier but 6x against 60 s earlier: burst
-    det = ContextBurstDetector()
+    det = seed_detector()
     alerts = run(det, [10_000.0] + [60_000.0] * 12)
     assert [i for i, a in enumerate(alerts) if a] == [12]
 
 
 def test_missing_previous_window_makes_no_claim() -> None:
-    det = ContextBurstDetector()
+    det = seed_detector()
     det.update(fv(0.0, 10.0), None, 0.0)
     assert det.update(fv(65.0, 1e9), None, 65.0).alerts == []  # 60 s earlier (5.0) was never seen
     assert det.update(fv(120.0, 1e9), None, 120.0).alerts == []  # nor was 60.0
-    det2 = ContextBurstDetector()
+    det2 = seed_detector()
     det2.update(fv(0.0, None, count=0), None, 0.0)  # empty window 60 s earlier
     assert det2.update(fv(60.0, 1e9), None, 60.0).alerts == []
 
 
 def test_resolves_once_the_burst_is_the_new_normal() -> None:
-    det = ContextBurstDetector()
+    det = seed_detector()
     alerts = run(det, [10_000.0] * 12 + [100_000.0] * 20)
     states = [(i, a.state) for i, step in enumerate(alerts) for a in step]
     # opens when the burst starts; 60 s later the previous window holds the burst too
@@ -95,14 +111,14 @@ def test_resolves_once_the_burst_is_the_new_normal() -> None:
 
 
 def test_history_is_bounded() -> None:
-    det = ContextBurstDetector()
-    run(det, [10_000.0] * 200)
-    history = det.state_dict()["keys"]["m/r1"]["memory"]["var_by_end_ms"]
-    assert len(history) == 13
+    for det in (seed_detector(), ContextBurstDetector()):
+        run(det, [10_000.0] * 200)
+        history = det.state_dict()["keys"]["m/r1"]["memory"][HISTORY_KEY]
+        assert len(history) == 13
 
 
 def test_completion_tokens_and_thresholds_are_configurable() -> None:
-    det = ContextBurstDetector(ContextBurstConfig.from_overrides({"tokens": "completion", "min_mean_tokens": "0"}))
+    det = seed_detector(tokens="completion", min_mean_tokens="0")
     for i in range(12):
         det.update(
             FeatureVector(
@@ -135,43 +151,84 @@ def test_completion_tokens_and_thresholds_are_configurable() -> None:
     assert out.actions[0].params == {"tokens_mean": 100, "tokens_std": 24}
 
 
-# -- recent_window (ours, off by default) -----------------------------------------------------------
-
-RECENT = ContextBurstConfig(recent_window=True)
+# -- the evidence floor ----------------------------------------------------------------------------
 
 
-def rv(t: float, var: float, recent_var: float, recent_mean: float, recent_count: int = 40,
-       mean: float = 1000.0) -> FeatureVector:
-    return fv(t, var, mean, recent_count=recent_count, recent_prompt_tokens_mean=recent_mean,
-              recent_prompt_tokens_var=recent_var)
+def test_one_request_then_two_is_no_variance_growth() -> None:
+    """The seed's "previous variance 0 -> current > 1000" branch compared a window of one request
+    (variance 0) with the next of two (any two prompts): both windows need the evidence floor."""
+    for det in (seed_detector(), ContextBurstDetector()):
+        out = [det.update(fv(5.0 * i, 0.0, 3000.0, count=1, recent_count=1, recent_prompt_tokens_mean=3000.0,
+                             recent_prompt_tokens_var=0.0), None, 5.0 * i).alerts for i in range(12)]
+        out.append(det.update(fv(60.0, 4_000_000.0, 5000.0, count=2, recent_count=2,
+                                 recent_prompt_tokens_mean=5000.0, recent_prompt_tokens_var=4_000_000.0),
+                              None, 60.0).alerts)
+        assert not any(out)
 
 
-def test_recent_window_fires_on_the_last_20_s_against_the_window_that_ended_then() -> None:
-    det = ContextBurstDetector(RECENT)
-    quiet = [rv(5.0 * i, 10_000.0, 10_000.0, 800.0) for i in range(12)]
-    assert not any(det.update(w, None, w.window_end).alerts for w in quiet)
-    # the 60 s window itself is still short on average (the seed's rule would not fire) ...
-    (alert,) = det.update(rv(60.0, 30_000.0, 50_001.0, 2100.0), None, 60.0).alerts
-    assert alert.state == "open" and alert.evidence["previous_variance"] == 10_000.0  # the window ending at 40
-    assert alert.evidence["recent_count"] == 40 and "last 20 s" in alert.message
-    assert not ContextBurstDetector().update(rv(60.0, 30_000.0, 50_001.0, 2100.0), None, 60.0).alerts
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_a_window_of_one_to_five_requests_alerts_on_nothing(n: int) -> None:
+    for det in (seed_detector(), ContextBurstDetector()):
+        for i in range(12):  # a long quiet past, then a handful of enormous prompts
+            det.update(fv(5.0 * i, 10_000.0, 1000.0, **_recent(40, 1000.0)), None, 5.0 * i)
+        assert det.update(fv(60.0, 1e10, 1e6, count=n, **_recent(n, 1e6)), None, 60.0).alerts == []
 
 
-def test_recent_window_keeps_the_seed_thresholds_and_needs_enough_requests() -> None:
-    def last(window: FeatureVector) -> list[Alert]:
-        det = ContextBurstDetector(RECENT)
-        for i in range(12):
-            det.update(rv(5.0 * i, 10_000.0, 10_000.0, 800.0), None, 5.0 * i)
-        return det.update(window, None, 60.0).alerts
-
-    assert last(rv(60.0, 10_000.0, 50_000.0, 3000.0)) == []  # growth exactly 400 %
-    assert last(rv(60.0, 10_000.0, 90_000.0, 2048.0)) == []  # mean exactly 2048
-    assert last(rv(60.0, 10_000.0, 90_000.0, 3000.0, recent_count=14)) == []  # too few recent requests
-    assert len(last(rv(60.0, 10_000.0, 90_000.0, 3000.0, recent_count=15))) == 1
+# -- the default rule: the newest 20 s against the peers and the replica's own past -----------------
 
 
-def test_recent_window_needs_prompt_tokens() -> None:
-    from skewwatch.config import ConfigError
+def _recent(n: int, mean: float, cv: float = 0.8) -> dict[str, Any]:
+    return {"recent_count": n, "recent_prompt_tokens_mean": mean, "recent_prompt_tokens_var": (cv * mean) ** 2}
 
-    with pytest.raises(ConfigError, match="recent_window"):
-        ContextBurstConfig.from_overrides({"recent_window": True, "tokens": "completion"})
+
+def own_past_run(recent_mean: float, n: int = 20, base_mean: float = 1000.0) -> list[Alert]:
+    """13 steps of ordinary prompts, then the newest 20 s at ``recent_mean``: the alerts of that step."""
+    det = ContextBurstDetector()
+    for i in range(13):
+        assert det.update(fv(5.0 * i, (0.8 * base_mean) ** 2, base_mean, count=60, **_recent(20, base_mean)),
+                          None, 5.0 * i).alerts == []
+    return det.update(fv(65.0, (0.8 * base_mean) ** 2, base_mean, count=60, **_recent(n, recent_mean)),
+                      None, 65.0).alerts
+
+
+def test_prompts_far_longer_than_its_own_past_open_a_burst() -> None:
+    (alert,) = own_past_run(8000.0)
+    assert alert.state == "open" and alert.evidence["own_probability"] < 1e-4
+    assert alert.evidence["own_mean_ratio"] == pytest.approx(8.0) and "own past" in alert.message
+
+
+@pytest.mark.parametrize("base", [200.0, 15_000.0])
+def test_the_rule_is_relative_to_the_traffic_not_a_token_count(base: float) -> None:
+    assert own_past_run(8 * base, base_mean=base)  # 8x longer: a burst, short or long prompts
+    assert not own_past_run(1.3 * base, base_mean=base)  # 30 % longer: no burst on any traffic
+
+
+def test_a_significant_but_small_change_is_no_burst() -> None:
+    # 200 newest prompts 50 % longer are improbable under the baseline, but not twice as long
+    assert own_past_run(1500.0, n=200) == []
+
+
+def step_with_peers(means: list[float], recent_means: list[float]) -> tuple[ContextBurstDetector, list[Alert]]:
+    """One replica per mean; 13 quiet steps, then one step with ``recent_means``."""
+    det = ContextBurstDetector()
+    alerts: list[Alert] = []
+    for i in range(14):
+        end = 5.0 * i
+        recent = recent_means if i == 13 else means
+        vectors = [FeatureVector(model="m", replica=f"r{j}", window_start=end - 60, window_end=end, count=60,
+                                 prompt_tokens_mean=m, prompt_tokens_var=(0.8 * m) ** 2, **_recent(20, r))
+                   for j, (m, r) in enumerate(zip(means, recent, strict=True))]
+        actions: list[Any] = []
+        det.update_step(StepColumns(vectors, [None] * len(vectors)), end, alerts, actions)
+    return det, alerts
+
+
+def test_one_replica_bursting_in_its_pool_opens_on_it_alone() -> None:
+    _, alerts = step_with_peers([1000.0] * 4, [8000.0, 1000.0, 1000.0, 1000.0])
+    assert [(a.replica, a.state) for a in alerts] == [("r0", "open")]
+    assert alerts[0].evidence["peers_mean_ratio"] == pytest.approx(8.0)
+
+
+def test_the_whole_pool_getting_longer_prompts_is_traffic_not_a_burst() -> None:
+    _, alerts = step_with_peers([1000.0] * 4, [8000.0] * 4)
+    assert alerts == []

@@ -355,3 +355,53 @@ def test_scrape_once_command_with_batch_capacity(server: ExpositionServer) -> No
 def test_scrape_command_needs_a_replica_for_engines() -> None:
     result = CliRunner().invoke(scrape_command, ["--target", "http://127.0.0.1:1", "--kind", "vllm", "--once"])
     assert result.exit_code == 2 and "--replica is required" in result.output
+
+
+# --------------------------------------------------------------------------- live latency histograms
+def _histogram(name: str, engines: dict[str, tuple[list[float], float]], bounds: tuple[float, ...]) -> str:
+    """A Prometheus histogram as vLLM's prometheus_client writes it: per engine, cumulative bucket
+    counts at ``bounds`` then +Inf, and the sum."""
+    gauge = name.split(":")[0] + (":num_requests_running" if name.startswith("vllm") else ":num_running_reqs")
+    lines = [f"# TYPE {gauge} gauge", f'{gauge}{{model_name="m"}} 3', f"# HELP {name} latency",
+             f"# TYPE {name} histogram"]
+    for engine, (cumulative, total) in engines.items():
+        labels = f'engine="{engine}",model_name="m"'
+        for bound, count in zip([*map(str, bounds), "+Inf"], cumulative, strict=True):
+            lines.append(f'{name}_bucket{{{labels},le="{bound}"}} {count}')
+        lines.append(f"{name}_count{{{labels}}} {cumulative[-1]}")
+        lines.append(f"{name}_sum{{{labels}}} {total}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("name", ["vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"])
+def test_vllm_per_token_latency_is_the_histograms_delta_between_scrapes(name: str) -> None:
+    bounds = (0.025, 0.05, 0.1, 0.5)
+    scraper = Scraper("http://unused", "vllm", replica="r")
+    first = _histogram(name, {"0": ([10, 50, 60, 60, 60], 2.0), "1": ([0, 20, 20, 20, 20], 0.8)}, bounds)
+    [sample] = scraper.map(first, now=1.0)
+    assert sample.tpot_count is None  # one scrape is no interval: unknown, not zero
+    # 100 more tokens: engine 0 gives 40 in (0.025, 0.05] and 10 in (0.1, 0.5]; engine 1 gives 50 in (0, 0.025]
+    second = _histogram(name, {"0": ([10, 90, 100, 110, 110], 2.0 + 40 * 0.04 + 10 * 0.3),
+                               "1": ([50, 70, 70, 70, 70], 0.8 + 50 * 0.02)}, bounds)
+    [sample] = scraper.map(second, now=6.0)
+    assert sample.tpot_count == 100
+    assert sample.tpot_mean_s == pytest.approx((40 * 0.04 + 10 * 0.3 + 50 * 0.02) / 100)
+    # per bucket: 50 | 40 | 0 | 10 | 0 -> the median at rank 50 is the first bucket's upper bound,
+    # P99 at rank 99 inside (0.1, 0.5], 9/10 of the way
+    assert sample.tpot_p50_s == pytest.approx(0.025)
+    assert sample.tpot_p99_s == pytest.approx(0.1 + 0.4 * 9 / 10)
+    assert decode_telemetry(encode_sample(sample)) == sample
+    [quiet] = scraper.map(second, now=11.0)  # nothing produced since: 0 tokens, no latency to report
+    assert (quiet.tpot_count, quiet.tpot_mean_s, quiet.tpot_p50_s) == (0, None, None)
+
+
+def test_sglang_first_token_latency_from_its_histogram_and_across_a_reset() -> None:
+    name = "sglang:time_to_first_token_seconds"
+    bounds = (0.1, 0.5, 1.0)
+    scraper = Scraper("http://unused", "sglang", replica="r")
+    scraper.map(_histogram(name, {"0": ([5, 8, 9, 10], 3.0)}, bounds), now=1.0)
+    [sample] = scraper.map(_histogram(name, {"0": ([5, 12, 13, 14], 4.6)}, bounds), now=6.0)
+    assert (sample.ttft_count, sample.ttft_mean_s) == (4, pytest.approx(0.4))
+    # the engine restarted: its counters began again from zero, and what they hold is the interval
+    [after] = scraper.map(_histogram(name, {"0": ([1, 2, 2, 2], 0.35)}, bounds), now=11.0)
+    assert (after.ttft_count, after.ttft_mean_s, after.ttft_p50_s) == (2, pytest.approx(0.175), pytest.approx(0.1))

@@ -3,29 +3,32 @@
 Seed rule: "批处理坍塌: batch_size标准差 > 2 且平均填充率 < 30% → CRITICAL; 动态调整batch
 scheduler策略" (std(batch_size) > 2 and mean fill < 30 % → CRITICAL; change the batch
 scheduler's policy). The seed gives no persistence, so the alert opens on the first step the rule
-holds (``persistence = 1``) and resolves after ``clear_steps`` steps without it.
+holds (the seed profile: ``persistence = 1``) and resolves after ``clear_steps`` steps without it.
 
-**Option ``stuck_rule``** (ours, off by default; on in ``bench/profiles/tuned.toml``): the rule
-also holds when requests wait while the running batch is small and memory is not the reason,
-the signature of a *stuck* scheduler (batch 1-2 while the queue grows). A healthy
-continuous-batching engine admits waiting requests until its batch or its KV cache is full, so
-a queue of at least ``stuck_queue_min`` next to a running batch under ``stuck_fill_max`` of its
-capacity, with free KV cache for at least ``stuck_kv_room`` more requests the size of the
-running ones (``(1 - kv_cache_usage) / (kv_cache_usage / running_requests)``) and allocator
-fragmentation under ``stuck_fragmentation_max`` (else long prompts or kv_pressure explain the
-small batch), means the scheduler is not admitting. It reads the replica's fresh telemetry (``queue_length``,
-``running_requests``, ``kv_cache_usage``, allocator memory; capacity from ``batch_capacity``
-else the window's ``batch_size_mean / batch_fill_mean``), which follows the scheduler within a
-step; without telemetry it falls back to the window's ``queue_length_mean`` and
-``batch_fill_mean``, which lag by a request's latency. The seed's signature (std > 2) does not
-fit a scheduler stuck at 1-2 (its batches barely vary) and holds on healthy replicas at low load
-and on long prompts; ``seed_rule = false`` leaves the judgement to the stuck rule.
+**The default rule (``stuck_rule``): a stuck scheduler.** The seed's signature (std > 2 with
+fill < 30 %) describes batches that scatter; it does not fit a scheduler stuck at batch 1-2 while
+the queue grows (its batches barely vary), and it holds on healthy replicas at low load and on long
+prompts (the ``seed`` profile keeps it: ``seed_rule``). A healthy continuous-batching engine admits
+waiting requests at every iteration while it has a free batch slot and free KV cache, so the
+requests waiting that it *could* admit arrived within the current iteration. From the replica's
+fresh telemetry, ``k = min(queue_length, free slots, requests the free KV cache holds)`` (capacity
+from ``batch_capacity``, else the window's ``batch_size_mean / batch_fill_mean``; the KV room in
+requests of the running ones' mean size, ``(1 - kv_cache_usage) / (kv_cache_usage /
+running_requests)``). Under the null ``k ~ Poisson(mu)``, ``mu`` = twice the replica's request rate
+x one iteration (the engine's live mean time per output token, else ``iteration_s``); the rule
+holds when ``P(K >= k) <= alpha`` (1e-4 per scrape,
+:func:`~skewwatch.pipeline.detectors.evidence.poisson_tail_bound`) on ``persistence`` (2) scrapes in
+a row, with KV room for at least ``stuck_kv_room`` requests and allocator fragmentation under
+``stuck_fragmentation_max`` (else long prompts or kv_pressure explain the small batch). No constant
+is a queue length: what is stuck is relative to the replica's own arrival rate. Without telemetry it
+falls back to the window's events, which lag by a request's latency: ``queue_length_mean >=
+stuck_queue_min`` with ``batch_fill_mean < stuck_fill_max``. Every rule needs at least ``min_count``
+(6) finished requests in the window.
 
-**Option ``throttle``** (ours, off by default; on in the tuned profile): while the alert is open,
-a ``throttle`` action for the router goes beside ``adjust_batch_policy``. A collapsed scheduler
-serves a fraction of its share, and until the engine takes the new batch policy what it cannot
-admit only waits in its queue; weights from 60 s windows of *finished* requests notice that a
-window late (the routing benchmark in the README measures the difference).
+**``throttle``** (on by default, off in the seed profile): while the alert is open, a ``throttle``
+action for the router goes beside ``adjust_batch_policy``. A collapsed scheduler serves a fraction
+of its share, and until the engine takes the new batch policy what it cannot admit only waits in
+its queue; weights from 60 s windows of *finished* requests notice that a window late.
 
 The action ``adjust_batch_policy`` sends ``params.max_batch_size`` from the seed's §4.2
 controller (:mod:`skewwatch.pipeline.batch_controller`): queue length from the window's mean
@@ -37,17 +40,19 @@ P95 from the window.
 >>> fv = FeatureVector(model="m", replica="r1", window_start=0.0, window_end=60.0, count=50,
 ...                    batch_size_mean=4.0, batch_size_std=3.0, batch_fill_mean=0.2,
 ...                    queue_length_mean=10.0, latency_p95=150.0)
->>> out = BatchCollapseDetector().update(fv, None, now=60.0)
+>>> seed = BatchCollapseDetector(BatchCollapseConfig.from_overrides(PROFILE_SEED))
+>>> out = seed.update(fv, None, now=60.0)
 >>> str(out.alerts[0].severity), out.actions[0].action, out.actions[0].params
 ('CRITICAL', 'adjust_batch_policy', {'max_batch_size': 10})
 >>> from skewwatch.schemas.telemetry_sample import TelemetrySample
->>> stuck = BatchCollapseDetector(BatchCollapseConfig(stuck_rule=True))
->>> tel = TelemetrySample(ts=60.0, replica="r1", source="vllm", queue_length=40, running_requests=2,
-...                       kv_cache_usage=0.1, batch_capacity=32)
->>> fv = FeatureVector(model="m", replica="r1", window_start=0.0, window_end=60.0, count=50,
-...                    batch_size_mean=8.0, batch_size_std=1.0, batch_fill_mean=0.25)
->>> stuck.update(fv, tel, now=60.0).alerts[0].evidence["stuck"]
-1
+>>> stuck = BatchCollapseDetector()  # the default: a stuck scheduler, two scrapes in a row
+>>> def scrape(end):
+...     return (FeatureVector(model="m", replica="r1", window_start=end - 60, window_end=end, count=50, rps=0.8,
+...                           batch_size_mean=8.0, batch_size_std=1.0, batch_fill_mean=0.25),
+...             TelemetrySample(ts=end, replica="r1", source="vllm", queue_length=40, running_requests=2,
+...                             kv_cache_usage=0.1, batch_capacity=32, tpot_count=300, tpot_mean_s=0.03))
+>>> [a.evidence["stuck"] for end in (60.0, 65.0) for a in stuck.update(*scrape(end), now=end).alerts]
+[1]
 """
 
 from __future__ import annotations
@@ -59,23 +64,29 @@ import numpy as np
 import numpy.typing as npt
 from msgspec import Meta
 
-from skewwatch.config_section import Count, Fraction, NonNegative, Positive
+from skewwatch.config_section import Count, Fraction, NonNegative, NonNegativeInt, Positive
 from skewwatch.pipeline.batch_controller import BatchControllerConfig, recommend_batch_size
 from skewwatch.pipeline.detectors.alerts import Severity, fmt
+from skewwatch.pipeline.detectors.evidence import poisson_tail_bound
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
+#: The ``seed`` profile's section (skewwatch.pipeline.detectors.profiles): the seed's rule as written.
+PROFILE_SEED: dict[str, Any] = {"seed_rule": True, "stuck_rule": False, "throttle": False, "persistence": 1,
+                                "min_count": 1}
+
 
 class BatchCollapseConfig(DetectorConfig, frozen=True):
-    """``[detectors.batch_collapse]``: the seed's signature and controller, and our stuck rule."""
+    """``[detectors.batch_collapse]``: the stuck-scheduler test (default) and the seed's signature."""
 
     section = "detectors.batch_collapse"
 
     std_threshold: NonNegative = 2.0  # seed: std(batch_size) > 2
     fill_threshold: Fraction = 0.30  # seed: mean fill < 30 %
-    persistence: Count = 1  # seed: none given
+    persistence: Count = 2  # two scrapes in a row: a burst of arrivals clears within one
+    min_count: NonNegativeInt = 6  # the evidence floor: fewer finished requests in the window -> no claim
     # seed §4.2 controller
     queue_cap: Annotated[float, Meta(ge=1)] = 32.0
     max_batch_size: Annotated[float, Meta(ge=1)] = 64.0
@@ -85,15 +96,18 @@ class BatchCollapseConfig(DetectorConfig, frozen=True):
     high_util: float = 0.85
     low_p95_ms: float = 80.0
     grow: float = 1.3
-    seed_rule: bool = True  # the seed's std/fill signature above (off: only the stuck rule judges)
-    # ours, off by default: a stuck scheduler (requests wait, the batch runs small, memory has room)
-    stuck_rule: bool = False
-    stuck_queue_min: Positive = 8.0  # waiting requests
-    stuck_fill_max: Fraction = 0.4  # running batch / batch capacity
-    stuck_kv_room: NonNegative = 4.0  # KV free for fewer requests (of the running ones' mean size): KV limits the batch
-    stuck_fragmentation_max: Fraction = 0.4  # above: fragmentation limits it (kv_pressure's seed bound)
-    # ours, off by default: while the alert is open also ask the router to ``throttle`` the replica
-    throttle: bool = False
+    seed_rule: bool = False  # the seed's std/fill signature above (the seed profile)
+    # a stuck scheduler: requests wait that a free batch slot and free KV cache could take
+    stuck_rule: bool = True
+    alpha: Annotated[float, Meta(gt=0, lt=1)] = 1e-4  # false-alarm probability bound per scrape
+    iteration_s: Positive = 1.0  # a scheduler iteration when the engine reports no per-token latency
+    stuck_kv_room: NonNegative = 1.0  # free KV for at least this many requests (of the running ones' mean size)
+    stuck_fragmentation_max: Fraction = 0.4  # above: fragmentation limits the batch (kv_pressure's seed bound)
+    # without engine telemetry, the window's events (they lag): waiting requests and batch fill
+    stuck_queue_min: Positive = 8.0  # mean queue length at finish
+    stuck_fill_max: Fraction = 0.4  # mean batch fill
+    # while the alert is open also ask the router to ``throttle`` the replica
+    throttle: bool = True
 
     def __post_init__(self) -> None:
         self._require(self.seed_rule or self.stuck_rule, "seed_rule", "is off, so stuck_rule must be on")
@@ -123,7 +137,7 @@ class BatchCollapseDetector(ThresholdDetector):
         if cfg.seed_rule:
             rules.append(f"std(batch_size) > {cfg.std_threshold:g} and fill < {cfg.fill_threshold:.0%}")
         if cfg.stuck_rule:
-            rules.append(f"queue >= {cfg.stuck_queue_min:g} with running batch < {cfg.stuck_fill_max:.0%}")
+            rules.append("requests waiting that free batch slots and KV cache could take")
         reason = "batch collapse: " + ", or ".join(rules)
         return Severity.CRITICAL, "adjust_batch_policy", reason
 
@@ -137,7 +151,7 @@ class BatchCollapseDetector(ThresholdDetector):
         if cfg.stuck_rule or not cfg.seed_rule:
             return None
         return ~(
-            (step.column("count") > 0)
+            (step.column("count") >= max(cfg.min_count, 1))
             & (step.column("batch_size_std") > cfg.std_threshold)
             & (step.column("batch_fill_mean") < cfg.fill_threshold)
         )
@@ -154,7 +168,9 @@ class BatchCollapseDetector(ThresholdDetector):
             "std_threshold": cfg.std_threshold,
             "fill_threshold": cfg.fill_threshold,
         }
-        seed_holds = None if not cfg.seed_rule or fv.count == 0 or std is None or fill is None else (
+        if fv.count < max(cfg.min_count, 1):  # the evidence floor: no claim on a window this thin
+            return {"main": Finding(holds=None, evidence=evidence)}
+        seed_holds = None if not cfg.seed_rule or std is None or fill is None else (
             std > cfg.std_threshold and fill < cfg.fill_threshold)
         stuck_holds = self._stuck(fv, telemetry, evidence) if cfg.stuck_rule else None
         if seed_holds is None and stuck_holds is None:
@@ -176,11 +192,19 @@ class BatchCollapseDetector(ThresholdDetector):
                 }
             )
         if stuck_holds and not seed_holds:
-            message = (
-                f"batch collapse (stuck scheduler): {fmt(_num(evidence, 'stuck_queue'), 0)} requests waiting while "
-                f"the running batch fills {fmt(100 * _num(evidence, 'stuck_fill'), 0)} % "
-                f"< {100 * cfg.stuck_fill_max:g} % ({evidence['stuck_source']})"
-            )
+            if evidence.get("stuck_source") == "telemetry":
+                message = (
+                    f"batch collapse (stuck scheduler): {fmt(_num(evidence, 'stuck_admissible'), 0)} of "
+                    f"{fmt(_num(evidence, 'stuck_queue'), 0)} waiting requests fit the free batch slots and KV cache "
+                    f"but were not admitted (probability {_num(evidence, 'stuck_probability'):.1e} <= {cfg.alpha:g} "
+                    f"for arrivals within one iteration)"
+                )
+            else:
+                message = (
+                    f"batch collapse (stuck scheduler): {fmt(_num(evidence, 'stuck_queue'), 0)} requests waiting while "
+                    f"the running batch fills {fmt(100 * _num(evidence, 'stuck_fill'), 0)} % "
+                    f"< {100 * cfg.stuck_fill_max:g} % (events)"
+                )
         else:
             message = (
                 f"batch collapse: std(batch_size) {fmt(std, 2)} > {cfg.std_threshold:g} and mean fill "
@@ -192,36 +216,48 @@ class BatchCollapseDetector(ThresholdDetector):
 
 
     def _stuck(self, fv: FeatureVector, telemetry: TelemetrySample | None, evidence: dict[str, Any]) -> bool | None:
-        """The stuck-scheduler rule (None: not enough signals); its numbers go into ``evidence``."""
+        """The stuck-scheduler rule (None: not enough signals); its numbers go into ``evidence``.
+
+        From the engine's telemetry: a continuous-batching scheduler admits waiting requests at
+        every iteration while it has a free batch slot and free KV cache, so the requests waiting
+        that it *could* admit, ``k = min(waiting, free slots, requests the free KV holds)``, arrived
+        within the current iteration. Under that null ``k ~ Poisson(mu)`` with ``mu`` = twice the
+        replica's request rate x an iteration (the engine's live mean time per output token, else
+        ``iteration_s``); the rule holds when ``P(K >= k) <= alpha`` (and the allocator is not
+        fragmented: kv_pressure explains that). Without telemetry, the window's events (lagging):
+        ``queue_length_mean >= stuck_queue_min`` with ``batch_fill_mean < stuck_fill_max``.
+        """
         cfg = self.config
         capacity: float | None = None
         if telemetry is not None and telemetry.batch_capacity:
             capacity = float(telemetry.batch_capacity)
         elif fv.batch_size_mean is not None and fv.batch_fill_mean:
             capacity = fv.batch_size_mean / fv.batch_fill_mean  # events report size and size/capacity
-        queue: float | None
-        fill: float | None
-        kv_room: float | None = None
         if telemetry is not None and telemetry.queue_length is not None and telemetry.running_requests is not None:
-            queue, source = float(telemetry.queue_length), "telemetry"
-            fill = None if not capacity else telemetry.running_requests / capacity
+            waiting, running = float(telemetry.queue_length), float(telemetry.running_requests)
+            usage = telemetry.kv_cache_usage
             frag = telemetry.fragmentation
-            usage, running = telemetry.kv_cache_usage, telemetry.running_requests
-            if usage is not None:  # free KV in requests of the running batch's mean size
-                kv_room = math.inf if running == 0 or usage <= 0 else (1.0 - usage) * running / usage
-        else:
-            queue, fill, source = fv.queue_length_mean, fv.batch_fill_mean, "events"
-            frag = None  # events say nothing about memory
-            if fv.count == 0:
-                queue = None
-        evidence.update({"stuck_queue": queue, "stuck_fill": fill,
-                         "stuck_kv_room": None if kv_room is None else min(kv_room, 1e6),
-                         "stuck_fragmentation": frag, "stuck_source": source})
+            if capacity is None:
+                evidence.update({"stuck_queue": waiting, "stuck_source": "telemetry"})
+                return None
+            free = max(capacity - running, 0.0)
+            kv_room = math.inf if running == 0 or usage is None or usage <= 0 else (1.0 - usage) * running / usage
+            admissible = min(waiting, free, math.floor(kv_room) if math.isfinite(kv_room) else waiting)
+            iteration = telemetry.tpot_mean_s if telemetry.tpot_mean_s else cfg.iteration_s
+            mu = 2.0 * max(fv.rps, 1.0 / 60.0) * iteration
+            probability = poisson_tail_bound(admissible, mu)
+            holds = (probability <= cfg.alpha and kv_room >= cfg.stuck_kv_room
+                     and (frag is None or frag < cfg.stuck_fragmentation_max))
+            evidence.update({"stuck_queue": waiting, "stuck_fill": running / capacity if capacity else None,
+                             "stuck_admissible": admissible, "stuck_expected": mu, "stuck_probability": probability,
+                             "stuck_kv_room": min(kv_room, 1e6), "stuck_fragmentation": frag,
+                             "stuck_source": "telemetry", "stuck": int(holds)})
+            return holds
+        queue, fill = fv.queue_length_mean, fv.batch_fill_mean
+        evidence.update({"stuck_queue": queue, "stuck_fill": fill, "stuck_source": "events"})
         if queue is None or fill is None:
             return None
-        holds = (queue >= cfg.stuck_queue_min and fill < cfg.stuck_fill_max
-                 and (kv_room is None or kv_room >= cfg.stuck_kv_room)
-                 and (frag is None or frag < cfg.stuck_fragmentation_max))
+        holds = queue >= cfg.stuck_queue_min and fill < cfg.stuck_fill_max
         evidence["stuck"] = int(holds)
         return holds
 

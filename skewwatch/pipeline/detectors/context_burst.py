@@ -1,5 +1,4 @@
-"""Context burst: token-length variance jumps > 400 % against the previous window, on long
-contexts (seed §2.5).
+"""Context burst: a replica's newest prompts are far longer than its baseline's (seed §2.5).
 
 Seed rule: "上下文突变: token_length方差环比增长 > 400% → INFO; 触发tokenizer缓存预热", with
 the seed's code::
@@ -10,82 +9,102 @@ the seed's code::
         return delta > 4.0 && curr > 2048         // "absolute length" backstop
     }
 
-Two things in it need a reading; both are documented in docs/detectors.md:
+The INFO alert's action ``prewarm_tokenizer_cache`` carries the mean and standard deviation of
+the burst's lengths (``params.tokens_mean``, ``params.tokens_std``).
 
-* **"the window is long": mean prompt length > 2048 tokens.** The seed's ``curr`` is a
-  variance (tokens²) but its comment calls ``2048`` an absolute *length* floor (tokens), and 2048
-  is a context length (a common context size), not a plausible variance bound: a variance of
-  2048 is a standard deviation of 45 tokens, which any mix of chat prompts exceeds. Comparing
-  a variance to a length is dimensionally wrong, so we keep each number with its unit: the
-  growth test runs on the variance (tokens², including the seed's ``> 1000`` when the previous
-  variance is 0) and the length floor on the window's *mean* prompt length (tokens). This keeps
-  the seed's intent (ignore variance noise on short prompts, where a tokenizer cache does not
-  matter) and fires when long contexts arrive in a burst.
-* **"the previous window": the window that ended ``lookback_s`` (60 s) earlier.** Windows are
-  60 s long and slide by 5 s, so the window one step back shares 55 of its 60 seconds with the
-  current one and a 400 % jump against it is nearly impossible; "环比" compares with the
-  previous *period*, i.e. the non-overlapping window just before this one. When that window was
-  not seen (the replica is new, or the worker had a gap), the rule is not evaluated: no claim.
+**The default rule (``burst_rule``).** The seed's variance growth reads a change of the length
+*mix* as a burst and needs a lookback full of requests. The default asks how likely it is that the
+replica's newest 20 s (``recent_*`` features: count ``n``, mean, variance) could have come from the
+replica's baseline, with each baseline that has enough evidence:
 
-**Option ``recent_window``** (ours, off by default; on in ``bench/profiles/tuned.toml``): judge
-the window's newest 20 s (``recent_*`` features, at least ``recent_min_count`` requests) against
-the 60 s window that ended where they begin, with the same thresholds. A burst of long prompts
-makes up all of the last 20 s of finished requests within seconds, while it takes the 60 s window
-half a minute to fill: on the fleet simulator the seed's rule needs 25 s (median), this 15 s.
+* its **peers**' newest 20 s (the other replicas of the model, moments merged, leaving the
+  replica out; at least ``min_peers`` peers and ``baseline_min_count`` prompts): the same
+  period, so a change of traffic that reaches the whole pool is not one replica's burst;
+* its **own past**: its 60 s window that ended where the newest 20 s begin (at least
+  ``baseline_min_count`` prompts).
 
-Token length is the prompt length by default (``tokens = "prompt"``; ``"completion"`` is the
-other choice). The alert is INFO and its action ``prewarm_tokenizer_cache`` carries the
-current window's mean and standard deviation of the token length.
+Statistic: the probability that ``n`` prompts drawn from the baseline have a mean at least the
+observed one, with prompt lengths log-normal at the baseline's mean and variance (lengths are
+heavy-tailed; the mean of ``n`` by Fenton-Wilkinson,
+:func:`~skewwatch.pipeline.detectors.evidence.lognormal_mean_tail`). The rule holds when that
+probability is at most ``alpha`` (1e-4) against every baseline available, and the mean is at
+least ``mean_ratio`` (2) x each baseline's mean: a burst is prompts twice as long, not a
+significant 5 %. Evidence minimum: ``min_count`` (6) prompts in the newest 20 s and one baseline.
+No constant here is a token count: what is long is relative to the traffic.
+
+**The seed's rule (``seed_rule``, the seed profile)**, with the two readings it needs: the
+growth test runs on the variance (tokens², including ``> 1000`` after a previous variance of 0)
+and the seed's "2048" is the window's *mean* length in tokens (a variance of 2048 tokens² is a
+standard deviation of 45 tokens: no floor at all); "the previous window" is the one that ended
+``lookback_s`` (60 s) earlier, the non-overlapping period before this one (环比). Both windows
+must hold ``min_count`` requests: a window of one request has variance 0, and the next of two
+would "grow" past 1000 tokens² on any two prompts.
 
 >>> from skewwatch.schemas.feature_vector import FeatureVector
 >>> det = ContextBurstDetector()
->>> def fv(end, mean, var):
-...     return FeatureVector(model="m", replica="r1", window_start=end - 60, window_end=end,
-...                          count=100, prompt_tokens_mean=mean, prompt_tokens_var=var)
->>> det.update(fv(60.0, 500.0, 10_000.0), None, now=60.0).alerts
-[]
->>> out = det.update(fv(120.0, 3000.0, 90_000.0), None, now=120.0)
->>> out.alerts[0].state, out.actions[0].action
-('open', 'prewarm_tokenizer_cache')
+>>> def fv(end, mean, recent_mean, n=60):
+...     return FeatureVector(model="m", replica="r1", window_start=end - 60, window_end=end, count=n,
+...                          prompt_tokens_mean=mean, prompt_tokens_var=(0.8 * mean) ** 2, recent_count=n // 3,
+...                          recent_prompt_tokens_mean=recent_mean, recent_prompt_tokens_var=(0.5 * recent_mean) ** 2)
+>>> [det.update(fv(60.0 + 5 * i, 1000.0, 1000.0), None, now=60.0 + 5 * i).alerts for i in range(5)]
+[[], [], [], [], []]
+>>> out = det.update(fv(85.0, 1000.0, 8000.0), None, now=85.0)  # 20 prompts of 8k where 1k is usual
+>>> out.alerts[0].state, out.actions[0].action, out.actions[0].params["tokens_mean"]
+('open', 'prewarm_tokenizer_cache', 8000)
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
+from msgspec import Meta
 
 from skewwatch.config_section import Count, Positive
 from skewwatch.pipeline.detectors.alerts import Severity, fmt
+from skewwatch.pipeline.detectors.evidence import lognormal_mean_tail
+from skewwatch.pipeline.detectors.peers import others_count, others_sum
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
 from skewwatch.schemas.feature_vector import RECENT_S, FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
+#: The ``seed`` profile's section (skewwatch.pipeline.detectors.profiles): the seed's rule as written,
+#: with the evidence floor on both windows.
+PROFILE_SEED: dict[str, Any] = {"seed_rule": True, "burst_rule": False}
+
+HISTORY_KEY = "moments_by_end_ms"  # window_end (ms) -> [count, mean, variance] of the tokens judged
+
 
 class ContextBurstConfig(DetectorConfig, frozen=True):
-    """``[detectors.context_burst]``: the seed's variance and length rule, and our recent window."""
+    """``[detectors.context_burst]``: the newest prompts against peers and own past (default), the seed's rule."""
 
     section = "detectors.context_burst"
 
+    persistence: Count = 1
+    min_count: Count = 6  # the evidence floor: prompts in the span judged (seed rule: in each window)
+    # the default rule: the newest 20 s (or the window) against the peers' and the replica's own past
+    burst_rule: bool = True
+    alpha: Annotated[float, Meta(gt=0, lt=1)] = 1e-4  # false-alarm probability bound per baseline
+    mean_ratio: Annotated[float, Meta(ge=1)] = 2.0  # and a mean at least this x each baseline's
+    baseline_min_count: Count = 20  # prompts behind a baseline
+    min_peers: Count = 2  # peers with prompts for a pool baseline
+    # the seed's rule (the seed profile)
+    seed_rule: bool = False
     growth: Positive = 4.0  # seed: (curr - prev) / prev > 4.0, i.e. > 400 %
     zero_prev_variance: float = 1000.0  # seed: previous variance 0 -> current variance > 1000 (tokens²)
     min_mean_tokens: float = 2048.0  # seed's "2048", read as the window's mean length (tokens)
     lookback_s: Positive = 60.0  # the previous window ended this long before the current one
-    tokens: Literal["prompt", "completion"] = "prompt"
-    persistence: Count = 1  # seed: none given
-    # ours, off by default: the newest RECENT_S (20 s) of the window against the 60 s window that
-    # ended RECENT_S earlier (prompt tokens only: the window keeps recent moments of prompts)
-    recent_window: bool = False
-    recent_min_count: Count = 15  # fewer finished requests in the last 20 s: no claim
+    tokens: Literal["prompt", "completion"] = "prompt"  # the seed rule's length
 
     def __post_init__(self) -> None:
-        self._require(not self.recent_window or self.tokens == "prompt", "recent_window",
-                      "needs tokens = prompt (the window keeps recent moments of prompt lengths only)")
-        self._require(not self.recent_window or self.lookback_s >= RECENT_S, "recent_window",
-                      f"needs lookback_s >= {RECENT_S:g} (the history must reach back that far)")
+        self._require(self.burst_rule or self.seed_rule, "burst_rule", "is off, so seed_rule must be on")
+        self._require(self.tokens == "prompt" or not self.burst_rule, "tokens",
+                      "must be prompt with burst_rule (the window keeps recent moments of prompt lengths only)")
+        self._require(self.lookback_s >= RECENT_S, "lookback_s",
+                      f"must be >= {RECENT_S:g} (the history reaches back to where the newest 20 s begin)")
 
 
 class ContextBurstDetector(ThresholdDetector):
@@ -93,92 +112,167 @@ class ContextBurstDetector(ThresholdDetector):
     Config = ContextBurstConfig
     config: ContextBurstConfig
 
+    def __init__(self, config: ContextBurstConfig | None = None) -> None:
+        super().__init__(config)
+        # key -> the peers' merged prompt moments (count, mean, var): of their newest 20 s, of their window
+        self._peers: dict[str, tuple[tuple[float, float, float] | None, tuple[float, float, float] | None]] = {}
+
     def rule_meta(self, rule: str) -> tuple[Severity, str | None, str]:
         cfg = self.config
-        recent = f" in the last {RECENT_S:g} s" if cfg.recent_window else ""
-        return (
-            Severity.INFO,
-            "prewarm_tokenizer_cache",
-            f"context burst: {cfg.tokens} length variance up > {cfg.growth:.0%} on long contexts{recent}",
-        )
+        rules = []
+        if cfg.burst_rule:
+            rules.append(f"prompts of the last {RECENT_S:g} s >= {cfg.mean_ratio:g} x the baseline's, improbably")
+        if cfg.seed_rule:
+            rules.append(f"{cfg.tokens} length variance up > {cfg.growth:.0%} on long contexts")
+        return Severity.INFO, "prewarm_tokenizer_cache", "context burst: " + ", or ".join(rules)
 
-    remembers = True  # the variance history is kept every step, whether the rule can hold or not
+    remembers = True  # the window history is kept every step, whether the rule can hold or not
 
     def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_]:
-        """Replicas whose window is not long (mean length <= ``min_mean_tokens``) or has no
-        variance cannot burst, whatever the previous window said; only their history moves on."""
+        """Replicas that cannot burst whatever their baselines say (too few newest prompts; for the
+        seed rule, a window that is not long); only their history moves on."""
         cfg = self.config
-        if cfg.recent_window:
-            mean = step.column("recent_prompt_tokens_mean")
-            var = step.column("recent_prompt_tokens_var")
-            enough = step.column("recent_count") >= cfg.recent_min_count  # NaN (absent) compares False
-            return ~(enough & (step.column("count") > 0) & ~np.isnan(var) & (mean > cfg.min_mean_tokens))
-        mean = step.column(f"{cfg.tokens}_tokens_mean")
-        var = step.column(f"{cfg.tokens}_tokens_var")
-        return ~((step.column("count") > 0) & ~np.isnan(var) & (mean > cfg.min_mean_tokens))
+        can = np.zeros(len(step), dtype=bool)
+        if cfg.burst_rule:
+            mean, var = step.column("recent_prompt_tokens_mean"), step.column("recent_prompt_tokens_var")
+            can |= (step.column("recent_count") >= cfg.min_count) & ~np.isnan(mean) & ~np.isnan(var)
+            mean, var = step.column("prompt_tokens_mean"), step.column("prompt_tokens_var")
+            can |= (step.column("count") >= cfg.min_count) & ~np.isnan(mean) & ~np.isnan(var)
+        if cfg.seed_rule:
+            mean = step.column(f"{cfg.tokens}_tokens_mean")
+            var = step.column(f"{cfg.tokens}_tokens_var")
+            can |= (step.column("count") >= cfg.min_count) & ~np.isnan(var) & (mean > cfg.min_mean_tokens)
+        return ~can
+
+    def prepare(self, step: StepColumns | None) -> None:
+        """Each replica's peers' prompt moments (newest 20 s, and whole window), merged without it."""
+        self._peers = {}
+        cfg = self.config
+        if step is None or not cfg.burst_rule or len(step) < 2:
+            return
+        recent = _merged_without(step, "recent_count", "recent_prompt_tokens_mean", "recent_prompt_tokens_var",
+                                 cfg.min_peers)
+        window = _merged_without(step, "count", "prompt_tokens_mean", "prompt_tokens_var", cfg.min_peers)
+        for key, r, w in zip(step.keys, recent, window, strict=True):
+            if r is not None or w is not None:
+                self._peers[key] = (r, w)
 
     def remember(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]) -> None:
         self._remember(fv, memory)
 
-    _stamps: tuple[float, int, str, int, str] | None = None  # the last window_end's, shared by its replicas
+    _stamps: tuple[float, int, str] | None = None  # the last window_end's, shared by its replicas
 
-    def _remember(self, fv: FeatureVector, memory: dict[str, Any]) -> float | None:
-        """Record this window's variance; return the variance of the window ``lookback_s`` earlier."""
+    def _remember(self, fv: FeatureVector, memory: dict[str, Any]) -> dict[str, list[float] | None]:
+        """Record this window's count and moments; return the history (window_end ms -> moments),
+        which holds exactly the windows that ended within ``lookback_s`` of this one."""
         cfg = self.config
-        var = fv.prompt_tokens_var if cfg.tokens == "prompt" else fv.completion_tokens_var
+        prompt = cfg.tokens == "prompt"
+        mean = fv.prompt_tokens_mean if prompt else fv.completion_tokens_mean
+        var = fv.prompt_tokens_var if prompt else fv.completion_tokens_var
         stamps = self._stamps
         if stamps is None or stamps[0] != fv.window_end:
             end = round(fv.window_end * 1000)
-            start = end - round(cfg.lookback_s * 1000)
-            stamps = self._stamps = (fv.window_end, end, str(end), start, str(start))
-        _, end_ms, stamp, cutoff, cutoff_stamp = stamps
-        # history: window_end (ms) -> variance, oldest first; only the last lookback is needed
-        history: dict[str, float | None] = memory.setdefault("var_by_end_ms", {})
-        prev = history.get(cutoff_stamp)
-        if history and stamp not in history and int(next(reversed(history))) > end_ms:
+            stamps = self._stamps = (fv.window_end, end - round(cfg.lookback_s * 1000), str(end))
+        _, cutoff, stamp = stamps
+        entry = None if mean is None or var is None else [float(fv.count), mean, var]
+        history: dict[str, list[float] | None] = memory.setdefault(HISTORY_KEY, {})
+        if history and stamp not in history and int(next(reversed(history))) > int(stamp):
             # a window older than the newest one seen: re-sort, so that pruning below may stop at
             # the first recent entry (steps come in time order; this is the rare other case)
-            history[stamp] = var
+            history[stamp] = entry
             ordered = sorted(history.items(), key=lambda item: int(item[0]))
             history.clear()
             history.update(ordered)
         else:
-            history[stamp] = var
+            history[stamp] = entry
         while history:
             oldest = next(iter(history))
             if int(oldest) >= cutoff:
                 break
             del history[oldest]
-        if cfg.recent_window:  # the 60 s window that ended where the recent sub-window begins
-            return history.get(str(end_ms - round(RECENT_S * 1000)))
-        return prev
+        return history
 
     def evaluate(
         self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]
     ) -> dict[str, Finding]:
         cfg = self.config
-        if cfg.recent_window:
-            mean, var = fv.recent_prompt_tokens_mean, fv.recent_prompt_tokens_var
-        elif cfg.tokens == "prompt":
-            mean, var = fv.prompt_tokens_mean, fv.prompt_tokens_var
-        else:
-            mean, var = fv.completion_tokens_mean, fv.completion_tokens_var
-        prev = self._remember(fv, memory)
+        history = self._remember(fv, memory)
+        end_ms = round(fv.window_end * 1000)
+        findings = []
+        if cfg.burst_rule:
+            peers = self._peers.get(fv.key, (None, None))
+            # the newest 20 s (soonest), and the whole window (more prompts, where they arrive seldom)
+            recent = self._burst(fv.recent_count, fv.recent_prompt_tokens_mean, fv.recent_prompt_tokens_var,
+                                 f"the last {RECENT_S:g} s's", history.get(str(end_ms - round(RECENT_S * 1000))),
+                                 peers[0])
+            window = recent if recent.holds is not None else self._burst(
+                fv.count, fv.prompt_tokens_mean, fv.prompt_tokens_var, "the window's",
+                history.get(str(end_ms - round(cfg.lookback_s * 1000))), peers[1], both=True)
+            # the whole window only where the newest 20 s hold too few prompts to judge
+            findings.append(recent if recent.holds is not None else window)
+        if cfg.seed_rule:
+            findings.append(self._seed(fv, history.get(str(end_ms - round(cfg.lookback_s * 1000)))))
+        holding = [f for f in findings if f.holds]
+        if holding:
+            return {"main": holding[0]}
+        judged = [f for f in findings if f.holds is False]
+        return {"main": judged[0] if judged else findings[0]}
 
+    def _burst(self, n: int | None, mean: float | None, var: float | None, span: str, before: list[float] | None,
+               peers: tuple[float, float, float] | None, both: bool = False) -> Finding:
+        """The default rule (module docstring) on one span's prompts (``n``, ``mean``, ``var``)
+        against the replica's window that ended where the span begins and its peers' same span
+        (``both``: only where both baselines have the evidence)."""
+        cfg = self.config
+        evidence: dict[str, float | int | str | None] = {
+            "span": span, "count": n, "mean_tokens": mean, "min_count": cfg.min_count, "alpha": cfg.alpha,
+            "mean_ratio_threshold": cfg.mean_ratio}
+        if n is None or n < cfg.min_count or mean is None or var is None or mean <= 0:
+            return Finding(holds=None, evidence=evidence)
+        baselines = []
+        if peers is not None and peers[0] >= cfg.baseline_min_count:
+            baselines.append(("peers", peers))
+        if before is not None and before[0] >= cfg.baseline_min_count:
+            baselines.append(("own past", (before[0], before[1], before[2])))
+        if not baselines or (both and len(baselines) < 2):
+            return Finding(holds=None, evidence=evidence)
+        holds = True
+        parts = []
+        for name, (count, base_mean, base_var) in baselines:
+            probability = lognormal_mean_tail(mean, base_mean, base_var, n)
+            ratio = mean / base_mean if base_mean > 0 else math.inf
+            tag = "peers" if name == "peers" else "own"
+            evidence.update({f"{tag}_mean_tokens": base_mean, f"{tag}_count": count,
+                             f"{tag}_probability": probability, f"{tag}_mean_ratio": ratio})
+            holds = holds and probability <= cfg.alpha and ratio >= cfg.mean_ratio
+            parts.append(f"{ratio:.1f} x the {name}' {fmt(base_mean, 0)} (probability {probability:.1e})")
+        message = (
+            f"context burst: {span} {n} prompts average {fmt(mean, 0)} tokens, "
+            + ", ".join(parts)
+            + f" (>= {cfg.mean_ratio:g} x, <= {cfg.alpha:g})"
+        )
+        params = {"tokens_mean": round(mean), "tokens_std": round(math.sqrt(max(var, 0.0)))}
+        return Finding(holds=holds, message=message, evidence=evidence, params=params)
+
+    def _seed(self, fv: FeatureVector, previous: list[float] | None) -> Finding:
+        """The seed's rule: variance growth against the window ``lookback_s`` earlier, on long windows."""
+        cfg = self.config
+        prompt = cfg.tokens == "prompt"
+        mean = fv.prompt_tokens_mean if prompt else fv.completion_tokens_mean
+        var = fv.prompt_tokens_var if prompt else fv.completion_tokens_var
+        prev = None if previous is None else previous[2]
         evidence: dict[str, float | int | str | None] = {
             "tokens": cfg.tokens,
             "variance": var,
             "previous_variance": prev,
+            "previous_count": None if previous is None else previous[0],
             "mean_tokens": mean,
             "growth_threshold": cfg.growth,
             "min_mean_tokens": cfg.min_mean_tokens,
         }
-        if cfg.recent_window:
-            evidence["recent_count"] = fv.recent_count
-            if fv.recent_count is None or fv.recent_count < cfg.recent_min_count:
-                return {"main": Finding(holds=None, evidence=evidence)}
-        if fv.count == 0 or var is None or mean is None or prev is None:
-            return {"main": Finding(holds=None, evidence=evidence)}
+        if (fv.count < cfg.min_count or var is None or mean is None or previous is None or prev is None
+                or previous[0] < cfg.min_count):
+            return Finding(holds=None, evidence=evidence)  # both windows need the evidence floor
         if prev == 0:
             grew = var > cfg.zero_prev_variance
             growth_text = f"from 0 to {fmt(var, 0)} (> {cfg.zero_prev_variance:g})"
@@ -188,11 +282,32 @@ class ContextBurstDetector(ThresholdDetector):
             grew = growth > cfg.growth
             growth_text = f"{growth:+.0%} ({fmt(prev, 0)} -> {fmt(var, 0)} tokens²)"
         long_enough = mean > cfg.min_mean_tokens
-        span = (f"in the last {RECENT_S:g} s against the window that ended then" if cfg.recent_window
-                else f"against the window {cfg.lookback_s:g} s earlier")
         message = (
-            f"context burst: {cfg.tokens} length variance {growth_text} {span}, "
-            f"mean length {fmt(mean, 0)} tokens (> {cfg.min_mean_tokens:g})"
+            f"context burst: {cfg.tokens} length variance {growth_text} against the window {cfg.lookback_s:g} s "
+            f"earlier, mean length {fmt(mean, 0)} tokens (> {cfg.min_mean_tokens:g})"
         )
         params = {"tokens_mean": round(mean), "tokens_std": round(math.sqrt(max(var, 0.0)))}
-        return {"main": Finding(holds=grew and long_enough, message=message, evidence=evidence, params=params)}
+        return Finding(holds=grew and long_enough, message=message, evidence=evidence, params=params)
+
+
+def _merged_without(step: StepColumns, count: str, mean: str, var: str,
+                    min_peers: int) -> list[tuple[float, float, float] | None]:
+    """Per replica, the other replicas' moments of one span merged (count, mean, population
+    variance); None with fewer than ``min_peers`` of them."""
+    n = np.nan_to_num(step.column(count))
+    m, v = step.column(mean), step.column(var)
+    valid = (n > 0) & ~np.isnan(m) & ~np.isnan(v)
+    n, m, v = np.where(valid, n, 0.0), np.where(valid, m, 0.0), np.where(valid, v, 0.0)
+    peers = others_count(valid)
+    total = others_sum(n, valid)
+    first = others_sum(n * m, valid)
+    second = others_sum(n * (v + m * m), valid)
+    out: list[tuple[float, float, float] | None] = []
+    for row in range(len(step)):
+        if peers[row] < min_peers or total[row] <= 0:
+            out.append(None)
+            continue
+        merged_mean = first[row] / total[row]
+        variance = max(second[row] / total[row] - merged_mean ** 2, 0.0)
+        out.append((float(total[row]), float(merged_mean), float(variance)))
+    return out

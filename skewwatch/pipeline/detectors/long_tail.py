@@ -1,65 +1,67 @@
-"""Long tail: P99 latency above 3 × P50 for 3 consecutive steps (seed §2.5).
+"""Long tail: some of a replica's requests are much slower than its peers' (seed §2.5).
 
 Seed rule: "长尾请求: P99延迟 > 3×P50 且持续≥3个周期 → WARNING; 启用请求采样链路追踪注入"
-(P99 > 3 × P50 lasting at least 3 periods → WARNING; turn on request sampling / tracing).
+(P99 > 3 × P50 lasting at least 3 periods → WARNING; turn on request sampling / tracing). The
+action ``enable_tracing`` carries ``params.sample_rate`` (share of the replica's requests to trace).
 
-The rule is evaluated on the replica's 60 s window every 5 s step. A window with fewer than
-``min_count`` requests cannot be judged: its P99 is simply its maximum (guard added by us; the
-seed gives no minimum, set ``min_count = 1`` to evaluate every non-empty window). The action
-``enable_tracing`` carries ``params.sample_rate`` (share of the replica's requests to trace).
+The seed's ratio is a point value on one replica's end-to-end latency, which follows each
+request's output length: healthy replicas of any real trace have P99/P50 of 3 to 40, so it holds
+on all of them (the ``seed`` profile keeps it: ``seed_rule``). The default judges a replica
+against its **peers** (the other replicas of its model in the same step, which see the same
+traffic) or, without enough peers, against **its own past**, on time per output token (TPOT:
+decode time / output tokens, which a request's length does not move), with two rules; the alert
+holds when either holds:
 
-**Option ``length_normalized``** (ours, off by default; on in ``bench/profiles/tuned.toml``):
-an LLM request's latency follows its output length, so on real traffic P99/P50 is mostly the
-spread of output lengths (3.7-7.5 on healthy replicas of the fleet simulator) and the seed's
-rule holds everywhere. With the option the rule compares P99 with what the window's output
-lengths explain instead: ``expected P99 = (latency_mean / completion_tokens_mean) x P99 of the
-output length``, that P99 from a log-normal fit of the window's ``completion_tokens_mean`` and
-``completion_tokens_var`` (lengths are heavy-tailed; a normal fit under-reads them). The rule
-holds when ``latency_p99 > length_ratio x expected P99`` (healthy windows of the fleet
-simulator: about 0.7, at most 1.1 on the conv trace and 1.26 on the code trace, whose P99/P50
-reaches 43). It needs no history and no per-trace ratio, but it still sees
-a slowed request only when it *finishes*: a tail of slow long requests shows a minute or more
-after it starts (see docs/detectors.md).
+* **live** (``live_rule``): the engine's own per-token latencies over the last ``live_span_s``
+  (20 s) of scrapes (telemetry ``tpot_*``, ``ttft_*``; :mod:`~skewwatch.pipeline.detectors.live`),
+  seen as tokens are produced rather than when requests finish. Statistic: the *tail excess*
+  ``x = ln(mean TPOT / baseline mean TPOT) - max(0, ln(median TPOT / baseline median))``: how
+  much slower the replica's tokens are on average than its baseline's, beyond what a shift of its
+  median explains (a replica slowed as a whole is a slow replica, for the weights, not a tail).
+  Threshold: ``x > live_z`` (5) standard deviations of the replica's own ``x`` over its past
+  steps (:class:`~skewwatch.pipeline.detectors.live.Noise`: its spread on *this* traffic, started
+  at ``live_noise_prior`` and never below ``live_noise_floor``); under a normal null that is a
+  false-alarm probability of 3e-7 per step, and it stays small under the heavier tails of real
+  prefill interference. Evidence minimum: ``live_min_tokens`` output tokens on the replica and on
+  each of at least ``min_peers`` peers (else its own past, after ``live_history_steps`` steps).
+  Not claimed when the replica's first tokens are slow too (mean TTFT above ``ttft_ratio`` x the
+  baseline's): long prompts, KV reloads and queues slow every token of a batch through prefill,
+  and are context_burst's, kv_pressure's and batch_collapse's to report.
+* **exceedance** (``exceedance_rule``): the window's finished requests. The level is
+  ``tail_ratio`` (2) x the peers' TPOT P99 (the median of the peers' P99s; without peers the
+  replica's own P99 ``lookback_s`` earlier); a request of the baseline is above it with
+  probability at most 1 %. The window's TPOT P50, P90, P99 and max prove how many of its ``n``
+  requests are above it (at least half, a tenth, ...: :func:`~skewwatch.pipeline.detectors.evidence.min_exceeding`),
+  and the rule holds when that count has probability below ``alpha`` (1e-3) under
+  ``Binomial(n, 0.01)`` (:func:`~skewwatch.pipeline.detectors.evidence.binomial_tail_bound`).
+  The evidence minimum follows from ``alpha``: a tenth of the requests above the level needs
+  ``n >= 48`` to count. Not claimed when the median TPOT is above ``shift_ratio`` x the baseline's
+  (a slow replica) or the median TTFT above ``ttft_ratio`` x the peers' (prefill).
 
-**Option ``tpot_rule``** (ours, off by default; on in the tuned profile): also judge time per
-output token (TPOT, decode time / output tokens, the window's ``tpot_*`` features). In an engine
-that decodes a batch one token per step, every running request gets about the same TPOT, so a
-request slowed by a factor shows that factor in its TPOT as soon as it finishes, short or long,
-while its end-to-end latency hides among longer outputs. The rule holds when the window's largest
-TPOT exceeds ``tpot_ratio`` x its TPOT median, and it is judged only on a replica whose TPOT was
-*tight* ``tpot_lookback_s`` earlier (that window's TPOT P99 <= ``tpot_spread`` x its P50, both with
-``min_count`` requests): where latency does not follow output length per token (TPOT spread over
-decades), a TPOT outlier means nothing and the rule makes no claim. The alert holds when this rule
-or the latency rule above (the seed's, or ``length_normalized``) holds.
+Every rule needs at least ``min_count`` (6) finished requests in the window: a window of 1-5
+requests says nothing about a share of them.
 
 >>> from skewwatch.schemas.feature_vector import FeatureVector
 >>> det = LongTailDetector()
->>> fv = FeatureVector(model="m", replica="r1", window_start=0.0, window_end=60.0, count=100,
-...                    latency_p50=100.0, latency_p99=450.0)
->>> [len(det.update(fv, None, now=60.0 + 5 * i).alerts) for i in range(4)]
-[0, 0, 1, 0]
->>> det.update(fv, None, now=80.0).actions[0].action
-'enable_tracing'
->>> norm = LongTailDetector(LongTailConfig(length_normalized=True, persistence=1))
->>> fv = FeatureVector(model="m", replica="r1", window_start=0.0, window_end=60.0, count=100,
-...                    latency_p50=3000.0, latency_p99=40000.0, latency_mean=6000.0,
-...                    completion_tokens_mean=200.0, completion_tokens_var=200.0 ** 2)
->>> round(norm.update(fv, None, now=60.0).alerts[0].evidence["p99_over_expected"], 2)
-1.36
->>> tpot = LongTailDetector(LongTailConfig(tpot_rule=True, persistence=1))
->>> def tv(end, p50, p99, top):
-...     return FeatureVector(model="m", replica="r1", window_start=end - 60, window_end=end, count=100,
-...                          latency_p50=3000.0, latency_p99=8000.0, tpot_p50=p50, tpot_p99=p99, tpot_max=top)
->>> tpot.update(tv(60.0, 30.0, 40.0, 45.0), None, now=60.0).alerts
+>>> def fv(end, p90, p99, top, n=200):
+...     return FeatureVector(model="m", replica="r1", window_start=end - 60, window_end=end, count=n,
+...                          tpot_p50=20.0, tpot_p90=p90, tpot_p99=p99, tpot_max=top, ttft_p50=100.0)
+>>> det.update(fv(60.0, 22.0, 25.0, 30.0), None, now=60.0).alerts  # its own past, a minute later:
 []
->>> out = tpot.update(tv(120.0, 30.0, 40.0, 200.0), None, now=120.0)
->>> out.alerts[0].evidence["tpot_max_over_p50"], out.actions[0].action
-(6.666666666666667, 'enable_tracing')
+>>> out = det.update(fv(120.0, 90.0, 150.0, 200.0), None, now=120.0)  # a tenth above 2 x 25 ms
+>>> out.alerts[0].evidence["exceeding"], out.actions[0].action
+(21, 'enable_tracing')
+>>> seed = LongTailDetector(LongTailConfig.from_overrides(PROFILE_SEED))
+>>> v = FeatureVector(model="m", replica="r1", window_start=0.0, window_end=60.0, count=100,
+...                   latency_p50=100.0, latency_p99=450.0)
+>>> [len(seed.update(v, None, now=60.0 + 5 * i).alerts) for i in range(4)]
+[0, 0, 1, 0]
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import numpy as np
@@ -68,32 +70,78 @@ from msgspec import Meta
 
 from skewwatch.config_section import Count, Fraction, NonNegativeInt, Positive
 from skewwatch.pipeline.detectors.alerts import Severity, fmt
+from skewwatch.pipeline.detectors.evidence import binomial_tail_bound, min_exceeding
+from skewwatch.pipeline.detectors.live import (
+    LiveAggregate,
+    Noise,
+    SlowBaseline,
+    aggregate,
+    peer_baselines,
+    record,
+    tail_excess,
+)
+from skewwatch.pipeline.detectors.peers import others_median
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
-Z99 = 2.3263478740408408  # standard normal 99th percentile
+BASELINE_EXCEEDANCE = 0.01  # a request of the baseline is above its P99 with at most this probability
+
+#: The ``seed`` profile's ``[detectors.long_tail]``: the seed's rule as it stood (P99 > 3 x P50 for
+#: 3 steps, windows of 20 requests and more), the evidence-aware rules off.
+PROFILE_SEED: dict[str, Any] = {"seed_rule": True, "live_rule": False, "exceedance_rule": False, "clear_steps": 2,
+                                "persistence": 3, "min_count": 20}
 
 
 class LongTailConfig(DetectorConfig, frozen=True):
-    """``[detectors.long_tail]``: the seed's P99/P50 rule, and our options (off by default)."""
+    """``[detectors.long_tail]``: the live and exceedance rules (default), the seed's P99/P50 rule."""
 
     section = "detectors.long_tail"
 
-    ratio: Annotated[float, Meta(gt=1)] = 3.0  # seed: P99 > 3 × P50
-    persistence: Count = 3  # seed: for >= 3 consecutive steps
-    min_count: NonNegativeInt = 20  # ours: fewer requests than this in the window -> not evaluated
+    persistence: Count = 1  # steps the rule must hold (each rule bounds its own false alarms)
+    clear_steps: Count = 6  # 30 s without the rule before it resolves: a tail shows on some scrapes, not all
+    min_count: NonNegativeInt = 6  # the evidence floor: fewer finished requests in the window -> no claim
     sample_rate: Fraction = 1.0  # enable_tracing: share of the replica's requests to trace
-    # ours, off by default: judge P99 against what the window's output lengths explain, not P50
-    length_normalized: bool = False
-    length_ratio: Positive = 1.3  # P99 > this x (latency per output token x P99 output length)
-    # ours, off by default: also fire on one request decoded tpot_ratio x slower per token than
-    # the window's median, on a replica whose TPOT was tight (P99 <= tpot_spread x P50) a lookback ago
-    tpot_rule: bool = False
-    tpot_ratio: Annotated[float, Meta(gt=1)] = 5.0
-    tpot_spread: Annotated[float, Meta(ge=1)] = 1.5
-    tpot_lookback_s: Positive = 60.0
+    min_peers: Count = 2  # peers with enough evidence for a pool baseline; fewer -> the replica's own past
+    ttft_ratio: Annotated[float, Meta(gt=1)] = 2.0  # first tokens this x slower than the baseline's: prefill
+    # live rule: the engine's per-token latencies over the last scrapes
+    live_rule: bool = True
+    live_span_s: Positive = 10.0  # scrapes aggregated
+    ttft_span_s: Positive = 60.0  # first tokens aggregated (requests start seldom)
+    live_min_tokens: Positive = 100.0  # output tokens in the span, on the replica and on each peer
+    live_z: Positive = 5.0  # the tail excess above this many of the replica's own standard deviations
+    live_noise_prior: Positive = 0.2  # the tail excess's standard deviation before any history (log units)
+    live_noise_floor: Positive = 0.05  # ... and never less (5 %: a smaller excess is no tail)
+    live_noise_tau_s: Positive = 300.0  # time constant of that spread and of the replica's own baseline
+    live_history_steps: Count = 12  # steps of own history before the rule judges
+    # exceedance rule: the window's finished requests above tail_ratio x the baseline's TPOT P99
+    exceedance_rule: bool = True
+    defer_to_live: bool = True  # where the live rule judged, the finished requests add nothing
+    tail_ratio: Annotated[float, Meta(ge=1)] = 2.0
+    alpha: Annotated[float, Meta(gt=0, lt=1)] = 1e-3  # false-alarm probability bound of the binomial test
+    shift_ratio: Annotated[float, Meta(gt=1)] = 1.5  # median TPOT above this x the baseline's: a slow replica
+    peer_min_count: Count = 20  # a peer's window needs this many requests to give a P99
+    lookback_s: Positive = 60.0  # without peers: the replica's own window this long before
+    # the seed's rule (the seed profile): P99 > ratio x P50 on end-to-end latency
+    seed_rule: bool = False
+    ratio: Annotated[float, Meta(gt=1)] = 3.0
+
+    def __post_init__(self) -> None:
+        self._require(self.seed_rule or self.live_rule or self.exceedance_rule, "seed_rule",
+                      "is off, so live_rule or exceedance_rule must be on")
+        self._require(self.ttft_span_s >= self.live_span_s, "ttft_span_s", "must be >= live_span_s")
+
+
+@dataclass(slots=True)
+class _Peers:
+    """One replica's peers in the current step."""
+
+    live: LiveAggregate | None  # pooled live aggregate of the peers with enough tokens
+    tpot_p50: float | None  # medians over the peers whose window has peer_min_count requests
+    tpot_p99: float | None
+    ttft_p50: float | None
+    count: float | None  # the median request count behind those peers' quantiles
 
 
 class LongTailDetector(ThresholdDetector):
@@ -101,114 +149,232 @@ class LongTailDetector(ThresholdDetector):
     Config = LongTailConfig
     config: LongTailConfig
 
+    def __init__(self, config: LongTailConfig | None = None) -> None:
+        super().__init__(config)
+        self._peers: dict[str, _Peers] = {}  # the current step's, by key (empty outside a step)
+
     def rule_meta(self, rule: str) -> tuple[Severity, str | None, str]:
         cfg = self.config
-        if cfg.length_normalized:
-            reason = f"long tail: p99 > {cfg.length_ratio:g} x the p99 its output lengths explain"
-        else:
-            reason = f"long tail: p99 > {cfg.ratio:g} x p50"
-        if cfg.tpot_rule:
-            reason += f", or a request's time per output token > {cfg.tpot_ratio:g} x the median"
-        return Severity.WARNING, "enable_tracing", reason
+        rules = []
+        if cfg.live_rule:
+            rules.append("tokens slower than the baseline's beyond its median")
+        if cfg.exceedance_rule:
+            rules.append(f"requests above {cfg.tail_ratio:g} x the baseline's TPOT P99")
+        if cfg.seed_rule:
+            rules.append(f"p99 > {cfg.ratio:g} x p50")
+        return Severity.WARNING, "enable_tracing", "long tail: " + ", or ".join(rules)
 
-    def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_] | None:
-        """The seed rule over the step's replicas as columns (None, i.e. evaluate each, for
-        ``length_normalized`` and ``tpot_rule``: the latter keeps a TPOT history every step)."""
+    # ------------------------------------------------------------------ the pool
+
+    def prepare(self, step: StepColumns | None) -> None:
+        """The peers of every replica of the step: live aggregates (each replica's memory is
+        brought up to date with its fresh sample first) and the finished requests' TPOT."""
+        self._peers = {}
         cfg = self.config
-        if cfg.length_normalized or cfg.tpot_rule:
-            return None
-        p50, p99 = step.column("latency_p50"), step.column("latency_p99")
-        return ~((step.column("count") >= max(cfg.min_count, 1)) & (p50 > 0) & (p99 > cfg.ratio * p50))
+        if step is None or len(step) < 2 or not (cfg.live_rule or cfg.exceedance_rule):
+            return
+        now = step.vectors[0].window_end
+        live: list[LiveAggregate | None] = [None] * len(step)
+        if cfg.live_rule:
+            for row, (key, sample) in enumerate(zip(step.keys, step.telemetry, strict=True)):
+                if sample is None and key not in self._state:
+                    continue
+                memory = self.key_memory(key)
+                record(memory, sample, cfg.ttft_span_s)
+                live[row] = self._aggregate(memory, now)
+        peer_live = peer_baselines(live, cfg.live_min_tokens, cfg.min_peers)
+        count = step.column("count")
+        p50, p99, ttft = step.column("tpot_p50"), step.column("tpot_p99"), step.column("ttft_p50")
+        valid = (count >= cfg.peer_min_count) & ~np.isnan(p50) & ~np.isnan(p99)
+        peer_p50 = others_median(p50, valid, cfg.min_peers)
+        peer_p99 = others_median(p99, valid, cfg.min_peers)
+        peer_ttft = others_median(ttft, valid & ~np.isnan(ttft), cfg.min_peers)
+        peer_count = others_median(count, valid, cfg.min_peers)
+        for row, key in enumerate(step.keys):
+            self._peers[key] = _Peers(
+                live=peer_live[row],
+                tpot_p50=_num(peer_p50[row]),
+                tpot_p99=_num(peer_p99[row]),
+                ttft_p50=_num(peer_ttft[row]),
+                count=_num(peer_count[row]),
+            )
+
+    # ------------------------------------------------------------------ the rules
+
+    remembers = True  # the live samples, the replica's own baseline and its TPOT history move every step
+
+    def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_]:
+        """Replicas no rule can judge: the evidence-aware rules below ``min_count`` requests, the
+        seed's rule where P99 is not above ``ratio`` x P50 (their history still moves: remember)."""
+        cfg = self.config
+        count = step.column("count")
+        can = np.zeros(len(step), dtype=bool)
+        if cfg.live_rule or cfg.exceedance_rule:
+            can |= count >= cfg.min_count
+        if cfg.seed_rule:
+            p50, p99 = step.column("latency_p50"), step.column("latency_p99")
+            can |= (count >= max(cfg.min_count, 1)) & (p50 > 0) & (p99 > cfg.ratio * p50)
+        return ~can
+
+    def remember(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]) -> None:
+        """What :meth:`evaluate` does to the memory of a replica none of its rules can judge."""
+        cfg = self.config
+        if cfg.live_rule:
+            self._live(fv, telemetry, memory, None, {}, judge=False)
+        if cfg.exceedance_rule:
+            self._exceedance(fv, memory, None, {}, judge=False)
 
     def evaluate(
         self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]
     ) -> dict[str, Finding]:
         cfg = self.config
-        p50, p99 = fv.latency_p50, fv.latency_p99
-        evidence: dict[str, float | int | str | None] = {
-            "latency_p50_ms": p50,
-            "latency_p99_ms": p99,
-            "ratio_threshold": cfg.ratio,
-            "count": fv.count,
-        }
-        if cfg.length_normalized:
-            latency = self._length_normalized(fv, evidence)
-        elif p50 is None or p99 is None or p50 <= 0 or fv.count < max(cfg.min_count, 1):
-            latency = Finding(holds=None, evidence=evidence)
-        else:
-            ratio = p99 / p50
-            evidence["p99_over_p50"] = ratio
-            message = (
-                f"long tail: p99 {fmt(p99)} ms is {ratio:.2f} x p50 {fmt(p50)} ms "
-                f"(> {cfg.ratio:g} x for >= {cfg.persistence} steps)"
-            )
-            latency = Finding(holds=p99 > cfg.ratio * p50, message=message, evidence=evidence,
-                              params={"sample_rate": cfg.sample_rate})
-        if not cfg.tpot_rule:
-            return {"main": latency}
-        tpot = self._tpot(fv, evidence, memory)
-        if tpot.holds and not latency.holds:
-            return {"main": tpot}
-        if latency.holds is None and tpot.holds is False:
-            return {"main": tpot}  # the TPOT rule judged (and did not hold): a claim either way
-        return {"main": latency}
+        peers = self._peers.get(fv.key)
+        evidence: dict[str, float | int | str | None] = {"count": fv.count, "min_count": cfg.min_count}
+        findings: list[Finding] = []
+        if cfg.live_rule:
+            findings.append(self._live(fv, telemetry, memory, peers, evidence))
+        if cfg.exceedance_rule:
+            exceedance = self._exceedance(fv, memory, peers, evidence)
+            if findings and findings[0].holds is not None and cfg.defer_to_live:
+                # the live rule judged the same requests while they ran: the finished ones add nothing
+                exceedance = Finding(holds=None, evidence=exceedance.evidence)
+            findings.append(exceedance)
+        if cfg.seed_rule:
+            findings.append(self._seed(fv, evidence))
+        holding = [f for f in findings if f.holds]
+        if holding:
+            return {"main": holding[0]}
+        judged = [f for f in findings if f.holds is False]
+        return {"main": judged[0] if judged else Finding(holds=None, evidence=evidence)}
 
-    def _tpot(self, fv: FeatureVector, evidence: dict[str, Any], memory: dict[str, Any]) -> Finding:
-        """The ``tpot_rule``: the window's largest TPOT against its median, judged where the
-        replica's TPOT was tight ``tpot_lookback_s`` earlier. Keeps that history in ``memory``."""
+    def _live(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any],
+              peers: _Peers | None, evidence: dict[str, Any], judge: bool = True) -> Finding:
+        """The live rule (module docstring); keeps the replica's samples, noise and own baseline
+        (``judge`` False: only that, for a replica below the evidence floor)."""
         cfg = self.config
-        p50, p99, top = fv.tpot_p50, fv.tpot_p99, fv.tpot_max
-        enough = fv.count >= max(cfg.min_count, 1) and p50 is not None and p99 is not None and p50 > 0
-        # history: window_end (ms, as str) -> [tpot P50, P99] of windows with enough requests, or
-        # None; only the last tpot_lookback_s is kept (steps arrive in time order)
-        history: dict[str, list[float] | None] = memory.setdefault("tpot_by_end_ms", {})
+        now = fv.window_end
+        record(memory, telemetry, cfg.ttft_span_s)
+        agg = self._aggregate(memory, now)
+        alpha = min(5.0 / cfg.live_noise_tau_s, 1.0)  # one step of 5 s
+        own = SlowBaseline(memory, "live_base", alpha)
+        noise = Noise(memory, "live_noise", alpha, cfg.live_noise_prior, 1.0, cfg.live_noise_floor)
+        if agg is None or agg.tokens < cfg.live_min_tokens:
+            return Finding(holds=None, evidence=evidence)
+        baseline, source = (peers.live, "peers") if peers is not None and peers.live is not None else \
+            (own.get(cfg.live_history_steps), "own past")
+        if not judge or baseline is None or baseline.tpot_mean_s <= 0 or fv.count < cfg.min_count:
+            own.update(agg)
+            return Finding(holds=None, evidence=evidence)
+        excess = tail_excess(memory, now, cfg.live_span_s, baseline)
+        if excess is None:
+            return Finding(holds=None, evidence=evidence)
+        sigma = noise.sigma
+        threshold = noise.threshold(cfg.live_z)
+        ttft_ratio = None  # the larger of the median's and the slowest first tokens' ratio to the baseline's
+        if agg.ttft_p50_s and baseline.ttft_p50_s:
+            ttft_ratio = agg.ttft_p50_s / baseline.ttft_p50_s
+        if agg.ttft_p99_s and baseline.ttft_p99_s:
+            ttft_ratio = max(ttft_ratio or 0.0, agg.ttft_p99_s / baseline.ttft_p99_s)
+        prefill = ttft_ratio is not None and ttft_ratio > cfg.ttft_ratio
+        holds = excess > threshold and not prefill and noise.steps >= cfg.live_history_steps
+        evidence.update({"live_tokens": agg.tokens, "live_tpot_mean_ms": 1000 * agg.tpot_mean_s,
+                         "baseline_tpot_mean_ms": 1000 * baseline.tpot_mean_s, "baseline": source,
+                         "tail_excess": excess, "noise": sigma, "threshold": threshold, "history_steps": noise.steps,
+                         "ttft_over_baseline": ttft_ratio})
+        if not holds:
+            noise.update(excess)
+            own.update(agg)
+        message = (
+            f"long tail (live): tokens took {fmt(1000 * agg.tpot_mean_s, 1)} ms on average, "
+            f"the {source}' {fmt(1000 * baseline.tpot_mean_s, 1)} ms: {math.exp(excess):.2f} x beyond "
+            f"its median's shift ({excess:.2f} > {threshold:.2f}, {excess / sigma:.1f} standard deviations; "
+            f"{agg.tokens:.0f} tokens in {cfg.live_span_s:g} s)"
+        )
+        if prefill:
+            message += f"; first tokens {ttft_ratio:.1f} x slower: prefill explains it"
+        return Finding(holds=holds, message=message, evidence=evidence, params={"sample_rate": cfg.sample_rate})
+
+    def _aggregate(self, memory: dict[str, Any], now: float) -> LiveAggregate | None:
+        """The live aggregate of the last ``live_span_s``, its TTFT over the last ``ttft_span_s``
+        (requests start seldom, and a stuck queue starts none)."""
+        cfg = self.config
+        agg = aggregate(memory, now, cfg.live_span_s)
+        if agg is None:
+            return None
+        slow_start = aggregate(memory, now, cfg.ttft_span_s)
+        ttft = slow_start.ttft_p50_s if slow_start is not None else None
+        return LiveAggregate(agg.tokens, agg.tpot_mean_s, agg.tpot_p50_s, ttft, agg.ttft_p99_s)
+
+    def _exceedance(self, fv: FeatureVector, memory: dict[str, Any], peers: _Peers | None,
+                    evidence: dict[str, Any], judge: bool = True) -> Finding:
+        """The exceedance rule (module docstring); keeps the window's TPOT for the own-past reference."""
+        cfg = self.config
+        n, p50, p90, p99, top = fv.count, fv.tpot_p50, fv.tpot_p90, fv.tpot_p99, fv.tpot_max
+        history: dict[str, list[float]] = memory.setdefault("tpot_by_end_ms", {})
         end_ms = round(fv.window_end * 1000)
-        cutoff = end_ms - round(cfg.tpot_lookback_s * 1000)
-        previous = history.get(str(cutoff))
-        history[str(end_ms)] = [p50, p99] if enough and p50 is not None and p99 is not None else None
-        for stamp in [stamp for stamp in history if int(stamp) < cutoff]:
+        cutoff = end_ms - round(cfg.lookback_s * 1000)
+        before = history.get(str(cutoff))
+        if n >= cfg.peer_min_count and p50 is not None and p99 is not None:
+            history[str(end_ms)] = [p50, p99, n]
+        for stamp in [stamp for stamp in history if int(stamp) <= cutoff - 1]:
             del history[stamp]
-        evidence.update({"tpot_p50_ms": p50, "tpot_max_ms": top, "tpot_ratio_threshold": cfg.tpot_ratio,
-                         "tpot_spread_before": None if previous is None else previous[1] / previous[0]})
-        if not enough or top is None or p50 is None or previous is None or previous[1] > cfg.tpot_spread * previous[0]:
+        if not judge:
             return Finding(holds=None, evidence=evidence)
-        ratio = top / p50
-        evidence["tpot_max_over_p50"] = ratio
+        if peers is not None and peers.tpot_p99 is not None and peers.tpot_p50 is not None and peers.count:
+            ref50, ref99, ref_n, source = peers.tpot_p50, peers.tpot_p99, peers.count, "peers"
+        elif before is not None and len(before) > 2:
+            ref50, ref99, ref_n, source = before[0], before[1], before[2], "own past"
+        else:
+            return Finding(holds=None, evidence=evidence)
+        if n < cfg.min_count or p50 is None or top is None or ref99 <= 0:
+            return Finding(holds=None, evidence=evidence)
+        level = cfg.tail_ratio * ref99
+        exceeding = 0
+        for quantile, value in ((0.5, p50), (0.9, p90), (0.99, p99), (1.0, top)):
+            if value is not None and value >= level:
+                exceeding = min_exceeding(n, quantile)
+                break
+        # a P99 read from m requests is their (floor(0.99 (m - 1)) + 1)-th smallest, which a new
+        # request of the same distribution exceeds with probability (m - that rank) / (m + 1); on few
+        # requests that is well above 1 % (the second largest of 30: 6.5 %), whatever tail_ratio adds
+        m = int(ref_n)
+        baseline_rate = max((m - math.floor(0.99 * (m - 1)) - 1) / (m + 1), BASELINE_EXCEEDANCE)
+        probability = binomial_tail_bound(exceeding, n, baseline_rate)
+        shifted = ref50 > 0 and p50 > cfg.shift_ratio * ref50
+        ttft_peers = peers.ttft_p50 if peers is not None else None
+        prefill = ttft_peers is not None and fv.ttft_p50 is not None and fv.ttft_p50 > cfg.ttft_ratio * ttft_peers
+        evidence.update({"tpot_p50_ms": p50, "tpot_p90_ms": p90, "tpot_p99_ms": p99, "tpot_max_ms": top,
+                         "level_ms": level, "exceeding": exceeding, "baseline_rate": baseline_rate,
+                         "probability": probability,
+                         "alpha": cfg.alpha, "reference": source})
+        holds = probability <= cfg.alpha and not shifted and not prefill
         message = (
-            f"long tail: a request took {fmt(top, 1)} ms per output token, {ratio:.1f} x the median "
-            f"{fmt(p50, 1)} ms (> {cfg.tpot_ratio:g} x; {cfg.tpot_lookback_s:g} s earlier P99/P50 of TPOT "
-            f"{previous[1] / previous[0]:.2f} <= {cfg.tpot_spread:g})"
+            f"long tail: at least {exceeding} of {n} requests decoded slower than {fmt(level, 1)} ms per token "
+            f"({cfg.tail_ratio:g} x the {source}' TPOT P99 {fmt(ref99, 1)} ms; probability {probability:.1e} "
+            f"<= {cfg.alpha:g} if it served like them)"
         )
-        return Finding(holds=ratio > cfg.tpot_ratio, message=message, evidence=evidence,
-                       params={"sample_rate": cfg.sample_rate})
+        if shifted:
+            message += f"; its median {fmt(p50, 1)} ms is {p50 / ref50:.1f} x theirs: a slow replica, not a tail"
+        if prefill:
+            message += "; its first tokens are slow too: prefill explains it"
+        return Finding(holds=holds, message=message, evidence=evidence, params={"sample_rate": cfg.sample_rate})
 
-    def _length_normalized(self, fv: FeatureVector, evidence: dict[str, Any]) -> Finding:
-        """The ``length_normalized`` rule: P99 against the P99 the window's output lengths explain."""
+    def _seed(self, fv: FeatureVector, evidence: dict[str, Any]) -> Finding:
+        """The seed's rule: end-to-end P99 > ratio x P50."""
         cfg = self.config
-        p99, mean, tokens, var = fv.latency_p99, fv.latency_mean, fv.completion_tokens_mean, fv.completion_tokens_var
-        evidence["length_ratio_threshold"] = cfg.length_ratio
-        if p99 is None or mean is None or tokens is None or var is None or tokens <= 0 or mean <= 0 \
-                or fv.count < max(cfg.min_count, 1):
+        p50, p99 = fv.latency_p50, fv.latency_p99
+        evidence.update({"latency_p50_ms": p50, "latency_p99_ms": p99, "ratio_threshold": cfg.ratio})
+        if p50 is None or p99 is None or p50 <= 0 or fv.count < max(cfg.min_count, 1):
             return Finding(holds=None, evidence=evidence)
-        per_token = mean / tokens
-        expected = per_token * lognormal_p99(tokens, var)
-        ratio = p99 / expected
-        evidence.update({"latency_per_token_ms": per_token, "expected_p99_ms": expected, "p99_over_expected": ratio})
+        ratio = p99 / p50
+        evidence["p99_over_p50"] = ratio
         message = (
-            f"long tail: p99 {fmt(p99)} ms is {ratio:.2f} x the {fmt(expected)} ms its output lengths explain "
-            f"({fmt(per_token, 2)} ms/token; > {cfg.length_ratio:g} x for >= {cfg.persistence} steps)"
+            f"long tail: p99 {fmt(p99)} ms is {ratio:.2f} x p50 {fmt(p50)} ms "
+            f"(> {cfg.ratio:g} x for >= {cfg.persistence} steps)"
         )
-        return Finding(holds=ratio > cfg.length_ratio, message=message, evidence=evidence,
+        return Finding(holds=p99 > cfg.ratio * p50, message=message, evidence=evidence,
                        params={"sample_rate": cfg.sample_rate})
 
 
-def lognormal_p99(mean: float, var: float) -> float:
-    """P99 of a log-normal distribution with this mean and variance (``var = 0``: the mean).
-
-    >>> round(lognormal_p99(200.0, 200.0 ** 2), 1)
-    981.0
-    """
-    sigma2 = math.log1p(var / (mean * mean))
-    sigma = math.sqrt(sigma2)
-    return mean * math.exp(-sigma2 / 2 + Z99 * sigma)
-
+def _num(value: float) -> float | None:
+    return None if math.isnan(value) else float(value)

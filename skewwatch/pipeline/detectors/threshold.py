@@ -8,8 +8,8 @@ ahead, so a router keeps it in force while the worker lives and drops it by itse
 dies. :class:`DetectorConfig` holds what every such detector has: ``persistence``,
 ``clear_steps`` and ``action_ttl_s``.
 
->>> from skewwatch.pipeline.detectors.long_tail import LongTailConfig, LongTailDetector
->>> det = LongTailDetector(LongTailConfig(persistence=1))
+>>> from skewwatch.pipeline.detectors.long_tail import PROFILE_SEED, LongTailConfig, LongTailDetector
+>>> det = LongTailDetector(LongTailConfig.from_overrides({**PROFILE_SEED, "persistence": 1}))  # the seed's rule
 >>> fv = FeatureVector(model="m", replica="a", window_start=0.0, window_end=60.0, count=100,
 ...                    latency_p50=100.0, latency_p99=900.0)
 >>> [a.state for a in det.update(fv, None, 60.0).alerts], det.open_alerts()
@@ -158,6 +158,19 @@ class ThresholdDetector(Detector):
     def remember(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]) -> None:
         """What :meth:`evaluate` does to ``memory``, alone (detectors with ``remembers``)."""
 
+    def prepare(self, step: StepColumns | None) -> None:
+        """Optional: read what the rules need from the whole step before any replica of it is
+        evaluated (the pool's baselines: each replica's peers); called with None once the step is
+        done, so that a lone :meth:`update` (no pool) never sees another step's peers."""
+
+    def key_memory(self, key: str) -> dict[str, Any]:
+        """``key``'s memory, created if needed (for :meth:`prepare`, which may keep per-replica
+        history of every replica of the step before it is evaluated)."""
+        key_state = self._state.get(key)
+        if key_state is None:
+            key_state = self._state[key] = _KeyState(len(self.rules))
+        return key_state.memory
+
     # --- the machinery
 
     def update(self, fv: FeatureVector, telemetry: TelemetrySample | None, now: float) -> DetectorOutput:
@@ -166,6 +179,13 @@ class ThresholdDetector(Detector):
         return out
 
     def update_step(self, step: StepColumns, now: float, alerts: list[Alert], actions: list[Action]) -> None:
+        self.prepare(step)
+        try:
+            self._update_step(step, now, alerts, actions)
+        finally:
+            self.prepare(None)
+
+    def _update_step(self, step: StepColumns, now: float, alerts: list[Alert], actions: list[Action]) -> None:
         quiet = self.quiet(step)
         if quiet is None:
             Detector.update_step(self, step, now, alerts, actions)

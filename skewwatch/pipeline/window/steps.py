@@ -56,7 +56,7 @@ CountMatrix = npt.NDArray[np.int32]
 
 LATENCY_QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
 TTFT_QUANTILES: tuple[float, ...] = (0.5, 0.99)
-TPOT_QUANTILES: tuple[float, ...] = (0.5, 0.99, 1.0)  # P50, P99, max
+TPOT_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99, 1.0)  # P50, P90, P99, max
 _FEATURE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(FeatureVector))
 # WindowSummary is built positionally too: this is the order the builder passes its columns in
 _SUMMARY_ORDER: tuple[str, ...] = (
@@ -187,8 +187,9 @@ class StepBatch:
             "queue_length_mean": _or_none(optional_mean[:, 1], optional_known[:, 1]),
             "kv_cache_hit_rate_mean": _or_none(optional_mean[:, 2], optional_known[:, 2]),
             "tpot_p50": _or_none(self.tpot_q[:, 0], tpot_known[:, 0]),
-            "tpot_p99": _or_none(self.tpot_q[:, 1], tpot_known[:, 1]),
-            "tpot_max": _or_none(self.tpot_q[:, 2], tpot_known[:, 2]),
+            "tpot_p90": _or_none(self.tpot_q[:, 1], tpot_known[:, 1]),
+            "tpot_p99": _or_none(self.tpot_q[:, 2], tpot_known[:, 2]),
+            "tpot_max": _or_none(self.tpot_q[:, 3], tpot_known[:, 3]),
             "recent_count": recent_count,
             "recent_prompt_tokens_mean": _or_none(self.recent[:, 1], recent_known),
             "recent_prompt_tokens_var": _or_none(recent_var, recent_known),

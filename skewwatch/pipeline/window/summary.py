@@ -129,10 +129,10 @@ class WindowSummary:
             latency_q = list(bins.quantile(self.latency[1], [0.5, 0.95, 0.99], slots=self.latency[0]) or [])
         if self.ttft.shape[1]:
             ttft_q = list(bins.quantile(self.ttft[1], [0.5, 0.99], slots=self.ttft[0]) or [])
-        tpot_q: list[float | None] = [None] * 3
+        tpot_q: list[float | None] = [None] * 4
         if self.tpot.shape[1]:
             tpot_bins = log_bins(tpot_accuracy(self.relative_accuracy))
-            tpot_q = list(tpot_bins.quantile(self.tpot[1], [0.5, 0.99, 1.0], slots=self.tpot[0]) or [])
+            tpot_q = list(tpot_bins.quantile(self.tpot[1], [0.5, 0.9, 0.99, 1.0], slots=self.tpot[0]) or [])
         recent = self.recent_count
         mean: dict[str, float | None] = dict.fromkeys(MOMENT_FIELDS)
         var: dict[str, float | None] = dict.fromkeys(MOMENT_FIELDS)
@@ -178,8 +178,9 @@ class WindowSummary:
             batch_count=self.batch_count,
             batch_derived_count=self.derived_count,
             tpot_p50=tpot_q[0],
-            tpot_p99=tpot_q[1],
-            tpot_max=tpot_q[2],
+            tpot_p90=tpot_q[1],
+            tpot_p99=tpot_q[2],
+            tpot_max=tpot_q[3],
             recent_count=recent,
             recent_prompt_tokens_mean=self.recent_prompt_mean if recent else None,
             recent_prompt_tokens_var=self.recent_prompt_m2 / recent if recent else None,
