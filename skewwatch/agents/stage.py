@@ -120,6 +120,20 @@ class Stage(ABC):
         self._stopping.set()
 
 
+def unseen_records(messages: list[Any], next_offset: int | None) -> list[Any]:
+    """The records of one partition's poll at or after ``next_offset``, the first input offset the
+    partition's state does not reflect (None: it reflects none, all are new).
+
+    >>> from collections import namedtuple
+    >>> Record = namedtuple("Record", "offset")
+    >>> [r.offset for r in unseen_records([Record(5), Record(6), Record(7)], next_offset=6)]
+    [6, 7]
+    """
+    if next_offset is None or not messages or messages[0].offset >= next_offset:
+        return messages
+    return [m for m in messages if m.offset >= next_offset]
+
+
 class PartitionCheckpoint(Protocol):
     """What a checkpointed stage keeps per input partition: the first input offset its state does
     not reflect yet, and the state's snapshot (bytes, restored by the stage's ``restore_partition``)."""
@@ -144,6 +158,7 @@ class CheckpointedStage(Stage, Generic[P]):
         self.commits = CommitPipeline(self.checkpoints, self.input_topic, settings.limits,
                                       on_saved=metrics.checkpoints.labels(self.stage).inc)
         self._lock = asyncio.Lock()
+        self._rebalance_failure: BaseException | None = None  # raised by the next before_poll
 
     # -- what a checkpointed stage provides
 
@@ -174,10 +189,13 @@ class CheckpointedStage(Stage, Generic[P]):
 
     def before_poll(self) -> None:
         self.commits.raise_failure()  # a refused send or checkpoint: restart from the last checkpoint
+        failure, self._rebalance_failure = self._rebalance_failure, None
+        if failure is not None:  # aiokafka only logs a failed callback: the stage restarts instead
+            raise failure
 
     async def handle(self, batches: dict[TopicPartition, list[Any]]) -> None:
         async with self._lock:
-            await self.process(batches)
+            await self.process(self._unseen(batches))
             await self.commits.save_due(self._snapshot_of)  # a partition gone quiet is saved too
             commits = self.commits.take_commits()
         # outside the lock: a commit may wait for a rebalance whose callbacks take the lock
@@ -194,6 +212,34 @@ class CheckpointedStage(Stage, Generic[P]):
     def close(self) -> None:
         self.commits.cancel()
 
+    def _unseen(self, batches: dict[TopicPartition, list[Any]]) -> dict[TopicPartition, list[Any]]:
+        """The poll without what the partitions' state already reflects (runs under the lock).
+
+        aiokafka makes a new assignment fetchable before the assignment callback has run: while
+        :meth:`on_assigned` reads the checkpoints, the consumer may fetch from the group's committed
+        offset, which lags the checkpoint's, and that poll is handed over only after the callback
+        restored the state and sought to the checkpoint's offset. Applying it would count those
+        events twice. So records below a partition's ``next_offset`` are dropped, and a partition
+        without state yet (its callback still to come) is rewound to its first record, which the
+        callback's seek overrides when a checkpoint exists.
+        """
+        out: dict[TopicPartition, list[Any]] = {}
+        consumer = self.consumer
+        for tp, messages in batches.items():
+            if tp.topic != self.input_topic or not messages:
+                out[tp] = messages
+                continue
+            state = self.partitions.get(tp.partition)
+            if state is None:
+                if consumer is not None and tp in consumer.assignment():
+                    consumer.seek(tp, messages[0].offset)  # read again once the partition has its state
+                continue
+            out[tp] = unseen = unseen_records(messages, state.next_offset)
+            if len(unseen) < len(messages):
+                log.info("%s: %s: %d records fetched before the restore are in its state already; dropped",
+                         self.stage, tp, len(messages) - len(unseen))
+        return out
+
     def _snapshot_of(self, partition: int) -> Snapshot | None:
         """What a checkpoint of ``partition`` saves: its offset and its state's snapshot."""
         state = self.partitions.get(partition)
@@ -206,15 +252,20 @@ class CheckpointedStage(Stage, Generic[P]):
         assert consumer is not None
         inputs = [tp for tp in assigned if tp.topic == self.input_topic]
         async with self._lock:
-            found = await self.checkpoints.read(self.input_topic, [tp.partition for tp in inputs])
-            for tp in inputs:
-                checkpoint = found.get(tp.partition)
-                if checkpoint is None:
-                    self.partitions[tp.partition] = self.new_partition(tp.partition)
-                    continue
-                self.partitions[tp.partition] = self.restore_partition(tp.partition, checkpoint)
-                consumer.seek(tp, checkpoint.offset)
-                log.info("%s: restored %s from checkpoint at offset %d", self.stage, tp, checkpoint.offset)
+            try:
+                found = await self.checkpoints.read(self.input_topic, [tp.partition for tp in inputs])
+                for tp in inputs:
+                    checkpoint = found.get(tp.partition)
+                    if checkpoint is None:
+                        self.partitions[tp.partition] = self.new_partition(tp.partition)
+                        continue
+                    self.partitions[tp.partition] = self.restore_partition(tp.partition, checkpoint)
+                    consumer.seek(tp, checkpoint.offset)
+                    log.info("%s: restored %s from checkpoint at offset %d", self.stage, tp, checkpoint.offset)
+            except Exception as exc:
+                # a partition without its state would have its records skipped: restart the stage instead
+                self._rebalance_failure = exc
+                raise
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         """Checkpoint the revoked input partitions' newest state, wait for every checkpoint in
@@ -230,4 +281,4 @@ class CheckpointedStage(Stage, Generic[P]):
             self.revoked(revoked)
 
 
-__all__ = ["POLL_TIMEOUT_MS", "CheckpointedStage", "PartitionCheckpoint", "Stage"]
+__all__ = ["POLL_TIMEOUT_MS", "CheckpointedStage", "PartitionCheckpoint", "Stage", "unseen_records"]

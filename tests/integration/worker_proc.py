@@ -62,13 +62,25 @@ class WorkerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60.0) -> WorkerProcess:
+        """Start the worker and wait until it is healthy (partitions assigned)."""
+        self.launch()
+        return self.wait_healthy(timeout)
+
+    def launch(self) -> WorkerProcess:
+        """Start the worker process; :meth:`wait_healthy` waits for it."""
         if self.cwd is not None:
             self.cwd.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "skewwatch", "worker", "--web-port", str(self.port), "--loglevel", self.loglevel,
-             *self.args],
-            cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "skewwatch", "worker", "--web-port", str(self.port),
+                 "--loglevel", self.loglevel, *self.args],
+                cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    def wait_healthy(self, timeout: float = 60.0) -> WorkerProcess:
+        """Until ``/readyz`` answers 200; the worker is stopped and AssertionError raised if it exits
+        or ``timeout`` passes first."""
+        assert self.proc is not None, "launch() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
