@@ -63,6 +63,10 @@ class WorkerMetrics:
         self.otlp_events_out = Counter("skewwatch_otlp_events_published_total",
                                        "Request events decoded from OTLP spans and published on the requests topic",
                                        registry=r)
+        self.republish_skipped = Counter("skewwatch_republish_skipped_total",
+                                         "Decisions of a step replayed after a restore that were on their topic "
+                                         "already (not published again), by kind (correction, alert)", ["kind"],
+                                         registry=r)
         self.watermark = Gauge("skewwatch_watermark_seconds", "Event-time watermark per input partition",
                                ["partition"], registry=r)
         self.ready = Gauge("skewwatch_worker_ready",

@@ -36,6 +36,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 
 from skewwatch.agents.checkpoint import Checkpoint
 from skewwatch.agents.metrics import WorkerMetrics
+from skewwatch.agents.published import Published, read_published
 from skewwatch.agents.stage import CheckpointedStage
 from skewwatch.config import Settings
 from skewwatch.pipeline.corrections import RoutingCorrection
@@ -111,6 +112,8 @@ class ModelStage(CheckpointedStage[PartitionModels]):
         super().__init__(settings, bootstrap, producer, metrics)
         self.detector_settings = settings.detectors
         self._weight_gauges: dict[tuple[str, str], Any] = {}  # (model, replica) -> its labelled gauge
+        # decisions already on their topics: a replay after a crash does not publish them again
+        self.on_topics = Published()
 
     @property
     def input_topic(self) -> str:
@@ -126,6 +129,14 @@ class ModelStage(CheckpointedStage[PartitionModels]):
         state = PartitionModels.restore(checkpoint.state, self.settings, self.detector_settings)
         state.next_offset = checkpoint.offset
         return state
+
+    async def restored(self, starts: dict[int, int | None]) -> None:
+        topics = self.settings.topics
+        found = await read_published(self.connection, self.input_topic, starts, topics.routing_corrections,
+                                     topics.alerts)
+        self.on_topics.update(found)
+        log.info("stage2: restored partitions %s; their decisions on the topics since the replayed input: "
+                 "%d models' corrections, %d alert keys", sorted(starts), len(found.corrections), len(found.alerts))
 
     async def process(self, batches: dict[TopicPartition, list[Any]]) -> None:
         for tp, messages in batches.items():
@@ -155,6 +166,7 @@ class ModelStage(CheckpointedStage[PartitionModels]):
         state.last_input_wall = time.monotonic()
         await self._finish(tp, state, state.assembler.complete(step_s=self.settings.window.step_s))
         state.idle_anchor = state.assembler.newest_end()
+        await self.commits.sent(tp.partition, [])  # progress alone moves the state too: checkpointed as well
 
     async def _complete_quiet_partitions(self) -> None:
         """When input goes quiet on the wall clock, release what is pending (end of a stream); when
@@ -209,13 +221,19 @@ class ModelStage(CheckpointedStage[PartitionModels]):
                                           value=encode_features(model_fv))]
         self.metrics.features_out.labels("model").inc()
         for alert in decision.alerts:
+            if not self.on_topics.alert_is_new(alert.model, alert.replica, alert.detector, alert.ts, alert.state):
+                self.metrics.republish_skipped.labels("alert").inc()  # a replayed step's: on the topic already
+                continue
             key = f"{alert.model}/{alert.replica}" if alert.replica else alert.model
             sends.append(await self.producer.send(topics.alerts, key=key.encode(),
                                                   value=orjson.dumps(alert.to_dict())))
             self.metrics.alerts_out.labels(alert.detector, str(alert.severity), alert.state).inc()
             log.info("alert %s %s %s %s: %s", alert.state, alert.severity, key, alert.detector, alert.message)
         if decision.correction is not None:
-            sends.append(await self._publish_correction(decision.correction))
+            if self.on_topics.correction_is_new(step.model, decision.correction.seq):
+                sends.append(await self._publish_correction(decision.correction))
+            else:
+                self.metrics.republish_skipped.labels("correction").inc()
         current = decision.current or decision.correction
         self.metrics.replicas.observe_step(step.model, replica_features, telemetry,
                                            mode=str(getattr(current, "mode", "normal")),

@@ -71,6 +71,9 @@ class PartitionState:
     next_offset: int | None = None  # first input offset not yet reflected in `windows`
     announced_end: float | None = None  # progress last announced to stage 2
     last_input_wall: float = field(default_factory=time.monotonic)
+    # monotonic time of the partition's last input, wherever it was read (kept across restores by the
+    # checkpoint); -inf: none since it has been known. Says when it may follow the others as idle.
+    quiet_since: float = field(default_factory=time.monotonic)
 
     def snapshot(self) -> bytes:
         """The partition's checkpoint: an envelope header, then the windows' snapshot."""
@@ -78,16 +81,29 @@ class PartitionState:
 
 
 def encode_snapshot(state: PartitionState) -> bytes:
-    """A partition's checkpoint bytes (read back by :func:`decode_snapshot`)."""
-    header = orjson.dumps({"v": 1})
+    """A partition's checkpoint bytes (read back by :func:`decode_snapshot`): a JSON header with the wall
+    clock time of its last input (epoch seconds, None: none), then the windows."""
+    quiet_for = time.monotonic() - state.quiet_since
+    header = orjson.dumps({"v": 1, "last_input": time.time() - quiet_for if math.isfinite(quiet_for) else None})
     return _ENVELOPE.pack(len(header)) + header + state.windows.snapshot()
 
 
 def decode_snapshot(data: bytes, settings: Settings) -> PartitionWindows:
     """The windows a checkpoint of :func:`encode_snapshot` holds."""
+    return restore_snapshot(data, settings).windows
+
+
+def restore_snapshot(data: bytes, settings: Settings) -> PartitionState:
+    """The partition state a checkpoint of :func:`encode_snapshot` holds (``next_offset`` left unset)."""
     (length,) = _ENVELOPE.unpack_from(data)
-    body = data[_ENVELOPE.size + length:]
-    return PartitionWindows.restore(body, settings.window)
+    header = orjson.loads(data[_ENVELOPE.size:_ENVELOPE.size + length])
+    state = PartitionState(PartitionWindows.restore(data[_ENVELOPE.size + length:], settings.window))
+    last_input = header.get("last_input", 0.0)  # checkpoints before this field: quiet from now on
+    if last_input is None:
+        state.quiet_since = -math.inf
+    elif last_input:
+        state.quiet_since = time.monotonic() - max(time.time() - float(last_input), 0.0)
+    return state
 
 
 class ReplicaStage(CheckpointedStage[PartitionState]):
@@ -128,10 +144,13 @@ class ReplicaStage(CheckpointedStage[PartitionState]):
         return [self.settings.topics.requests, self.settings.topics.gpu_telemetry]
 
     def new_partition(self, partition: int) -> PartitionState:
-        return PartitionState(PartitionWindows(self.settings.window))
+        # no input known: idle as soon as the consumer has read to its end (_advance_idle_partitions)
+        return PartitionState(PartitionWindows(self.settings.window), quiet_since=-math.inf)
 
     def restore_partition(self, partition: int, checkpoint: Checkpoint) -> PartitionState:
-        return PartitionState(decode_snapshot(checkpoint.state, self.settings), next_offset=checkpoint.offset)
+        state = restore_snapshot(checkpoint.state, self.settings)
+        state.next_offset = checkpoint.offset
+        return state
 
     def revoked(self, revoked: set[TopicPartition]) -> None:
         for tp in revoked:
@@ -178,7 +197,7 @@ class ReplicaStage(CheckpointedStage[PartitionState]):
                 if len(slices) > 1:
                     closed |= await self._close_steps(tp, state, checkpoint=False)
             state.next_offset = messages[-1].offset + 1
-            state.last_input_wall = time.monotonic()
+            state.last_input_wall = state.quiet_since = time.monotonic()
             await self._close_steps(tp, state, checkpoint_anyway=closed)
         await self._flow_telemetry()
 
@@ -280,7 +299,10 @@ class ReplicaStage(CheckpointedStage[PartitionState]):
             self.commits.hold(tp.partition, sent)
 
     async def _advance_idle_partitions(self) -> None:
-        """An input partition without traffic follows the others' watermark (Flink-style idleness)."""
+        """An input partition without traffic follows the others' watermark (Flink-style idleness): one
+        read to its end (nothing to read now) and without input for ``window.partition_idle_s``, also
+        before a restore (the checkpoint says when its last input was), so a rebalance does not hold
+        the model steps of every partition back by that long."""
         watermarks = self._known_watermarks()
         if not watermarks:
             return
@@ -288,9 +310,24 @@ class ReplicaStage(CheckpointedStage[PartitionState]):
         now = time.monotonic()
         for partition, state in self.partitions.items():
             behind = state.windows.watermark is None or state.windows.watermark < leader
-            if behind and now - state.last_input_wall >= self.settings.window.partition_idle_s:
+            if behind and now - state.quiet_since >= self.settings.window.partition_idle_s:
+                tp = TopicPartition(self.settings.topics.requests, partition)
+                if not await self._read_to_end(tp, state):
+                    continue
                 state.windows.advance_watermark(leader)
-                await self._close_steps(TopicPartition(self.settings.topics.requests, partition), state)
+                await self._close_steps(tp, state)
+
+    async def _read_to_end(self, tp: TopicPartition, state: PartitionState) -> bool:
+        """Whether the consumer's last fetch of ``tp`` found nothing beyond what ``state`` reflects (a
+        partition with records still to read is behind, not idle)."""
+        consumer = self.consumer
+        if consumer is None or tp not in consumer.assignment():
+            return False
+        end = consumer.highwater(tp)
+        if end is None:  # not fetched yet
+            return False
+        position = state.next_offset if state.next_offset is not None else await consumer.position(tp)
+        return position >= end
 
     async def _close_steps(self, tp: TopicPartition, state: PartitionState, *, checkpoint: bool = True,
                            checkpoint_anyway: bool = False) -> bool:

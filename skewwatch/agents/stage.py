@@ -182,6 +182,10 @@ class CheckpointedStage(Stage, Generic[P]):
     def revoked(self, revoked: set[TopicPartition]) -> None:
         """Partitions of other topics than ``input_topic`` were revoked (under the lock)."""
 
+    async def restored(self, starts: dict[int, int | None]) -> None:  # noqa: B027 - a hook: nothing by default
+        """Input partitions were assigned and their state restored (under the lock, before any poll of
+        them is processed); ``starts``: the offset each is replayed from (None: its beginning)."""
+
     # -- the machinery
 
     def rebalance_listener(self) -> ConsumerRebalanceListener:
@@ -254,14 +258,19 @@ class CheckpointedStage(Stage, Generic[P]):
         async with self._lock:
             try:
                 found = await self.checkpoints.read(self.input_topic, [tp.partition for tp in inputs])
+                starts: dict[int, int | None] = {}
                 for tp in inputs:
                     checkpoint = found.get(tp.partition)
                     if checkpoint is None:
                         self.partitions[tp.partition] = self.new_partition(tp.partition)
+                        starts[tp.partition] = None
                         continue
                     self.partitions[tp.partition] = self.restore_partition(tp.partition, checkpoint)
                     consumer.seek(tp, checkpoint.offset)
+                    starts[tp.partition] = checkpoint.offset
                     log.info("%s: restored %s from checkpoint at offset %d", self.stage, tp, checkpoint.offset)
+                if starts:
+                    await self.restored(starts)
             except Exception as exc:
                 # a partition without its state would have its records skipped: restart the stage instead
                 self._rebalance_failure = exc

@@ -32,9 +32,9 @@ import numpy as np
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from skewwatch.pipeline.events import RequestColumns
-from skewwatch.pipeline.telemetry import TelemetrySample
 from skewwatch.schemas.requests import encode_request_events
+from skewwatch.schemas.requests.columns import RequestColumns
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.emit import ReplicaBatcher, merged_items
 from skewwatch.sim.faults import Injection
 from skewwatch.sim.generator import GeneratorConfig, TrafficChunk, TrafficGenerator, replica_ids

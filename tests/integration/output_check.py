@@ -10,8 +10,10 @@
   (``replicas``): fewer is a *partial merge*. A key missing a step between its first and ``until``
   is a *missing* window (an output lost).
 * **Corrections** (:func:`check_corrections`): per model, in topic order, ``seq`` never decreases;
-  the event-time gap between consecutive distinct corrections, and the wall-clock gap between their
-  Kafka timestamps, are measured against the heartbeat.
+  consecutive distinct corrections are at most the heartbeat apart in event time (a longer gap: a
+  step's decision was lost); the wall-clock gap between their Kafka timestamps is measured too.
+* **Pauses** (:func:`longest_pause`): the longest wall-clock time between two consecutive steps of a
+  model's per-model feature vector (published every step): how long the pipeline stood still.
 * **Alerts** (:func:`check_alerts`): per ``model/replica/detector``, after dropping identical
   re-publications (same ``ts`` and ``state``: a replayed step), opens and resolves alternate: an open
   while one is open is a *reopen*, an episode alerted twice.
@@ -120,7 +122,7 @@ class CorrectionCheck:
     regressions: list[str] = field(default_factory=list)  # seq lower than one before it on the topic
     max_gap_event_s: float = 0.0  # between consecutive distinct seqs of a model, in event time
     max_gap_wall_s: float = 0.0  # between their Kafka timestamps (when they were published)
-    gaps: list[str] = field(default_factory=list)  # the gaps longer than the heartbeat
+    gaps: list[str] = field(default_factory=list)  # event-time gaps longer than the heartbeat
 
 
 def check_corrections(records: Iterable[tuple[int, Mapping[str, Any]]], heartbeat_s: float,
@@ -145,9 +147,9 @@ def check_corrections(records: Iterable[tuple[int, Mapping[str, Any]]], heartbea
                 gap_event, gap_wall = ts - before[1], wall - before[2]
                 out.max_gap_event_s = max(out.max_gap_event_s, gap_event)
                 out.max_gap_wall_s = max(out.max_gap_wall_s, gap_wall)
-                if gap_event > heartbeat_s or gap_wall > heartbeat_s:
-                    out.gaps.append(f"{model}: {gap_event:.0f} s of event time, {gap_wall:.1f} s of wall "
-                                    f"time before seq {seq}")
+                if gap_event > heartbeat_s:
+                    out.gaps.append(f"{model}: {gap_event:.0f} s of event time ({gap_wall:.1f} s of wall "
+                                    f"time) before seq {seq}")
         last[model] = (seq, ts, wall)
     return out
 
@@ -184,3 +186,24 @@ def check_alerts(alerts: Iterable[Mapping[str, Any]]) -> AlertCheck:
             out.resolves += 1
             open_since.pop(episode, None)
     return out
+
+
+def longest_pause(vectors: Iterable[Mapping[str, Any]], since_ms: int = 0) -> tuple[float, str]:
+    """The longest wall-clock gap (seconds) between the first publications of consecutive steps of a
+    per-model vector (dicts with ``key``, ``window_end`` and the record's ``timestamp`` in ms), among the
+    steps first published after ``since_ms``; and which model and step it came before."""
+    first: dict[tuple[str, float], int] = {}
+    for fv in vectors:
+        key = str(fv["key"])
+        if "/" in key:
+            continue
+        step = (key, float(fv["window_end"]))
+        first[step] = min(int(fv["timestamp"]), first.get(step, int(fv["timestamp"])))
+    longest, where = 0.0, ""
+    previous: dict[str, int] = {}
+    for (key, end), ms in sorted(first.items()):
+        before = previous.get(key)
+        if before is not None and ms >= since_ms and (ms - before) / 1000.0 > longest:
+            longest, where = (ms - before) / 1000.0, f"{key}@{end:.0f}"
+        previous[key] = max(ms, before or ms)
+    return longest, where
