@@ -23,13 +23,14 @@ published is compared with it (tests/integration/output_check.py):
 
 Columns: events produced (acknowledged by the broker), counted (in the per-replica steps published),
 lost and duplicated in windows (step counts below / above the ledger), recovery (the longest
-wall-clock pause of the per-model outputs from the fault on; for the outage, beyond the outage itself;
-for the burst, the time to drain it), peak RSS of any worker.
+wall-clock pause of the per-model outputs from the fault on; for the outage, from the broker answering
+again to the first per-model output; for the burst, the time to drain it), peak RSS of any worker.
 
     .venv/bin/python bench/chaos.py                      # every scenario, ~15 min on 2 cores
-    .venv/bin/python bench/chaos.py --only kill --only horizontal --soak-s 1800
+    .venv/bin/python bench/chaos.py --only soak --soak-s 1800   # 30 min soak
 
-Prints a table and writes ``bench/results/chaos.json``.
+Prints a table and writes ``bench/results/chaos.json`` (a run with ``--only`` replaces those
+scenarios' results in it and keeps the others').
 """
 
 from __future__ import annotations
@@ -220,13 +221,18 @@ def run_outage(broker: EmbeddedBroker, workdir: Path, args: argparse.Namespace) 
         alive = len(run.workers.pids())
         rss_during = run.sampler.peak_between(fault, time.monotonic())
         broker.start(timeout=180)
+        back = time.time()
+        restart_s = time.monotonic() - fault - args.outage_s
         run.traffic.resume()
         run.traffic.wait_event_time(run.traffic.event_time + 20 * SPEED, timeout=180)
-        row = ledger_row(run, f"broker outage {args.outage_s:.0f} s", run.closed_until(), since_wall=since,
-                         fault_start=fault, workers_alive_during=alive,
-                         peak_rss_during_outage_mib=round(rss_during / MIB, 1))
-        row["recovery_s"] = round(max(row["longest_pause_s"] - args.outage_s, 0.0), 1)
-        return row
+        until = run.closed_until()
+        outputs = read_outputs(run, until)
+        after = [fv["timestamp"] / 1000.0 for fv in outputs["features"]
+                 if fv["key"] in run.replicas_per_model and fv["timestamp"] / 1000.0 >= back]
+        return ledger_row(run, f"broker outage {args.outage_s:.0f} s", until, since_wall=since,
+                          fault_start=fault, recovery_s=min(after) - back if after else float("nan"),
+                          workers_alive_during=alive, broker_restart_s=round(restart_s, 1),
+                          peak_rss_during_outage_mib=round(rss_during / MIB, 1))
 
 
 def run_burst(broker: EmbeddedBroker, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -287,7 +293,7 @@ def run_restore(broker: EmbeddedBroker, workdir: Path, args: argparse.Namespace)
                   rate=0.05, start_workers=False, telemetry=False) as run:
         run.traffic.burst(duration_s=70.0, factor=1.0)
         run.workers.start(timeout=300)
-        read_outputs(run, run.closed_until(), timeout=600)
+        consume_first_model_vector(run, run.closed_until())  # the state is built (idle replicas publish nothing)
         run.workers.terminate(0)  # a clean stop: the partition's last checkpoint is written
         launched = time.monotonic()
         run.workers.replace(0, timeout=300)
@@ -319,34 +325,34 @@ def consume_first_model_vector(run: Run, until: float) -> float:
 
 
 def run_horizontal(broker: EmbeddedBroker, workdir: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n in (1, 2, 3):
         with scenario(broker, workdir, f"horizontal-{n}", workers=n, start_workers=False, telemetry=False) as run:
             events, _, _ = run.traffic.burst(duration_s=args.horizontal_s, factor=10.0)
-            broker_cpu0 = cpu_seconds(broker.pid) if broker.pid else None
-            launched = time.monotonic()
-            run.workers.start()
+            for worker in run.workers.workers:
+                worker.launch()
+            cpu_at: dict[str, float] = {}  # CPU seconds of each process when the first event was read
             first = done_at = None
-            while time.monotonic() - launched < 900:
+            deadline = time.monotonic() + 900
+            while time.monotonic() < deadline:
                 got = run.workers.metrics().get("skewwatch_events_in_total", 0.0)
                 now = time.monotonic()
                 if got > 0 and first is None:
                     first = now
+                    cpu_at = process_cpu(run, broker)
                 if got >= events:
                     done_at = now
                     break
-                time.sleep(0.25)
-            if first is None or done_at is None:
-                raise RuntimeError(f"{n} workers did not read the backlog of {events} events\n"
+                time.sleep(0.1)
+            if first is None or done_at is None or done_at <= first:
+                raise RuntimeError(f"{n} workers: no measurable drain of {events} events\n"
                                    + run.workers.log_tails(10))
-            broker_cpu1 = cpu_seconds(broker.pid) if broker.pid else None
-            worker_cpu = {name: round(cpu, 1) for name, cpu in sorted(run.sampler.cpu.items())}
+            cpu = {name: round(v - cpu_at.get(name, 0.0), 1) for name, v in process_cpu(run, broker).items()}
             elapsed = done_at - first
-            row: dict[str, Any] = {"workers": n, "events": events, "seconds": round(elapsed, 1),
-                   "events_per_s": round(events / elapsed, 0), "worker_cpu_s": worker_cpu,
-                   "worker_cpu_total_s": round(sum(run.sampler.cpu.values()), 1),
-                   "broker_cpu_s": round(broker_cpu1 - broker_cpu0, 1)
-                   if broker_cpu0 is not None and broker_cpu1 is not None else None}
+            row = {"workers": n, "events": events, "seconds": round(elapsed, 1),
+                   "events_per_s": round(events / elapsed, 0), "cpu_s": cpu,
+                   "worker_cpu_total_s": round(sum(v for k, v in cpu.items() if k != "broker"), 1),
+                   "broker_cpu_s": cpu.get("broker")}
             print(f"  horizontal {n}: {events} events in {elapsed:.1f} s = {row['events_per_s']:.0f}/s, "
                   f"worker CPU {row['worker_cpu_total_s']} s, broker CPU {row['broker_cpu_s']} s", flush=True)
             rows.append(row)
@@ -354,6 +360,13 @@ def run_horizontal(broker: EmbeddedBroker, workdir: Path, args: argparse.Namespa
     for row in rows:
         row["speedup"] = round(float(row["events_per_s"]) / base, 2)
     return rows
+
+
+def process_cpu(run: Run, broker: EmbeddedBroker) -> dict[str, float]:
+    """CPU seconds (user + system) so far of each worker and of the broker."""
+    pids = {**run.workers.pids(), **({"broker": broker.pid} if broker.pid else {})}
+    found = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    return {name: cpu for name, cpu in found.items() if cpu is not None}
 
 
 SCENARIOS: dict[str, Callable[[EmbeddedBroker, Path, argparse.Namespace], Any]] = {
@@ -384,7 +397,7 @@ def main() -> None:
     parser.add_argument("--burst-s", type=float, default=120.0, help="event time of the 10x backlog")
     parser.add_argument("--soak-s", type=float, default=180.0, help="soak length after warm-up (1800: 30 min)")
     parser.add_argument("--restore-replicas", type=int, default=10_000, help="replicas in the restored partition")
-    parser.add_argument("--horizontal-s", type=float, default=240.0,
+    parser.add_argument("--horizontal-s", type=float, default=1200.0,
                         help="event time of the horizontal backlog (at 10x the live rate)")
     parser.add_argument("--out", type=Path, default=RESULTS / "chaos.json")
     args = parser.parse_args()
@@ -410,9 +423,16 @@ def main() -> None:
                 if name == "horizontal":
                     horizontal = result
                 else:
-                    rows.append(result)
+                    rows.append({"key": name, **result})
         finally:
             broker.stop()
+    if args.only and args.out.is_file():  # a partial run replaces its scenarios' results, keeps the others'
+        before = json.loads(args.out.read_text())
+        ran = {row["key"] for row in rows} | set(failures)
+        rows = [row for row in before.get("scenarios", []) if row.get("key") not in ran] + rows
+        order = list(SCENARIOS)
+        rows.sort(key=lambda row: order.index(row["key"]) if row.get("key") in order else len(order))
+        horizontal = horizontal or ([] if "horizontal" in chosen else before.get("horizontal", []))
     print_tables(rows, horizontal)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()},
