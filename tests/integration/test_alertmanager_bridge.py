@@ -95,7 +95,8 @@ def test_alert_opened_on_the_topic_appears_in_alertmanager_and_resolving_ends_it
     bridge = subprocess.Popen(
         [sys.executable, "-m", "skewwatch", "alertmanager-bridge", "--url", alertmanager.url, "--resend-s", "2",
          "--group-id", f"skewwatch-am-test-{uuid.uuid4().hex[:8]}"],
-        env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
+        env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
+        cwd=tmp_path)  # its Faust data directory goes there, not into the checkout
     try:
         opened = {"ts": time.time() - 30, "model": "llama", "replica": "r1", "detector": "long_tail",
                   "severity": "WARNING", "state": "open", "message": "P99/P50 = 4.2 on r1",

@@ -34,7 +34,6 @@ from tests.integration.test_worker import T0, advance_events, as_messages, make_
 from tests.integration.worker_proc import WorkerProcess, consume_until, free_port, produce, settings_env
 from tests.unit.test_otlp_decode import vllm_request
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def call(url: str, method: str = "GET", body: bytes | None = None, token: str | None = None,
@@ -118,7 +117,8 @@ def test_beyond_loopback_everything_but_healthz_needs_the_token(kafka_settings: 
 
 
 @pytest.mark.parametrize("command", ["worker", "otlp-receiver"])
-def test_beyond_loopback_without_a_token_refuses_to_start(kafka_settings: Settings, command: str) -> None:
+def test_beyond_loopback_without_a_token_refuses_to_start(kafka_settings: Settings, command: str,
+                                                           tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP", "SKEWWATCH_WEB_TOKEN",
                                                             "SKEWWATCH_OTLP_TOKEN")}
     env.update(settings_env(kafka_settings))
@@ -126,10 +126,10 @@ def test_beyond_loopback_without_a_token_refuses_to_start(kafka_settings: Settin
     host_flag = "--web-host" if command == "worker" else "--host"
     port_flag = "--web-port" if command == "worker" else "--port"
     done = subprocess.run([sys.executable, "-m", "skewwatch", command, host_flag, "0.0.0.0", port_flag, str(port)],
-                          capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     one_line_error(done, 2, "beyond loopback", "--insecure-no-auth")
     open_service = subprocess.Popen([sys.executable, "-m", "skewwatch", command, host_flag, "0.0.0.0", port_flag,
-                                     str(port), "--insecure-no-auth"], env=env, cwd=REPO,
+                                     str(port), "--insecure-no-auth"], env=env, cwd=tmp_path,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_listening(open_service, port, "0.0.0.0")

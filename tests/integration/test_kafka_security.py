@@ -216,7 +216,8 @@ def test_the_output_readers_connect_over_sasl_ssl(secure: SecureBroker, secrets:
     am.start()
     bridge = subprocess.Popen([sys.executable, "-m", "skewwatch", "alertmanager-bridge", "--url", am.url,
                                "--group-id", f"skewwatch-am-secure-{uuid.uuid4().hex[:8]}"],
-                              env=env, stdout=(tmp_path / "bridge.log").open("wb"), stderr=subprocess.STDOUT)
+                              env=env, stdout=(tmp_path / "bridge.log").open("wb"), stderr=subprocess.STDOUT,
+                              cwd=tmp_path)  # its Faust data directory: not the checkout
     try:
         def delivered() -> list[dict[str, Any]] | bool:
             return [a for a in am.alerts() if a["labels"].get("model") == "m"] or bridge.poll() is not None

@@ -53,7 +53,8 @@ class WorkerProcess:
         self.settings = settings
         self.port = free_port()
         self.log_path = log_path
-        self.cwd = cwd
+        # its own directory (Faust's data directory is relative to it): none left in the checkout
+        self.cwd = cwd if cwd is not None else log_path.parent
         self.loglevel = loglevel
         self.args = args
         self.token = f"test-token-{os.getpid()}-{self.port}"  # the API's bearer token (POST needs one)
