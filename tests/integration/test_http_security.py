@@ -35,7 +35,6 @@ from tests.integration.worker_proc import WorkerProcess, consume_until, free_por
 from tests.unit.test_otlp_decode import vllm_request
 
 
-
 def call(url: str, method: str = "GET", body: bytes | None = None, token: str | None = None,
          context: ssl.SSLContext | None = None, content_type: str | None = None) -> tuple[int, bytes]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
