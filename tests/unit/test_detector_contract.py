@@ -426,8 +426,11 @@ def test_column_screen_never_hides_a_rule_that_holds(name: str) -> None:
         memories: dict[str, dict[str, Any]] = {}  # per key, as the steps go on
         for step in range(30):
             vectors, samples = _random_step(rng, 50, T0 + STEP * step)
-            quiet = detector.quiet(StepColumns(vectors, samples))
+            columns = StepColumns(vectors, samples)
+            detector.prepare(columns)  # the pool's baselines first, as update_step does
+            quiet = detector.quiet(columns)
             if quiet is None:
+                detector.prepare(None)
                 continue
             for fv, sample, is_quiet in zip(vectors, samples, quiet.tolist(), strict=True):
                 before = json.loads(json.dumps(memories.get(fv.key, {})))
@@ -441,6 +444,7 @@ def test_column_screen_never_hides_a_rule_that_holds(name: str) -> None:
                     assert memory == remembered
                 if not detector.remembers:
                     assert memory == {}
+            detector.prepare(None)
     assert screened > 0
 
 

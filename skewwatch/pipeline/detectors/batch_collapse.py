@@ -145,16 +145,38 @@ class BatchCollapseDetector(ThresholdDetector):
         return ("throttle",) if self.config.throttle else ()
 
     def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_] | None:
-        """The seed rule over the step's replicas as columns (None, i.e. evaluate each, with
-        ``stuck_rule`` on)."""
+        """The rules' necessary conditions over the step's replicas as columns: the evidence floor,
+        then the seed's signature, or for the stuck rule from telemetry a waiting request, a free
+        batch slot, KV room and an unfragmented allocator (``P(K >= k) <= alpha`` needs ``k > mu > 0``),
+        from the window's events a long queue with a low fill. Conservative: where the iteration
+        time is not positive (``mu`` no longer bounds ``k`` from below) the stuck rule evaluates."""
         cfg = self.config
-        if cfg.stuck_rule or not cfg.seed_rule:
-            return None
-        return ~(
-            (step.column("count") >= max(cfg.min_count, 1))
-            & (step.column("batch_size_std") > cfg.std_threshold)
-            & (step.column("batch_fill_mean") < cfg.fill_threshold)
-        )
+        count = step.column("count")
+        std, fill = step.column("batch_size_std"), step.column("batch_fill_mean")
+        can = np.zeros(len(step), dtype=bool)
+        if cfg.seed_rule:
+            can |= (std > cfg.std_threshold) & (fill < cfg.fill_threshold)
+        if cfg.stuck_rule:
+            waiting, running = step.telemetry_column("queue_length"), step.telemetry_column("running_requests")
+            telemetry = ~np.isnan(waiting) & ~np.isnan(running)
+            declared = step.telemetry_column("batch_capacity")
+            size = step.column("batch_size_mean")
+            with np.errstate(divide="ignore", invalid="ignore"):
+                implied = np.where(~np.isnan(size) & ~np.isnan(fill) & (fill != 0), size / fill, np.nan)
+                capacity = np.where(~np.isnan(declared) & (declared != 0), declared, implied)
+                usage = step.telemetry_column("kv_cache_usage")
+                unbounded = (running == 0) | np.isnan(usage) | (usage <= 0)
+                room = (1.0 - usage) * running / usage
+            kv_ok = unbounded | (room >= cfg.stuck_kv_room * (1.0 - 1e-9))
+            frag = step.telemetry_column("fragmentation")
+            frag_ok = np.isnan(frag) | (frag < cfg.stuck_fragmentation_max)
+            # the iteration is the live TPOT where it is non-zero, else iteration_s (> 0)
+            slow_iteration = step.telemetry_column("tpot_mean_s") < 0
+            admits = (waiting > 0) & (capacity - running > 0)
+            can |= telemetry & kv_ok & frag_ok & (admits | slow_iteration)
+            queue = step.column("queue_length_mean")
+            can |= ~telemetry & (queue >= cfg.stuck_queue_min) & (fill < cfg.stuck_fill_max)
+        return ~(can & (count >= max(cfg.min_count, 1)))
 
     def evaluate(
         self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]

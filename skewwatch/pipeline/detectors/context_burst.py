@@ -114,8 +114,11 @@ class ContextBurstDetector(ThresholdDetector):
 
     def __init__(self, config: ContextBurstConfig | None = None) -> None:
         super().__init__(config)
-        # key -> the peers' merged prompt moments (count, mean, var): of their newest 20 s, of their window
-        self._peers: dict[str, tuple[tuple[float, float, float] | None, tuple[float, float, float] | None]] = {}
+        # the current step's peers' merged prompt moments (of their newest 20 s, of their window) as
+        # columns, and the step's key -> row (empty outside a step)
+        self._peers: tuple[_Merged, _Merged] | None = None
+        self._row_of: dict[str, int] = {}
+        self._prepared: StepColumns | None = None  # the step they are of
 
     def rule_meta(self, rule: str) -> tuple[Severity, str | None, str]:
         cfg = self.config
@@ -129,15 +132,26 @@ class ContextBurstDetector(ThresholdDetector):
     remembers = True  # the window history is kept every step, whether the rule can hold or not
 
     def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_]:
-        """Replicas that cannot burst whatever their baselines say (too few newest prompts; for the
-        seed rule, a window that is not long); only their history moves on."""
+        """Replicas that cannot burst whatever their own past says: too few newest prompts, or a
+        pool baseline (which every judgement with it must clear) whose mean theirs is not
+        ``mean_ratio`` times; the whole window needs both baselines, so the peers' too. For the
+        seed rule, a window that is not long. Only their history moves on."""
         cfg = self.config
         can = np.zeros(len(step), dtype=bool)
         if cfg.burst_rule:
-            mean, var = step.column("recent_prompt_tokens_mean"), step.column("recent_prompt_tokens_var")
-            can |= (step.column("recent_count") >= cfg.min_count) & ~np.isnan(mean) & ~np.isnan(var)
-            mean, var = step.column("prompt_tokens_mean"), step.column("prompt_tokens_var")
-            can |= (step.column("count") >= cfg.min_count) & ~np.isnan(mean) & ~np.isnan(var)
+            prepared = self._peers is not None and self._prepared is step
+            recent, window = self._peers if prepared and self._peers is not None else _pool(step, cfg.min_peers)
+            for n, mean, var, peers, both in (("recent_count", "recent_prompt_tokens_mean",
+                                               "recent_prompt_tokens_var", recent, False),
+                                              ("count", "prompt_tokens_mean", "prompt_tokens_var", window, True)):
+                own_mean = step.column(mean)
+                judged = (step.column(n) >= cfg.min_count) & ~np.isnan(own_mean) & ~np.isnan(step.column(var))
+                judged &= own_mean > 0
+                base = peers.baseline_mean(cfg.baseline_min_count)  # NaN: no pool baseline
+                # ratio = mean / base (inf where base <= 0) must reach mean_ratio; a hair of slack
+                # for the rounding of the product against the quotient
+                below = (base > 0) & (own_mean < cfg.mean_ratio * base * (1.0 - 1e-9))
+                can |= judged & ~below & (~np.isnan(base) if both else True)
         if cfg.seed_rule:
             mean = step.column(f"{cfg.tokens}_tokens_mean")
             var = step.column(f"{cfg.tokens}_tokens_var")
@@ -146,16 +160,14 @@ class ContextBurstDetector(ThresholdDetector):
 
     def prepare(self, step: StepColumns | None) -> None:
         """Each replica's peers' prompt moments (newest 20 s, and whole window), merged without it."""
-        self._peers = {}
+        self._peers = None
+        self._row_of = {}
+        self._prepared = step
         cfg = self.config
         if step is None or not cfg.burst_rule or len(step) < 2:
             return
-        recent = _merged_without(step, "recent_count", "recent_prompt_tokens_mean", "recent_prompt_tokens_var",
-                                 cfg.min_peers)
-        window = _merged_without(step, "count", "prompt_tokens_mean", "prompt_tokens_var", cfg.min_peers)
-        for key, r, w in zip(step.keys, recent, window, strict=True):
-            if r is not None or w is not None:
-                self._peers[key] = (r, w)
+        self._peers = _pool(step, cfg.min_peers)
+        self._row_of = step.row_of
 
     def remember(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]) -> None:
         self._remember(fv, memory)
@@ -200,7 +212,9 @@ class ContextBurstDetector(ThresholdDetector):
         end_ms = round(fv.window_end * 1000)
         findings = []
         if cfg.burst_rule:
-            peers = self._peers.get(fv.key, (None, None))
+            row = self._row_of.get(fv.key)
+            peers = (None, None) if row is None or self._peers is None else (
+                self._peers[0].at(row), self._peers[1].at(row))
             # the newest 20 s (soonest), and the whole window (more prompts, where they arrive seldom)
             recent = self._burst(fv.recent_count, fv.recent_prompt_tokens_mean, fv.recent_prompt_tokens_var,
                                  f"the last {RECENT_S:g} s's", history.get(str(end_ms - round(RECENT_S * 1000))),
@@ -290,24 +304,39 @@ class ContextBurstDetector(ThresholdDetector):
         return Finding(holds=grew and long_enough, message=message, evidence=evidence, params=params)
 
 
-def _merged_without(step: StepColumns, count: str, mean: str, var: str,
-                    min_peers: int) -> list[tuple[float, float, float] | None]:
+class _Merged:
     """Per replica, the other replicas' moments of one span merged (count, mean, population
-    variance); None with fewer than ``min_peers`` of them."""
-    n = np.nan_to_num(step.column(count))
-    m, v = step.column(mean), step.column(var)
-    valid = (n > 0) & ~np.isnan(m) & ~np.isnan(v)
-    n, m, v = np.where(valid, n, 0.0), np.where(valid, m, 0.0), np.where(valid, v, 0.0)
-    peers = others_count(valid)
-    total = others_sum(n, valid)
-    first = others_sum(n * m, valid)
-    second = others_sum(n * (v + m * m), valid)
-    out: list[tuple[float, float, float] | None] = []
-    for row in range(len(step)):
-        if peers[row] < min_peers or total[row] <= 0:
-            out.append(None)
-            continue
-        merged_mean = first[row] / total[row]
-        variance = max(second[row] / total[row] - merged_mean ** 2, 0.0)
-        out.append((float(total[row]), float(merged_mean), float(variance)))
-    return out
+    variance), as columns; a replica with fewer than ``min_peers`` of them has none."""
+
+    __slots__ = ("has", "total", "first", "second")
+
+    def __init__(self, step: StepColumns, count: str, mean: str, var: str, min_peers: int) -> None:
+        n = np.nan_to_num(step.column(count))
+        m, v = step.column(mean), step.column(var)
+        valid = (n > 0) & ~np.isnan(m) & ~np.isnan(v)
+        n, m, v = np.where(valid, n, 0.0), np.where(valid, m, 0.0), np.where(valid, v, 0.0)
+        self.total = others_sum(n, valid)
+        self.has = (others_count(valid) >= min_peers) & (self.total > 0)
+        self.first = others_sum(n * m, valid)
+        self.second = others_sum(n * (v + m * m), valid)
+
+    def at(self, row: int) -> tuple[float, float, float] | None:
+        """The merged (count, mean, variance) of ``row``'s peers; None without enough of them."""
+        if not self.has[row]:
+            return None
+        total = self.total[row]
+        merged_mean = self.first[row] / total
+        variance = max(self.second[row] / total - merged_mean ** 2, 0.0)
+        return (float(total), float(merged_mean), float(variance))
+
+    def baseline_mean(self, min_count: float) -> npt.NDArray[np.float64]:
+        """The merged mean where it is a baseline (peers with at least ``min_count`` values), else NaN."""
+        usable = self.has & (self.total >= min_count)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(usable, self.first / self.total, np.nan)
+
+
+def _pool(step: StepColumns, min_peers: int) -> tuple[_Merged, _Merged]:
+    """The peers' moments of the newest 20 s and of the window."""
+    return (_Merged(step, "recent_count", "recent_prompt_tokens_mean", "recent_prompt_tokens_var", min_peers),
+            _Merged(step, "count", "prompt_tokens_mean", "prompt_tokens_var", min_peers))
