@@ -51,6 +51,8 @@ class LiveAggregate:
     # the samples' medians: one long prompt's prefill moves a mean, not this)
     ttft_p99_s: float | None = None  # the slowest first tokens: the largest of the samples' P99s (a long
     # prefill, which stalls every running request's next token, shows here)
+    tpot_top_s: float | None = None  # the slowest sample's mean time per token (of those with tokens and
+    # time): no token-weighted mean of the samples' ratios to a baseline is above its ratio
 
 
 def record(memory: dict[str, Any], sample: TelemetrySample | None, span_s: float) -> None:
@@ -80,12 +82,14 @@ def aggregate(memory: Mapping[str, Any], now: float, span_s: float) -> LiveAggre
     medians = [row[3] for row in rows if row[1] > 0 and not math.isnan(row[3])]
     ttft = [row[5] for row in rows if row[4] > 0 and not math.isnan(row[5])]
     ttft_top = [row[6] for row in rows if row[4] > 0 and len(row) > 6 and not math.isnan(row[6])]
+    means = [row[2] / row[1] for row in rows if row[1] > 0 and row[2] > 0]  # tail_excess's samples
     return LiveAggregate(
         tokens=tokens,
         tpot_mean_s=sum(row[2] for row in rows) / tokens,
         tpot_p50_s=float(np.median(medians)) if medians else None,
         ttft_p50_s=float(np.median(ttft)) if ttft else None,
         ttft_p99_s=max(ttft_top) if ttft_top else None,
+        tpot_top_s=max(means) if means else None,
     )
 
 

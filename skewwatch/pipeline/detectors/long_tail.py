@@ -151,7 +151,13 @@ class LongTailDetector(ThresholdDetector):
 
     def __init__(self, config: LongTailConfig | None = None) -> None:
         super().__init__(config)
-        self._peers: dict[str, _Peers] = {}  # the current step's, by key (empty outside a step)
+        # the current step's peers as columns, read per replica by its row (empty outside a step)
+        self._row_of: dict[str, int] = {}
+        self._peer_live: list[LiveAggregate | None] = []
+        self._peer_columns: tuple[npt.NDArray[np.float64], ...] = ()
+        self._prepared: StepColumns | None = None  # the step they are of
+        self._live_top_over_base: npt.NDArray[np.float64] = np.zeros(0)  # per row (see prepare)
+        self._live_now = 0.0  # the window end prepare aggregated the live samples at
 
     def rule_meta(self, rule: str) -> tuple[Severity, str | None, str]:
         cfg = self.config
@@ -169,7 +175,8 @@ class LongTailDetector(ThresholdDetector):
     def prepare(self, step: StepColumns | None) -> None:
         """The peers of every replica of the step: live aggregates (each replica's memory is
         brought up to date with its fresh sample first) and the finished requests' TPOT."""
-        self._peers = {}
+        self._row_of, self._peer_live, self._peer_columns = {}, [], ()
+        self._prepared = None
         cfg = self.config
         if step is None or len(step) < 2 or not (cfg.live_rule or cfg.exceedance_rule):
             return
@@ -190,37 +197,73 @@ class LongTailDetector(ThresholdDetector):
         peer_p99 = others_median(p99, valid, cfg.min_peers)
         peer_ttft = others_median(ttft, valid & ~np.isnan(ttft), cfg.min_peers)
         peer_count = others_median(count, valid, cfg.min_peers)
-        for row, key in enumerate(step.keys):
-            self._peers[key] = _Peers(
-                live=peer_live[row],
-                tpot_p50=_num(peer_p50[row]),
-                tpot_p99=_num(peer_p99[row]),
-                ttft_p50=_num(peer_ttft[row]),
-                count=_num(peer_count[row]),
-            )
+        self._row_of, self._peer_live = step.row_of, peer_live
+        self._peer_columns = (peer_p50, peer_p99, peer_ttft, peer_count)
+        self._prepared = step
+        if cfg.live_rule:
+            # the slowest sample of the span against the pool's mean (NaN: no claim possible; inf: the
+            # replica's own past judges, which the screen does not read)
+            top = np.array([math.nan if a is None or a.tokens < cfg.live_min_tokens or a.tpot_top_s is None
+                             else a.tpot_top_s for a in live])
+            base = np.array([math.inf if b is None else b.tpot_mean_s for b in peer_live])
+            self._live_top_over_base = np.where(np.isinf(base), np.where(np.isnan(top), np.nan, np.inf),
+                                                np.where(base > 0, top / np.where(base > 0, base, 1.0), np.nan))
+            self._live_now = now
+
+    def _peers_of(self, key: str) -> _Peers | None:
+        """``key``'s peers in the current step (None outside one, or for a replica not in it)."""
+        row = self._row_of.get(key)
+        if row is None:
+            return None
+        p50, p99, ttft, count = self._peer_columns
+        return _Peers(live=self._peer_live[row], tpot_p50=_num(p50[row]), tpot_p99=_num(p99[row]),
+                      ttft_p50=_num(ttft[row]), count=_num(count[row]))
 
     # ------------------------------------------------------------------ the rules
 
     remembers = True  # the live samples, the replica's own baseline and its TPOT history move every step
 
     def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_]:
-        """Replicas no rule can judge: the evidence-aware rules below ``min_count`` requests, the
-        seed's rule where P99 is not above ``ratio`` x P50 (their history still moves: remember)."""
+        """Replicas no rule can hold on (their memory still moves: remember). The evidence-aware
+        rules: below ``min_count`` requests; or, where the pool is the baseline (after
+        :meth:`prepare` of this step), the live rule's tail excess, a token-weighted mean of
+        per-sample log ratios to the pool's mean TPOT, cannot reach ``live_z`` x
+        ``live_noise_floor`` (its least threshold) when the slowest sample's ratio does not, and
+        the exceedance rule proves no request above ``tail_ratio`` x the pool's P99 when none of
+        the window's TPOT quantiles is there. A replica judged against its own past is not
+        screened. The seed's rule: where P99 is not above ``ratio`` x P50."""
         cfg = self.config
         count = step.column("count")
         can = np.zeros(len(step), dtype=bool)
         if cfg.live_rule or cfg.exceedance_rule:
-            can |= count >= cfg.min_count
+            floor = count >= cfg.min_count
+            if self._prepared is not step:
+                can |= floor
+            else:
+                rules = np.zeros(len(step), dtype=bool)
+                if cfg.live_rule:
+                    ratio = self._live_top_over_base  # NaN: no claim; inf: own past judges
+                    same_now = step.column("window_end") == self._live_now
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        excess_bound = np.log(ratio)
+                    rules |= ~same_now | (excess_bound > cfg.live_z * cfg.live_noise_floor * (1.0 - 1e-9))
+                if cfg.exceedance_rule:
+                    p50, p99, _, peer_count = self._peer_columns
+                    pooled = ~np.isnan(p50) & ~np.isnan(p99) & ~np.isnan(peer_count) & (peer_count != 0)
+                    top = np.fmax(np.fmax(step.column("tpot_p50"), step.column("tpot_p90")),
+                                  np.fmax(step.column("tpot_p99"), step.column("tpot_max")))
+                    rules |= ~pooled | (top >= cfg.tail_ratio * p99 * (1.0 - 1e-9))
+                can |= floor & rules
         if cfg.seed_rule:
             p50, p99 = step.column("latency_p50"), step.column("latency_p99")
             can |= (count >= max(cfg.min_count, 1)) & (p50 > 0) & (p99 > cfg.ratio * p50)
         return ~can
 
     def remember(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]) -> None:
-        """What :meth:`evaluate` does to the memory of a replica none of its rules can judge."""
+        """What :meth:`evaluate` does to the memory of a replica none of its rules holds on."""
         cfg = self.config
         if cfg.live_rule:
-            self._live(fv, telemetry, memory, None, {}, judge=False)
+            self._live(fv, telemetry, memory, self._peers_of(fv.key), {}, describe=False)
         if cfg.exceedance_rule:
             self._exceedance(fv, memory, None, {}, judge=False)
 
@@ -228,7 +271,7 @@ class LongTailDetector(ThresholdDetector):
         self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]
     ) -> dict[str, Finding]:
         cfg = self.config
-        peers = self._peers.get(fv.key)
+        peers = self._peers_of(fv.key)
         evidence: dict[str, float | int | str | None] = {"count": fv.count, "min_count": cfg.min_count}
         findings: list[Finding] = []
         if cfg.live_rule:
@@ -248,9 +291,9 @@ class LongTailDetector(ThresholdDetector):
         return {"main": judged[0] if judged else Finding(holds=None, evidence=evidence)}
 
     def _live(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any],
-              peers: _Peers | None, evidence: dict[str, Any], judge: bool = True) -> Finding:
+              peers: _Peers | None, evidence: dict[str, Any], describe: bool = True) -> Finding:
         """The live rule (module docstring); keeps the replica's samples, noise and own baseline
-        (``judge`` False: only that, for a replica below the evidence floor)."""
+        (``describe`` False: only that and whether it holds, for a replica screened quiet)."""
         cfg = self.config
         now = fv.window_end
         record(memory, telemetry, cfg.ttft_span_s)
@@ -262,7 +305,7 @@ class LongTailDetector(ThresholdDetector):
             return Finding(holds=None, evidence=evidence)
         baseline, source = (peers.live, "peers") if peers is not None and peers.live is not None else \
             (own.get(cfg.live_history_steps), "own past")
-        if not judge or baseline is None or baseline.tpot_mean_s <= 0 or fv.count < cfg.min_count:
+        if baseline is None or baseline.tpot_mean_s <= 0 or fv.count < cfg.min_count:
             own.update(agg)
             return Finding(holds=None, evidence=evidence)
         excess = tail_excess(memory, now, cfg.live_span_s, baseline)
@@ -284,6 +327,8 @@ class LongTailDetector(ThresholdDetector):
         if not holds:
             noise.update(excess)
             own.update(agg)
+        if not describe:
+            return Finding(holds=holds, evidence=evidence)
         message = (
             f"long tail (live): tokens took {fmt(1000 * agg.tpot_mean_s, 1)} ms on average, "
             f"the {source}' {fmt(1000 * baseline.tpot_mean_s, 1)} ms: {math.exp(excess):.2f} x beyond "
@@ -303,7 +348,7 @@ class LongTailDetector(ThresholdDetector):
             return None
         slow_start = aggregate(memory, now, cfg.ttft_span_s)
         ttft = slow_start.ttft_p50_s if slow_start is not None else None
-        return LiveAggregate(agg.tokens, agg.tpot_mean_s, agg.tpot_p50_s, ttft, agg.ttft_p99_s)
+        return LiveAggregate(agg.tokens, agg.tpot_mean_s, agg.tpot_p50_s, ttft, agg.ttft_p99_s, agg.tpot_top_s)
 
     def _exceedance(self, fv: FeatureVector, memory: dict[str, Any], peers: _Peers | None,
                     evidence: dict[str, Any], judge: bool = True) -> Finding:
