@@ -141,11 +141,12 @@ class ContextBurstDetector(ThresholdDetector):
         if cfg.burst_rule:
             prepared = self._peers is not None and self._prepared is step
             recent, window = self._peers if prepared and self._peers is not None else _pool(step, cfg.min_peers)
-            for n, mean, var, peers, both in (("recent_count", "recent_prompt_tokens_mean",
-                                               "recent_prompt_tokens_var", recent, False),
-                                              ("count", "prompt_tokens_mean", "prompt_tokens_var", window, True)):
-                own_mean = step.column(mean)
-                judged = (step.column(n) >= cfg.min_count) & ~np.isnan(own_mean) & ~np.isnan(step.column(var))
+            for n_name, mean_name, var_name, peers, both in (
+                    ("recent_count", "recent_prompt_tokens_mean", "recent_prompt_tokens_var", recent, False),
+                    ("count", "prompt_tokens_mean", "prompt_tokens_var", window, True)):
+                own_mean = step.column(mean_name)
+                judged = (step.column(n_name) >= cfg.min_count) & ~np.isnan(own_mean)
+                judged &= ~np.isnan(step.column(var_name))
                 judged &= own_mean > 0
                 base = peers.baseline_mean(cfg.baseline_min_count)  # NaN: no pool baseline
                 # ratio = mean / base (inf where base <= 0) must reach mean_ratio; a hair of slack

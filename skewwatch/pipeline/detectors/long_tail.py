@@ -230,8 +230,9 @@ class LongTailDetector(ThresholdDetector):
         per-sample log ratios to the pool's mean TPOT, cannot reach ``live_z`` x
         ``live_noise_floor`` (its least threshold) when the slowest sample's ratio does not, and
         the exceedance rule proves no request above ``tail_ratio`` x the pool's P99 when none of
-        the window's TPOT quantiles is there. A replica judged against its own past is not
-        screened. The seed's rule: where P99 is not above ``ratio`` x P50."""
+        the window's TPOT quantiles is there (nor any without its TPOT median and maximum). A
+        replica judged against its own past is not screened. The seed's rule: where P99 is not
+        above ``ratio`` x P50."""
         cfg = self.config
         count = step.column("count")
         can = np.zeros(len(step), dtype=bool)
@@ -252,7 +253,8 @@ class LongTailDetector(ThresholdDetector):
                     pooled = ~np.isnan(p50) & ~np.isnan(p99) & ~np.isnan(peer_count) & (peer_count != 0)
                     top = np.fmax(np.fmax(step.column("tpot_p50"), step.column("tpot_p90")),
                                   np.fmax(step.column("tpot_p99"), step.column("tpot_max")))
-                    rules |= ~pooled | (top >= cfg.tail_ratio * p99 * (1.0 - 1e-9))
+                    own = ~np.isnan(step.column("tpot_p50")) & ~np.isnan(step.column("tpot_max"))
+                    rules |= own & (~pooled | (top >= cfg.tail_ratio * p99 * (1.0 - 1e-9)))
                 can |= floor & rules
         if cfg.seed_rule:
             p50, p99 = step.column("latency_p50"), step.column("latency_p99")
@@ -263,7 +265,8 @@ class LongTailDetector(ThresholdDetector):
         """What :meth:`evaluate` does to the memory of a replica none of its rules holds on."""
         cfg = self.config
         if cfg.live_rule:
-            self._live(fv, telemetry, memory, self._peers_of(fv.key), {}, describe=False)
+            row = self._row_of.get(fv.key)  # only the pool's live aggregate: no _Peers built
+            self._live(fv, telemetry, memory, None if row is None else self._peer_live[row], {}, describe=False)
         if cfg.exceedance_rule:
             self._exceedance(fv, memory, None, {}, judge=False)
 
@@ -275,7 +278,7 @@ class LongTailDetector(ThresholdDetector):
         evidence: dict[str, float | int | str | None] = {"count": fv.count, "min_count": cfg.min_count}
         findings: list[Finding] = []
         if cfg.live_rule:
-            findings.append(self._live(fv, telemetry, memory, peers, evidence))
+            findings.append(self._live(fv, telemetry, memory, None if peers is None else peers.live, evidence))
         if cfg.exceedance_rule:
             exceedance = self._exceedance(fv, memory, peers, evidence)
             if findings and findings[0].holds is not None and cfg.defer_to_live:
@@ -291,7 +294,7 @@ class LongTailDetector(ThresholdDetector):
         return {"main": judged[0] if judged else Finding(holds=None, evidence=evidence)}
 
     def _live(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any],
-              peers: _Peers | None, evidence: dict[str, Any], describe: bool = True) -> Finding:
+              peer_live: LiveAggregate | None, evidence: dict[str, Any], describe: bool = True) -> Finding:
         """The live rule (module docstring); keeps the replica's samples, noise and own baseline
         (``describe`` False: only that and whether it holds, for a replica screened quiet)."""
         cfg = self.config
@@ -303,7 +306,7 @@ class LongTailDetector(ThresholdDetector):
         noise = Noise(memory, "live_noise", alpha, cfg.live_noise_prior, 1.0, cfg.live_noise_floor)
         if agg is None or agg.tokens < cfg.live_min_tokens:
             return Finding(holds=None, evidence=evidence)
-        baseline, source = (peers.live, "peers") if peers is not None and peers.live is not None else \
+        baseline, source = (peer_live, "peers") if peer_live is not None else \
             (own.get(cfg.live_history_steps), "own past")
         if baseline is None or baseline.tpot_mean_s <= 0 or fv.count < cfg.min_count:
             own.update(agg)
