@@ -159,24 +159,31 @@ class BatchCollapseDetector(ThresholdDetector):
         if cfg.stuck_rule:
             waiting, running = step.telemetry_column("queue_length"), step.telemetry_column("running_requests")
             telemetry = ~np.isnan(waiting) & ~np.isnan(running)
-            declared = step.telemetry_column("batch_capacity")
-            size = step.column("batch_size_mean")
-            with np.errstate(divide="ignore", invalid="ignore"):
-                implied = np.where(~np.isnan(size) & ~np.isnan(fill) & (fill != 0), size / fill, np.nan)
-                capacity = np.where(~np.isnan(declared) & (declared != 0), declared, implied)
-                usage = step.telemetry_column("kv_cache_usage")
-                unbounded = (running == 0) | np.isnan(usage) | (usage <= 0)
-                room = (1.0 - usage) * running / usage
-            kv_ok = unbounded | (room >= cfg.stuck_kv_room * (1.0 - 1e-9))
-            frag = step.telemetry_column("fragmentation")
-            frag_ok = np.isnan(frag) | (frag < cfg.stuck_fragmentation_max)
-            # the iteration is the live TPOT where it is non-zero, else iteration_s (> 0)
-            slow_iteration = step.telemetry_column("tpot_mean_s") < 0
-            admits = (waiting > 0) & (capacity - running > 0)
-            can |= telemetry & kv_ok & frag_ok & (admits | slow_iteration)
+            if telemetry.any():  # (an engine reporting its queue: NVML alone does not)
+                can |= telemetry & self._stuck_may_hold(step, waiting, running, fill)
             queue = step.column("queue_length_mean")
             can |= ~telemetry & (queue >= cfg.stuck_queue_min) & (fill < cfg.stuck_fill_max)
         return ~(can & (count >= max(cfg.min_count, 1)))
+
+    def _stuck_may_hold(self, step: StepColumns, waiting: npt.NDArray[np.float64], running: npt.NDArray[np.float64],
+                        fill: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+        """Where the stuck rule may hold on the engine's telemetry (see :meth:`quiet`)."""
+        cfg = self.config
+        declared = step.telemetry_column("batch_capacity")
+        size = step.column("batch_size_mean")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            implied = np.where(~np.isnan(size) & ~np.isnan(fill) & (fill != 0), size / fill, np.nan)
+            capacity = np.where(~np.isnan(declared) & (declared != 0), declared, implied)
+            usage = step.telemetry_column("kv_cache_usage")
+            unbounded = (running == 0) | np.isnan(usage) | (usage <= 0)
+            room = (1.0 - usage) * running / usage
+        kv_ok = unbounded | (room >= cfg.stuck_kv_room * (1.0 - 1e-9))
+        frag = step.telemetry_column("fragmentation")
+        frag_ok = np.isnan(frag) | (frag < cfg.stuck_fragmentation_max)
+        # the iteration is the live TPOT where it is non-zero, else iteration_s (> 0)
+        slow_iteration = step.telemetry_column("tpot_mean_s") < 0
+        admits = (waiting > 0) & (capacity - running > 0)
+        return kv_ok & frag_ok & (admits | slow_iteration)
 
     def evaluate(
         self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]
