@@ -218,14 +218,19 @@ class PipelineService(mode.Service):
         return f"Kafka at {self.watch.describe()} is unreachable: {self.watch.last_error}"
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """/readyz: the broker answers, both stages have partitions, stage 1 is not too far behind."""
+        """/readyz: the broker answers, both stages have partitions restored, stage 1 is not too far behind."""
         watch = self.watch
         broker: dict[str, Any] = {"ok": watch.reachable, "bootstrap": watch.describe()}
         if not watch.reachable:
             broker.update(error=watch.last_error, down_for_s=round(watch.down_for(), 1))
         counts = {name: len(stage.consumer.assignment()) if stage is not None and stage.consumer is not None else 0
                   for name, stage in (("stage1", self.stage1), ("stage2", self.stage2))}
-        partitions: dict[str, Any] = {"ok": all(counts.values()), **counts}
+        # assigned is not enough: aiokafka reports an assignment before the callback has restored it
+        restoring = [name for name, stage in (("stage1", self.stage1), ("stage2", self.stage2))
+                     if stage is not None and stage.restoring]
+        partitions: dict[str, Any] = {"ok": all(counts.values()) and not restoring, **counts}
+        if restoring:
+            partitions["restoring"] = restoring
         if self.phase != "running":
             partitions["phase"] = self.phase
         lag_records = self.stage1.lag_records if self.stage1 is not None else 0

@@ -3,15 +3,19 @@
 Routes (``[web]`` host and port, 127.0.0.1:6066 by default):
 
 * ``GET /healthz``: liveness. 200 ``{"status": "ok"}`` while the process serves; no token needed.
-* ``GET /readyz``: readiness. 200 when the broker answers, both stages have partitions and stage 1 is
-  less than ``[health] max_lag_records`` behind; else 503. The body lists each check.
+* ``GET /readyz``: readiness. 200 when the broker answers, both stages have partitions (restored from
+  their checkpoints, not merely assigned) and stage 1 is less than ``[health] max_lag_records``
+  behind; else 503. The body lists each check.
 * ``GET /api/v1/weights``: the latest routing correction published per model this worker owns.
 * ``POST /api/v1/update_weights``: publish each model's correction of its latest complete step now,
   with that step's own seq (one already published goes out again unchanged). The body is empty, ``{}``, or
   ``{"models": ["a", "b"]}`` (only those models); anything else is 400. A model is published at most
   once per ``[web] update_interval_s`` (1 s): the others are listed as ``throttled``, and a request
   that published nothing because of that is 429 with ``Retry-After``. While the broker is unreachable,
-  or when it has not acknowledged within ``[health] ack_timeout_s`` (1.5 s), the answer is 503.
+  or when it has not acknowledged within ``[health] ack_timeout_s`` (1.5 s) of the send, the answer is
+  503. A POST that comes while stage 2 restores partitions after a rebalance (or processes a poll) waits
+  for it, up to ``BUSY_WAIT_S`` (5 s), then answers 503 saying so, with ``Retry-After``; /readyz is
+  503 while a restore runs.
 * ``GET /metrics``: Prometheus exposition.
 
 Wrong methods are 405, unknown paths 404. Who may call what is :mod:`skewwatch.web_auth`'s policy (a
@@ -33,11 +37,17 @@ import mode
 import msgspec
 from aiohttp import web
 
+from skewwatch.agents.stage import StageBusy
 from skewwatch.web_auth import AccessPolicy, auth_middleware
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024  # the POST's body is a short list of model names
+# How long the POST waits for stage 2's lock: a poll being processed, or a partition being restored after
+# a rebalance (its checkpoint and the decisions already on the topics read back: well under a second on a
+# healthy broker, seconds on a loaded host). Past it the POST answers 503 and says which, rather than let
+# an HTTP client (10 s is a common timeout) time out without an answer.
+BUSY_WAIT_S = 5.0
 
 
 class UpdateWeightsRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -87,10 +97,11 @@ class WorkerApi:
     """The routes above over a :class:`WorkerState`."""
 
     def __init__(self, state: WorkerState, policy: AccessPolicy, *, update_interval_s: float = 1.0,
-                 ack_timeout_s: float = 1.5) -> None:
+                 ack_timeout_s: float = 1.5, busy_wait_s: float = BUSY_WAIT_S) -> None:
         self.state = state
         self.limit = PerModelLimit(update_interval_s)
         self.ack_timeout_s = ack_timeout_s
+        self.busy_wait_s = busy_wait_s
         self.app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[auth_middleware(policy)])
         self.app.router.add_get("/healthz", self.healthz)
         self.app.router.add_get("/readyz", self.readyz)
@@ -134,10 +145,14 @@ class WorkerApi:
         problem = self.state.broker_problem()
         if problem is not None:  # answered at once: a publish could not be acknowledged anyway
             return _error(503, problem, retry_after=2)
-        deadline = asyncio.get_running_loop().time() + self.ack_timeout_s
         try:
-            async with asyncio.timeout_at(deadline):
-                update = await stage.force_update(wanted.models, allow=self.limit.allow)
+            update = await stage.force_update(wanted.models, allow=self.limit.allow, wait_s=self.busy_wait_s)
+        except StageBusy as exc:  # a restore after a rebalance took longer than the wait: said, not blamed on Kafka
+            return _error(503, str(exc), retry_after=2)
+        except Exception as exc:  # a refused send
+            return _error(503, f"Kafka refused the correction: {exc}", retry_after=2)
+        try:  # the acknowledgement's own bound, from the send: the wait for the stage above is not Kafka's
+            async with asyncio.timeout(self.ack_timeout_s):
                 if update.acks:
                     await asyncio.gather(*(asyncio.shield(ack) for ack in update.acks))
         except TimeoutError:

@@ -37,7 +37,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from skewwatch.agents.checkpoint import Checkpoint
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.published import Published, read_published
-from skewwatch.agents.stage import CheckpointedStage
+from skewwatch.agents.stage import CheckpointedStage, StageBusy
 from skewwatch.config import Settings
 from skewwatch.pipeline.corrections import RoutingCorrection
 from skewwatch.pipeline.detector_settings import DetectorSettings
@@ -272,29 +272,45 @@ class ModelStage(CheckpointedStage[PartitionModels]):
         return found
 
     async def force_update(self, models: Collection[str] | None = None,
-                           allow: Callable[[str], bool] = lambda model: True) -> ForcedUpdate:
+                           allow: Callable[[str], bool] = lambda model: True,
+                           wait_s: float | None = None) -> ForcedUpdate:
         """POST /api/v1/update_weights: publish the correction of ``models`` (None: every model this
         worker owns) as of each one's latest complete step (the newest windows every input partition
         has closed; a step still missing a partition's replicas is not forced), with that step's own
         seq, whether or not it changed enough to go out by itself; one already published is sent again
-        as it was. ``allow(model)`` False skips a model (the per-model rate limit). Returns at once;
-        the caller waits for :attr:`ForcedUpdate.acks` as long as it likes."""
+        as it was. ``allow(model)`` False skips a model (the per-model rate limit). Returns once the
+        corrections are handed to the producer; the caller waits for :attr:`ForcedUpdate.acks` as long
+        as it likes.
+
+        The models are read under the stage's lock, which a poll's processing and a partition's
+        restore hold: this waits for them up to ``wait_s`` (None: as long as they take) and raises
+        :class:`~skewwatch.agents.stage.StageBusy`, saying which, when they take longer; nothing is
+        published then."""
+        if not await self.acquire(wait_s):
+            what = ("restoring the partitions it was just assigned (their checkpoints and the decisions "
+                    "already on the topics)" if self.restoring else "processing a poll")
+            raise StageBusy(f"stage 2 is still {what} after {wait_s:g} s; nothing was published, retry")
+        try:
+            return await self._force_update(models, allow)
+        finally:
+            self.release()
+
+    async def _force_update(self, models: Collection[str] | None, allow: Callable[[str], bool]) -> ForcedUpdate:
         update = ForcedUpdate()
         wanted = None if models is None else set(models)
-        async with self._lock:
-            for state in self.partitions.values():
-                for model, decider in state.deciders.items():
-                    if wanted is not None and model not in wanted:
-                        continue
-                    update.found.add(model)
-                    if not allow(model):
-                        update.throttled.append(model)
-                        continue
-                    correction = decider.publish_now()
-                    if correction is None:
-                        continue
-                    update.acks.append(await self._publish_correction(correction))
-                    update.published[model] = correction.seq
+        for state in self.partitions.values():
+            for model, decider in state.deciders.items():
+                if wanted is not None and model not in wanted:
+                    continue
+                update.found.add(model)
+                if not allow(model):
+                    update.throttled.append(model)
+                    continue
+                correction = decider.publish_now()
+                if correction is None:
+                    continue
+                update.acks.append(await self._publish_correction(correction))
+                update.published[model] = correction.seq
         return update
 
 

@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 POLL_TIMEOUT_MS = 200  # a poll returns after this long without records: idle work and stop run on time
 
 
+class StageBusy(Exception):
+    """A stage's lock was not free in time; the message says why (restoring partitions, or a poll)."""
+
+
 class Stage(ABC):
     """A consumer stage: its consumer, the poll loop, and a clean stop.
 
@@ -158,6 +162,7 @@ class CheckpointedStage(Stage, Generic[P]):
         self.commits = CommitPipeline(self.checkpoints, self.input_topic, settings.limits,
                                       on_saved=metrics.checkpoints.labels(self.stage).inc)
         self._lock = asyncio.Lock()
+        self._in_callback = False  # an assignment or revocation callback is running
         self._rebalance_failure: BaseException | None = None  # raised by the next before_poll
 
     # -- what a checkpointed stage provides
@@ -187,6 +192,37 @@ class CheckpointedStage(Stage, Generic[P]):
         them is processed); ``starts``: the offset each is replayed from (None: its beginning)."""
 
     # -- the machinery
+
+    @property
+    def restoring(self) -> bool:
+        """True while a rebalance callback runs or an assigned input partition has no state yet.
+
+        aiokafka reports a new assignment (``consumer.assignment()``) before the assignment callback
+        has restored it: readiness and the POST ask this instead, so "has partitions" means "has
+        them restored", and a caller held up by the lock can be told why.
+        """
+        consumer = self.consumer
+        if self._in_callback:
+            return True
+        if consumer is None:
+            return False
+        return any(tp.partition not in self.partitions for tp in consumer.assignment()
+                   if tp.topic == self.input_topic)
+
+    async def acquire(self, timeout_s: float | None) -> bool:
+        """Take the stage's lock (held by each poll's processing and by the rebalance callbacks) within
+        ``timeout_s`` (None: wait as long as it takes); False when it was not free by then. The caller
+        releases it with :meth:`release`."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._lock.acquire()
+        except TimeoutError:
+            return False
+        return True
+
+    def release(self) -> None:
+        """Release the lock taken by :meth:`acquire`."""
+        self._lock.release()
 
     def rebalance_listener(self) -> ConsumerRebalanceListener:
         return StageRebalanceListener(self)
@@ -255,6 +291,7 @@ class CheckpointedStage(Stage, Generic[P]):
         consumer = self.consumer
         assert consumer is not None
         inputs = [tp for tp in assigned if tp.topic == self.input_topic]
+        self._in_callback = True
         async with self._lock:
             try:
                 found = await self.checkpoints.read(self.input_topic, [tp.partition for tp in inputs])
@@ -275,10 +312,19 @@ class CheckpointedStage(Stage, Generic[P]):
                 # a partition without its state would have its records skipped: restart the stage instead
                 self._rebalance_failure = exc
                 raise
+            finally:
+                self._in_callback = False
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         """Checkpoint the revoked input partitions' newest state, wait for every checkpoint in
         flight, and drop them: the last checkpoint plus a replay rebuilds them wherever they go."""
+        self._in_callback = True
+        try:
+            await self._revoke(revoked)
+        finally:
+            self._in_callback = False
+
+    async def _revoke(self, revoked: set[TopicPartition]) -> None:
         async with self._lock:
             inputs = [tp.partition for tp in revoked if tp.topic == self.input_topic]
             # written before another worker (or this one) reads them
@@ -290,4 +336,4 @@ class CheckpointedStage(Stage, Generic[P]):
             self.revoked(revoked)
 
 
-__all__ = ["POLL_TIMEOUT_MS", "CheckpointedStage", "PartitionCheckpoint", "Stage", "unseen_records"]
+__all__ = ["POLL_TIMEOUT_MS", "CheckpointedStage", "PartitionCheckpoint", "Stage", "StageBusy", "unseen_records"]
