@@ -77,6 +77,18 @@ class KafkaSettings(ConfigSection):
     ssl_keyfile: str | None = None  # its private key (PEM)
     ssl_key_password_file: str | None = None  # when the key is encrypted
     ssl_check_hostname: bool = True  # the broker's certificate must name the host the client dialled
+    # the consumer groups' failure detection (every stage's consumer, and Faust's): a member that sends no
+    # heartbeat for session_timeout_ms is dropped and its partitions move. At most 30 s, under aiokafka's
+    # 40 s request timeout (a rejoin waits up to a session); the broker refuses a session below its
+    # group.min.session.timeout.ms (6 s by default). Defaults: aiokafka's own.
+    session_timeout_ms: Annotated[int, Meta(ge=1_000, le=30_000)] = 10_000
+    heartbeat_interval_ms: Annotated[int, Meta(ge=100)] = 3_000
+
+    def __post_init__(self) -> None:
+        # Kafka's rule of thumb (and aiokafka's): at most a third of the session, so two heartbeats can
+        # be lost before the member is dropped
+        self._require(self.heartbeat_interval_ms * 3 < self.session_timeout_ms, "heartbeat_interval_ms",
+                      f"must be less than a third of session_timeout_ms ({self.session_timeout_ms})")
 
 
 class TopicSettings(ConfigSection):

@@ -53,6 +53,15 @@ def client_kwargs(kafka: KafkaSettings | None = None, *, bootstrap: str | None =
     return options
 
 
+def group_consumer_kwargs(kafka: KafkaSettings | None = None, *, bootstrap: str | None = None) -> dict[str, Any]:
+    """:func:`client_kwargs` plus what a consumer in a group needs: ``[kafka] session_timeout_ms`` and
+    ``heartbeat_interval_ms`` (aiokafka's defaults, 10 s and 3 s, without settings)."""
+    options = client_kwargs(kafka, bootstrap=bootstrap)
+    if kafka is not None:
+        options.update(session_timeout_ms=kafka.session_timeout_ms, heartbeat_interval_ms=kafka.heartbeat_interval_ms)
+    return options
+
+
 def require_bootstrap(bootstrap: str | None, settings: Settings, what: str) -> str:
     """``bootstrap`` (a command's option) or ``kafka.bootstrap``, also stored there; else the one-line
     ConfigProblem (exit code 2) naming the ways to give one. ``what``: "to publish to", ..."""
@@ -79,9 +88,13 @@ def check_kafka(bootstrap: str, settings: Settings, timeout: float = 10.0) -> No
 def faust_app_kwargs(kafka: KafkaSettings | None = None, *, bootstrap: str | None = None) -> dict[str, Any]:
     """The connection options of a ``faust.App``, from the same settings as :func:`client_kwargs`:
     the broker URL and, on a secured cluster, Faust's ``broker_credentials`` (SASL over TLS or not, or
-    TLS alone) built from the same TLS context and SASL options."""
+    TLS alone) built from the same TLS context and SASL options, and the group's session timeout and
+    heartbeat interval (Faust takes seconds)."""
     options = client_kwargs(kafka, bootstrap=bootstrap)
     app: dict[str, Any] = {"broker": f"kafka://{options['bootstrap_servers']}"}
+    if kafka is not None:
+        app.update(broker_session_timeout=kafka.session_timeout_ms / 1000,
+                   broker_heartbeat_interval=kafka.heartbeat_interval_ms / 1000)
     protocol = options.get("security_protocol", "PLAINTEXT")
     if protocol.startswith("SASL"):
         import faust
@@ -172,6 +185,7 @@ __all__ = [
     "describe_cluster",
     "describe_exception",
     "faust_app_kwargs",
+    "group_consumer_kwargs",
     "quiet_client_logs",
     "require_bootstrap",
     "run_blocking",

@@ -30,7 +30,7 @@ from skewwatch.agents.commit import CommitPipeline, Snapshot, commit_offsets
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.rebalance import StageRebalanceListener
 from skewwatch.config import Settings
-from skewwatch.kafka_client import client_kwargs
+from skewwatch.kafka_client import client_kwargs, group_consumer_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class Stage(ABC):
         """The stage's consumer: manual commits, from the earliest offset when none is committed."""
         kafka = self.settings.kafka
         return AIOKafkaConsumer(
-            **self.connection,
+            **group_consumer_kwargs(kafka, bootstrap=self.bootstrap),  # the connection, and the group's timeouts
             group_id=f"{kafka.group_id}.{self.stage}",
             client_id=f"{kafka.client_id}-{self.stage}",
             enable_auto_commit=False,

@@ -222,3 +222,15 @@ def test_docstring_examples_run(module: str) -> None:
 
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_the_group_timeouts_are_checked_together() -> None:
+    settings = load_settings(env={"SKEWWATCH_KAFKA__SESSION_TIMEOUT_MS": "20000",
+                                  "SKEWWATCH_KAFKA__HEARTBEAT_INTERVAL_MS": "6000"})
+    assert (settings.kafka.session_timeout_ms, settings.kafka.heartbeat_interval_ms) == (20_000, 6_000)
+    assert (Settings().kafka.session_timeout_ms, Settings().kafka.heartbeat_interval_ms) == (10_000, 3_000)
+    with pytest.raises(ConfigError, match=r"kafka.heartbeat_interval_ms \(from SKEWWATCH_KAFKA__HEARTBEAT_INTERVAL_MS\)"
+                                          r": must be less than a third of session_timeout_ms \(10000\), got 4000"):
+        load_settings(env={"SKEWWATCH_KAFKA__HEARTBEAT_INTERVAL_MS": "4000"})
+    with pytest.raises(ConfigError, match=r"kafka.session_timeout_ms .*<= 30000"):
+        load_settings(env={"SKEWWATCH_KAFKA__SESSION_TIMEOUT_MS": "60000"})

@@ -15,6 +15,7 @@ from skewwatch.kafka_client import (
     describe_cluster,
     describe_exception,
     faust_app_kwargs,
+    group_consumer_kwargs,
     run_blocking,
 )
 from skewwatch.ports import free_port
@@ -29,9 +30,39 @@ def test_the_command_line_bootstrap_wins_over_the_settings() -> None:
     assert client_kwargs(kafka) == {"bootstrap_servers": "settings:9092", **plain}
     assert client_kwargs(kafka, bootstrap="cli:9092") == {"bootstrap_servers": "cli:9092", **plain}
     assert client_kwargs(bootstrap="cli:9092") == {"bootstrap_servers": "cli:9092"}
-    assert faust_app_kwargs(kafka) == {"broker": "kafka://settings:9092"}
+    assert faust_app_kwargs(kafka) == {"broker": "kafka://settings:9092", "broker_session_timeout": 10.0,
+                                       "broker_heartbeat_interval": 3.0}
     with pytest.raises(ValueError, match="no Kafka bootstrap address"):
         client_kwargs(KafkaSettings())
+
+
+def test_the_group_timeouts_reach_every_group_consumer_and_faust() -> None:
+    kafka = KafkaSettings(bootstrap="b:9092", session_timeout_ms=20_000, heartbeat_interval_ms=5_000)
+    options = group_consumer_kwargs(kafka)
+    assert options["session_timeout_ms"] == 20_000 and options["heartbeat_interval_ms"] == 5_000
+    assert options["bootstrap_servers"] == "b:9092"
+    app = faust_app_kwargs(kafka)
+    assert app["broker_session_timeout"] == 20.0 and app["broker_heartbeat_interval"] == 5.0
+    assert "session_timeout_ms" not in client_kwargs(kafka)  # producers and admin clients take no group options
+
+
+def test_every_stage_consumer_is_built_with_the_group_timeouts() -> None:
+    from aiokafka import AIOKafkaConsumer
+
+    from skewwatch.agents.metrics import WorkerMetrics
+    from skewwatch.agents.model_stage import ModelStage
+    from skewwatch.agents.replica_stage import ReplicaStage
+    from skewwatch.config import Settings
+
+    settings = Settings(kafka=KafkaSettings(bootstrap="127.0.0.1:9", session_timeout_ms=7_000,
+                                            heartbeat_interval_ms=2_000))
+
+    async def consumers() -> list[AIOKafkaConsumer]:
+        return [cls(settings, "127.0.0.1:9", None, WorkerMetrics()).new_consumer()  # type: ignore[arg-type]
+                for cls in (ReplicaStage, ModelStage)]
+
+    for consumer in asyncio.run(consumers()):  # built, not started: no connection is made
+        assert consumer._session_timeout_ms == 7_000 and consumer._heartbeat_interval_ms == 2_000
 
 
 def test_every_client_in_the_package_is_built_with_client_kwargs() -> None:
