@@ -142,7 +142,7 @@ def test_scrape_that_sends_nothing_exits_7() -> None:
 def test_a_worker_without_its_broker_waits_and_says_why(tmp_path: Path) -> None:
     port = free_port()
     worker = subprocess.Popen([sys.executable, "-m", "skewwatch", "worker", "--bootstrap", NOWHERE, "--web-port",
-                               str(port), "--log-format", "json"], env=env_without_kafka(), cwd=REPO,
+                               str(port), "--log-format", "json"], env=env_without_kafka(), cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         wait_listening(worker, port)
