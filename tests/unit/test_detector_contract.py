@@ -467,6 +467,28 @@ def test_column_screen_never_hides_a_rule_that_holds(name: str) -> None:
     assert screened > 0 and held > 0  # both sides of the screen seen
 
 
+@pytest.mark.parametrize("name", [n for n in DETECTOR_NAMES if issubclass(DETECTORS[n], ThresholdDetector)
+                                  and DETECTORS[n].remembers])
+def test_a_screened_step_is_every_replica_evaluated(name: str) -> None:
+    """``update_step`` with the screen (``remember`` on the replicas it clears, in the memory
+    :meth:`prepare` just wrote) gives the alerts, actions and memory of evaluating every replica."""
+    rng = random.Random(11)
+    for config in _configs(name):
+        screened, every = DETECTORS[name](config), DETECTORS[name](config)
+        assert isinstance(screened, ThresholdDetector) and isinstance(every, ThresholdDetector)
+        every.quiet = lambda step: None  # type: ignore[method-assign]  # evaluate every replica
+        for step in range(40):
+            end = T0 + STEP * step
+            vectors, samples = _random_step(rng, 50, end)
+            got: tuple[list[Any], list[Any]] = ([], [])
+            want: tuple[list[Any], list[Any]] = ([], [])
+            screened.update_step(StepColumns(vectors, samples), end, *got)
+            every.update_step(StepColumns(vectors, samples), end, *want)
+            assert [a.to_dict() for a in got[0]] == [a.to_dict() for a in want[0]]
+            assert [a.to_dict() for a in got[1]] == [a.to_dict() for a in want[1]]
+            assert json.dumps(screened.state_dict()) == json.dumps(every.state_dict())
+
+
 def test_context_burst_history_is_the_last_lookback_whatever_the_order_of_steps() -> None:
     """The history pruning stops at the first recent entry; steps out of time order re-sort it,
     so it always holds exactly the windows ending within ``lookback_s`` of the latest call."""

@@ -158,6 +158,9 @@ class LongTailDetector(ThresholdDetector):
         self._prepared: StepColumns | None = None  # the step they are of
         self._live_top_over_base: npt.NDArray[np.float64] = np.zeros(0)  # per row (see prepare)
         self._live_now = 0.0  # the window end prepare aggregated the live samples at
+        self._live_aggregates: list[LiveAggregate | None] = []  # per row, once its sample is recorded
+        self._window_stamps: tuple[float, int, str, str] | None = None  # see _keep_tpot
+        self._stamp_ms = _StampMs()  # history stamps read as integers, shared by the replicas
 
     def rule_meta(self, rule: str) -> tuple[Severity, str | None, str]:
         cfg = self.config
@@ -176,7 +179,9 @@ class LongTailDetector(ThresholdDetector):
         """The peers of every replica of the step: live aggregates (each replica's memory is
         brought up to date with its fresh sample first) and the finished requests' TPOT."""
         self._row_of, self._peer_live, self._peer_columns = {}, [], ()
-        self._prepared = None
+        self._prepared, self._live_aggregates = None, []
+        if len(self._stamp_ms) > _STAMP_CACHE:
+            self._stamp_ms.clear()
         cfg = self.config
         if step is None or len(step) < 2 or not (cfg.live_rule or cfg.exceedance_rule):
             return
@@ -197,7 +202,7 @@ class LongTailDetector(ThresholdDetector):
         peer_p99 = others_median(p99, valid, cfg.min_peers)
         peer_ttft = others_median(ttft, valid & ~np.isnan(ttft), cfg.min_peers)
         peer_count = others_median(count, valid, cfg.min_peers)
-        self._row_of, self._peer_live = step.row_of, peer_live
+        self._row_of, self._peer_live, self._live_aggregates = step.row_of, peer_live, live
         self._peer_columns = (peer_p50, peer_p99, peer_ttft, peer_count)
         self._prepared = step
         if cfg.live_rule:
@@ -262,13 +267,25 @@ class LongTailDetector(ThresholdDetector):
         return ~can
 
     def remember(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]) -> None:
-        """What :meth:`evaluate` does to the memory of a replica none of its rules holds on."""
+        """What :meth:`evaluate` does to the memory of a replica none of its rules holds on, with
+        nothing described: the live aggregate :meth:`prepare` took of this very sample, in this
+        very memory, at this window end is reused (recording the sample again changes nothing),
+        and no _Peers is built."""
         cfg = self.config
         if cfg.live_rule:
-            row = self._row_of.get(fv.key)  # only the pool's live aggregate: no _Peers built
-            self._live(fv, telemetry, memory, None if row is None else self._peer_live[row], {}, describe=False)
+            key = fv.key
+            row = self._row_of.get(key)
+            step = self._prepared
+            key_state = self._state.get(key)
+            if (row is not None and step is not None and step.vectors[row] is fv and step.telemetry[row] is telemetry
+                    and fv.window_end == self._live_now and key_state is not None and key_state.memory is memory):
+                agg = self._live_aggregates[row]
+            else:
+                record(memory, telemetry, cfg.ttft_span_s)
+                agg = self._aggregate(memory, fv.window_end)
+            self._live_learn(fv, memory, agg, None if row is None else self._peer_live[row])
         if cfg.exceedance_rule:
-            self._exceedance(fv, memory, None, {}, judge=False)
+            self._keep_tpot(fv, memory)
 
     def evaluate(
         self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]
@@ -294,44 +311,19 @@ class LongTailDetector(ThresholdDetector):
         return {"main": judged[0] if judged else Finding(holds=None, evidence=evidence)}
 
     def _live(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any],
-              peer_live: LiveAggregate | None, evidence: dict[str, Any], describe: bool = True) -> Finding:
-        """The live rule (module docstring); keeps the replica's samples, noise and own baseline
-        (``describe`` False: only that and whether it holds, for a replica screened quiet)."""
+              peer_live: LiveAggregate | None, evidence: dict[str, Any]) -> Finding:
+        """The live rule (module docstring); keeps the replica's samples, noise and own baseline."""
         cfg = self.config
-        now = fv.window_end
         record(memory, telemetry, cfg.ttft_span_s)
-        agg = self._aggregate(memory, now)
-        alpha = min(5.0 / cfg.live_noise_tau_s, 1.0)  # one step of 5 s
-        own = SlowBaseline(memory, "live_base", alpha)
-        noise = Noise(memory, "live_noise", alpha, cfg.live_noise_prior, 1.0, cfg.live_noise_floor)
-        if agg is None or agg.tokens < cfg.live_min_tokens:
+        agg = self._aggregate(memory, fv.window_end)
+        judged = self._live_learn(fv, memory, agg, peer_live)
+        if judged is None:
             return Finding(holds=None, evidence=evidence)
-        baseline, source = (peer_live, "peers") if peer_live is not None else \
-            (own.get(cfg.live_history_steps), "own past")
-        if baseline is None or baseline.tpot_mean_s <= 0 or fv.count < cfg.min_count:
-            own.update(agg)
-            return Finding(holds=None, evidence=evidence)
-        excess = tail_excess(memory, now, cfg.live_span_s, baseline)
-        if excess is None:
-            return Finding(holds=None, evidence=evidence)
-        sigma = noise.sigma
-        threshold = noise.threshold(cfg.live_z)
-        ttft_ratio = None  # the larger of the median's and the slowest first tokens' ratio to the baseline's
-        if agg.ttft_p50_s and baseline.ttft_p50_s:
-            ttft_ratio = agg.ttft_p50_s / baseline.ttft_p50_s
-        if agg.ttft_p99_s and baseline.ttft_p99_s:
-            ttft_ratio = max(ttft_ratio or 0.0, agg.ttft_p99_s / baseline.ttft_p99_s)
-        prefill = ttft_ratio is not None and ttft_ratio > cfg.ttft_ratio
-        holds = excess > threshold and not prefill and noise.steps >= cfg.live_history_steps
+        agg, baseline, source, excess, sigma, threshold, steps, ttft_ratio, prefill, holds = judged
         evidence.update({"live_tokens": agg.tokens, "live_tpot_mean_ms": 1000 * agg.tpot_mean_s,
                          "baseline_tpot_mean_ms": 1000 * baseline.tpot_mean_s, "baseline": source,
-                         "tail_excess": excess, "noise": sigma, "threshold": threshold, "history_steps": noise.steps,
+                         "tail_excess": excess, "noise": sigma, "threshold": threshold, "history_steps": steps,
                          "ttft_over_baseline": ttft_ratio})
-        if not holds:
-            noise.update(excess)
-            own.update(agg)
-        if not describe:
-            return Finding(holds=holds, evidence=evidence)
         message = (
             f"long tail (live): tokens took {fmt(1000 * agg.tpot_mean_s, 1)} ms on average, "
             f"the {source}' {fmt(1000 * baseline.tpot_mean_s, 1)} ms: {math.exp(excess):.2f} x beyond "
@@ -341,6 +333,40 @@ class LongTailDetector(ThresholdDetector):
         if prefill:
             message += f"; first tokens {ttft_ratio:.1f} x slower: prefill explains it"
         return Finding(holds=holds, message=message, evidence=evidence, params={"sample_rate": cfg.sample_rate})
+
+    def _live_learn(self, fv: FeatureVector, memory: dict[str, Any], agg: LiveAggregate | None,
+                    peer_live: LiveAggregate | None) -> _LiveJudgement | None:
+        """The live rule's judgement of ``agg`` (the replica's recorded samples, aggregated at its
+        window end), None where it makes no claim; the noise and the own baseline learn from a
+        step where the rule does not hold."""
+        cfg = self.config
+        alpha = min(5.0 / cfg.live_noise_tau_s, 1.0)  # one step of 5 s
+        own = SlowBaseline(memory, "live_base", alpha)
+        noise = Noise(memory, "live_noise", alpha, cfg.live_noise_prior, 1.0, cfg.live_noise_floor)
+        if agg is None or agg.tokens < cfg.live_min_tokens:
+            return None
+        baseline, source = (peer_live, "peers") if peer_live is not None else \
+            (own.get(cfg.live_history_steps), "own past")
+        if baseline is None or baseline.tpot_mean_s <= 0 or fv.count < cfg.min_count:
+            own.update(agg)
+            return None
+        excess = tail_excess(memory, fv.window_end, cfg.live_span_s, baseline)
+        if excess is None:
+            return None
+        sigma = noise.sigma
+        threshold = noise.threshold(cfg.live_z)
+        steps = noise.steps
+        ttft_ratio = None  # the larger of the median's and the slowest first tokens' ratio to the baseline's
+        if agg.ttft_p50_s and baseline.ttft_p50_s:
+            ttft_ratio = agg.ttft_p50_s / baseline.ttft_p50_s
+        if agg.ttft_p99_s and baseline.ttft_p99_s:
+            ttft_ratio = max(ttft_ratio or 0.0, agg.ttft_p99_s / baseline.ttft_p99_s)
+        prefill = ttft_ratio is not None and ttft_ratio > cfg.ttft_ratio
+        holds = excess > threshold and not prefill and steps >= cfg.live_history_steps
+        if not holds:
+            noise.update(excess)
+            own.update(agg)
+        return agg, baseline, source, excess, sigma, threshold, steps, ttft_ratio, prefill, holds
 
     def _aggregate(self, memory: dict[str, Any], now: float) -> LiveAggregate | None:
         """The live aggregate of the last ``live_span_s``, its TTFT over the last ``ttft_span_s``
@@ -353,21 +379,33 @@ class LongTailDetector(ThresholdDetector):
         ttft = slow_start.ttft_p50_s if slow_start is not None else None
         return LiveAggregate(agg.tokens, agg.tpot_mean_s, agg.tpot_p50_s, ttft, agg.ttft_p99_s, agg.tpot_top_s)
 
+    def _keep_tpot(self, fv: FeatureVector, memory: dict[str, Any]) -> list[float] | None:
+        """Keep the window's TPOT (with ``peer_min_count`` requests) for the own-past reference,
+        and only the windows that ended at most ``lookback_s`` before; return the one that ended
+        exactly that long before (None without it)."""
+        cfg = self.config
+        n, p50, p99 = fv.count, fv.tpot_p50, fv.tpot_p99
+        history: dict[str, list[float]] = memory.setdefault("tpot_by_end_ms", {})
+        stamps = self._window_stamps  # the last window end's, shared by its replicas
+        if stamps is None or stamps[0] != fv.window_end:
+            end_ms = round(fv.window_end * 1000)
+            cutoff = end_ms - round(cfg.lookback_s * 1000)
+            stamps = self._window_stamps = (fv.window_end, cutoff, str(cutoff), str(end_ms))
+        _, cutoff, before_stamp, stamp = stamps
+        before = history.get(before_stamp)
+        if n >= cfg.peer_min_count and p50 is not None and p99 is not None:
+            history[stamp] = [p50, p99, n]
+        ms = self._stamp_ms
+        for old in [old for old in history if ms[old] < cutoff]:
+            del history[old]
+        return before
+
     def _exceedance(self, fv: FeatureVector, memory: dict[str, Any], peers: _Peers | None,
-                    evidence: dict[str, Any], judge: bool = True) -> Finding:
+                    evidence: dict[str, Any]) -> Finding:
         """The exceedance rule (module docstring); keeps the window's TPOT for the own-past reference."""
         cfg = self.config
         n, p50, p90, p99, top = fv.count, fv.tpot_p50, fv.tpot_p90, fv.tpot_p99, fv.tpot_max
-        history: dict[str, list[float]] = memory.setdefault("tpot_by_end_ms", {})
-        end_ms = round(fv.window_end * 1000)
-        cutoff = end_ms - round(cfg.lookback_s * 1000)
-        before = history.get(str(cutoff))
-        if n >= cfg.peer_min_count and p50 is not None and p99 is not None:
-            history[str(end_ms)] = [p50, p99, n]
-        for stamp in [stamp for stamp in history if int(stamp) <= cutoff - 1]:
-            del history[stamp]
-        if not judge:
-            return Finding(holds=None, evidence=evidence)
+        before = self._keep_tpot(fv, memory)
         if peers is not None and peers.tpot_p99 is not None and peers.tpot_p50 is not None and peers.count:
             ref50, ref99, ref_n, source = peers.tpot_p50, peers.tpot_p99, peers.count, "peers"
         elif before is not None and len(before) > 2:
@@ -422,6 +460,21 @@ class LongTailDetector(ThresholdDetector):
         )
         return Finding(holds=p99 > cfg.ratio * p50, message=message, evidence=evidence,
                        params={"sample_rate": cfg.sample_rate})
+
+
+_STAMP_CACHE = 4096  # stamps kept read (a few per step are new): cleared past this, at a step's start
+
+#: The live rule's judgement: the aggregate, baseline, its source, tail excess, noise, threshold,
+#: history steps, first tokens' ratio, prefill, holds.
+_LiveJudgement = tuple[LiveAggregate, LiveAggregate, str, float, float, float, int, float | None, bool, bool]
+
+
+class _StampMs(dict[str, int]):
+    """A history stamp (window end in ms, as text) -> that integer, read once."""
+
+    def __missing__(self, stamp: str) -> int:
+        value = self[stamp] = int(stamp)
+        return value
 
 
 def _num(value: float) -> float | None:
