@@ -210,13 +210,14 @@ class ThresholdDetector(Detector):
                 update_into(vectors[row], telemetry_of[row], now, alerts, actions)
             return
         # a detector with a history: every replica records it, the screened ones only that
+        remember = self.remember
         for fv, key, telemetry, is_quiet in zip(step.vectors, step.keys, step.telemetry, quiet.tolist(), strict=True):
             if is_quiet:
                 found = state.get(key)
                 if found is None:
                     found = state[key] = _KeyState(len(self.rules))
                 if found.rules_idle():
-                    self.remember(fv, telemetry, found.memory)
+                    remember(fv, telemetry, found.memory)
                     continue
             update_into(fv, telemetry, now, alerts, actions)
 
