@@ -462,7 +462,7 @@ class LongTailDetector(ThresholdDetector):
                        params={"sample_rate": cfg.sample_rate})
 
 
-_STAMP_CACHE = 4096  # stamps kept read (a few per step are new): cleared past this, at a step's start
+_STAMP_CACHE = 64  # stamps kept read (one or two per step are new): cleared past this, at a step's start
 
 #: The live rule's judgement: the aggregate, baseline, its source, tail excess, noise, threshold,
 #: history steps, first tokens' ratio, prefill, holds.
