@@ -62,7 +62,13 @@ from skewwatch.sim.generator import GeneratorConfig  # noqa: E402
 from skewwatch.topics import delete_topics, ensure_topics  # noqa: E402
 from tests.conftest import topic_names, unique_settings  # noqa: E402
 from tests.integration.live_traffic import LiveTraffic  # noqa: E402
-from tests.integration.output_check import check_alerts, check_corrections, check_windows, longest_pause  # noqa: E402
+from tests.integration.output_check import (  # noqa: E402
+    check_alerts,
+    check_corrections,
+    check_windows,
+    longest_pause,
+    split_outputs,
+)
 from tests.integration.worker_group import ResourceSampler, WorkerGroup, cpu_seconds  # noqa: E402
 from tests.integration.worker_proc import consume_until  # noqa: E402
 
@@ -74,9 +80,7 @@ REPLICAS_PER_MODEL = 12
 SPEED = 3.0  # event seconds per wall second
 HEARTBEAT_S = 30.0  # [detectors.corrections] heartbeat_s, the default
 LATENESS_S = 5.0
-# Faust's own consumers; the stages' aiokafka consumers keep its default session timeout, 10 s, too:
-# a killed worker's partitions move to the others about 10 s after it died
-WORKER_ENV = {"BROKER_SESSION_TIMEOUT": "10"}
+# a killed worker's partitions move to the others once `[kafka] session_timeout_ms` (10 s) has passed
 MIB = 2**20
 
 
@@ -106,7 +110,7 @@ def scenario(broker: EmbeddedBroker, workdir: Path, name: str, *, workers: int, 
     asyncio.run(ensure_topics(bootstrap, settings))
     config = GeneratorConfig(models=models, replicas=replicas, rate=rate, seed=16, telemetry=telemetry,
                              injections=(Injection("context_burst", "r5", at_s=40.0, for_s=240.0),))
-    group = WorkerGroup(settings, workdir / name, size=workers, extra_env=WORKER_ENV)
+    group = WorkerGroup(settings, workdir / name, size=workers)
     (workdir / name).mkdir(parents=True, exist_ok=True)
     traffic = LiveTraffic(bootstrap, settings.topics.requests, settings.topics.gpu_telemetry, config, T0,
                           speed=speed)
@@ -150,16 +154,7 @@ def read_outputs(run: Run, until: float, timeout: float = 180.0) -> dict[str, li
     if not have >= want:
         raise RuntimeError(f"no feature vector for {until} from {sorted(want - have)[:5]} after {timeout:.0f} s\n"
                            + run.workers.log_tails(10))
-    out: dict[str, list[Any]] = {"features": [], "alerts": [], "corrections": []}
-    for r in records:
-        value = orjson.loads(r.value)
-        if r.topic == topics.features:
-            out["features"].append({**value, "key": r.key.decode(), "timestamp": r.timestamp})
-        elif r.topic == topics.alerts:
-            out["alerts"].append(value)
-        else:
-            out["corrections"].append((r.timestamp, value))
-    return out
+    return split_outputs(records, topics.features, topics.alerts)
 
 
 def ledger_row(run: Run, name: str, until: float, *, since_wall: float, fault_start: float,

@@ -18,7 +18,9 @@
   re-publications (same ``ts`` and ``state``: a replayed step), opens and resolves alternate: an open
   while one is open is a *reopen*, an episode alerted twice.
 
->>> from tests.integration.live_traffic import Ledger
+>>> import orjson
+
+from tests.integration.live_traffic import Ledger
 >>> ledger = Ledger()
 >>> ledger.add(["m/a"] * 3, [1.0, 2.0, 7.0])
 >>> def fv(key, end, count, step_count, replicas=None):
@@ -35,6 +37,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from tests.integration.live_traffic import Ledger
 
@@ -65,6 +69,21 @@ class WindowCheck:
             if items:
                 out.append(f"{len(items)} {name}: " + "; ".join(items[:20]))
         return out
+
+
+def split_outputs(records: Iterable[Any], features_topic: str, alerts_topic: str) -> dict[str, list[Any]]:
+    """The records of the three output topics as the checks below read them: feature vectors with their
+    key and Kafka timestamp, alerts, and (Kafka timestamp, correction) pairs (every other record)."""
+    out: dict[str, list[Any]] = {"features": [], "alerts": [], "corrections": []}
+    for r in records:
+        value = orjson.loads(r.value)
+        if r.topic == features_topic:
+            out["features"].append({**value, "key": r.key.decode(), "timestamp": r.timestamp})
+        elif r.topic == alerts_topic:
+            out["alerts"].append(value)
+        else:
+            out["corrections"].append((r.timestamp, value))
+    return out
 
 
 def check_windows(vectors: Iterable[Mapping[str, Any]], ledger: Ledger, replicas_per_model: Mapping[str, int],

@@ -26,8 +26,7 @@ from tests.integration.worker_proc import WorkerProcess, consume_until
 pytestmark = pytest.mark.kafka
 
 T0 = 1_700_000_000.0
-ENV = {"SKEWWATCH_DETECTORS__CORRECTIONS__HEARTBEAT_S": "5", "SKEWWATCH_LIMITS__CHECKPOINT_INTERVAL_S": "3600",
-       "BROKER_SESSION_TIMEOUT": "10"}
+ENV = {"SKEWWATCH_DETECTORS__CORRECTIONS__HEARTBEAT_S": "5", "SKEWWATCH_LIMITS__CHECKPOINT_INTERVAL_S": "3600"}
 
 
 def read(settings: Settings, correction_until: float) -> list[Any]:

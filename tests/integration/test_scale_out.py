@@ -29,7 +29,13 @@ from skewwatch.sim.generator import GeneratorConfig
 from skewwatch.topics import delete_topics, ensure_topics
 from tests.conftest import topic_names, unique_settings
 from tests.integration.live_traffic import LiveTraffic
-from tests.integration.output_check import check_alerts, check_corrections, check_windows, longest_pause
+from tests.integration.output_check import (
+    check_alerts,
+    check_corrections,
+    check_windows,
+    longest_pause,
+    split_outputs,
+)
 from tests.integration.worker_group import ResourceSampler, WorkerGroup
 from tests.integration.worker_proc import consume_until
 
@@ -61,8 +67,7 @@ def fleet(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     settings = unique_settings(kafka_bootstrap, partitions=PARTITIONS)
     run_blocking(ensure_topics(kafka_bootstrap, settings))
     config = GeneratorConfig(models=MODELS, replicas=REPLICAS_PER_MODEL, rate=4.0, seed=16, injections=(FAULT,))
-    workers = WorkerGroup(settings, tmp_path_factory.mktemp("fleet"), size=3,
-                          extra_env={"BROKER_SESSION_TIMEOUT": "10"})
+    workers = WorkerGroup(settings, tmp_path_factory.mktemp("fleet"), size=3)
     traffic = LiveTraffic(kafka_bootstrap, settings.topics.requests, settings.topics.gpu_telemetry, config, T0,
                           speed=SPEED)
     sampler = ResourceSampler(workers.pids)
@@ -107,16 +112,7 @@ def read_outputs(fleet: Fleet, until: float, timeout: float = 90.0) -> dict[str,
                                         [topics.features, topics.alerts, topics.routing_corrections], done, timeout))
     assert have >= want, (f"no feature vector for {until} from {sorted(want - have)[:5]} after {timeout:.0f} s\n"
                           + fleet.workers.log_tails())
-    out: dict[str, list[Any]] = {"features": [], "alerts": [], "corrections": []}
-    for r in records:
-        value = orjson.loads(r.value)
-        if r.topic == topics.features:
-            out["features"].append({**value, "key": r.key.decode(), "timestamp": r.timestamp})
-        elif r.topic == topics.alerts:
-            out["alerts"].append(value)
-        else:
-            out["corrections"].append((r.timestamp, value))
-    return out
+    return split_outputs(records, topics.features, topics.alerts)
 
 
 def assert_outputs_match(fleet: Fleet, outputs: dict[str, list[Any]], until: float) -> None:
