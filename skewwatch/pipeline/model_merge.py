@@ -95,7 +95,8 @@ def merge_summaries(model: str, window_end: float, summaries: Sequence[WindowSum
         ttft=add_sparse([s.ttft for s in summaries]) if summaries else EMPTY_SPARSE,
         step_count=sum([s.step_count for s in summaries]),
         step_cuda_errors=dict(cuda),
-        replicas=len(summaries),
+        # a summary already merged in stage 1 (one input partition's replicas of the model) counts its replicas
+        replicas=sum([1 if s.replica is not None else s.replicas or 0 for s in summaries]),
         batch_count=sum(batch_counts),
         fill_count=sum(fill_counts),
         derived_count=sum([s.derived_count for s in summaries]),

@@ -52,6 +52,51 @@ def test_per_model_merge_equals_the_reference_on_the_union(batch_missing: float)
     assert checked > 60
 
 
+@pytest.mark.parametrize("batch_missing", [0.0, 0.5])
+def test_stage_one_partials_merge_to_the_same_model_vector(batch_missing: float) -> None:
+    """Stage 1 merges each partition's rows of a model (``StepBatch.merged``, on columns); stage 2
+    merges those partials: the same vector as merging every replica's own summary, counts and
+    sketches exactly, means and variances to float rounding, and both equal to the reference."""
+    rng = np.random.default_rng(23)
+    events = random_events(rng, 4000, 1000.0, 1200.0, REPLICAS, batch_missing=batch_missing)
+    events[7]["cuda_error"] = "cudaErrorLaunchTimeout"
+    partitions = [PartitionWindows(SETTINGS), PartitionWindows(SETTINGS)]
+    partials: dict[tuple[str, float], list[WindowSummary]] = defaultdict(list)
+    own: dict[tuple[str, float], list[WindowSummary]] = defaultdict(list)
+    for p, windows in enumerate(partitions):
+        mine = disordered([e for e in events if int(e["replica"][-1]) % 2 == p], rng, max_delay=4.0)
+        for i in range(0, len(mine), 97):
+            windows.apply(RequestColumns.from_rows(mine[i:i + 97]))
+            for batch in windows.close_steps().batches:
+                rows = batch.model_rows()
+                for summary in batch.merged(list(rows.values())):
+                    partials[(summary.model, batch.window_end)].append(summary)
+                for step in batch.replica_steps():
+                    own[(step.summary.model, batch.window_end)].append(step.summary)
+    checked = 0
+    for (model, window_end), summaries in own.items():
+        if len(summaries) != sum(m == model for m, _ in REPLICAS):
+            continue  # an edge step that only one partition has closed yet
+        from_partials = merge_model_features(model, window_end, partials[(model, window_end)], SETTINGS)
+        assert from_partials.replicas == len(summaries)
+        assert_features_match(from_partials, merge_model_features(model, window_end, summaries, SETTINGS),
+                              quantile_rel=0.0)
+        expected = reference_features(events, model, None, window_end, SETTINGS, replicas=len(summaries))
+        assert_features_match(from_partials, expected)
+        checked += 1
+    assert checked > 60
+
+
+def test_a_partial_needs_a_row() -> None:
+    windows = PartitionWindows(SETTINGS)
+    windows.apply(RequestColumns.from_rows([event(100.0, replica="r1", latency_ms=50.0)]))
+    windows.advance_watermark(105.0)
+    batch = windows.close_steps().batches[-1]
+    with pytest.raises(ValueError, match="no row"):
+        batch.merged([np.zeros(0, dtype=np.int64)])
+    assert batch.merged([]) == []
+
+
 def test_merged_sketch_is_exactly_the_sketch_of_the_union() -> None:
     rng = np.random.default_rng(22)
     events = random_events(rng, 1500, 0.0, 60.0, REPLICAS[:5])

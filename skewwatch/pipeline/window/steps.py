@@ -93,6 +93,28 @@ def _sparse_rows(counts: CountMatrix, offset: int) -> list[SparseCounts]:
     return [both[:, lo:hi] for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
 
 
+def _grouped_moments(count: FloatArray, mean: FloatArray, m2: FloatArray, starts: npt.NDArray[np.int64],
+                     group_of: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
+    """Chan's k-way merge of consecutive runs of rows (``starts``): ``count`` ``(n, k)`` per field (or
+    ``(n, 1)`` shared), ``mean`` and ``m2`` ``(n, k)``. Runs with no observation get mean 0, m2 0."""
+    n = np.add.reduceat(count, starts, axis=0)
+    safe = np.where(n > 0, n, 1.0)
+    merged_mean = np.add.reduceat(count * mean, starts, axis=0) / safe
+    deviation = mean - merged_mean[group_of]
+    between = np.add.reduceat(count * (deviation * deviation), starts, axis=0)
+    return merged_mean, np.add.reduceat(m2, starts, axis=0) + between
+
+
+def _group_counts(counts: CountMatrix, starts: npt.NDArray[np.int64]) -> CountMatrix:
+    """Sketch count rows summed per run of rows; int32 like every sketch (refused past its range)."""
+    if not counts.shape[1]:
+        return np.zeros((len(starts), 0), dtype=np.int32)
+    total = np.add.reduceat(counts, starts, axis=0, dtype=np.int64)
+    if total.size and total.max() > np.iinfo(np.int32).max:
+        raise OverflowError("sketch count exceeds int32")
+    return total.astype(np.int32)
+
+
 @dataclass(slots=True, eq=False)
 class StepBatch:
     """One closed step of every key of a partition: row ``i`` is ``keys[i]``."""
@@ -114,6 +136,7 @@ class StepBatch:
     tpot_counts: CountMatrix
     tpot_offset: int
     recent: FloatArray  # (rows, 3): count, prompt-length mean and m2 over the newest RECENT_S
+    _vectors: list[FeatureVector] | None = field(default=None, repr=False)
     _steps: list[ReplicaStep] | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
@@ -124,17 +147,85 @@ class StepBatch:
         """Events in each row's window."""
         return self.stats[:, _COUNT].astype(np.int64)
 
-    def replica_steps(self) -> list[ReplicaStep]:
-        """Every row as a :class:`ReplicaStep`, built once (column-wise, then one object per row)."""
-        if self._steps is None:
-            # ~10 objects per row and none of them in a reference cycle: pausing the cyclic GC while
+    def feature_vectors(self) -> list[FeatureVector]:
+        """Every row's :class:`FeatureVector`, built once (column-wise, then one object per row).
+
+        What stage 1 publishes and hands to stage 2; a model's summaries travel merged
+        (:meth:`merged`), so the hot path builds no per-row :class:`WindowSummary`."""
+        if self._vectors is None:
+            # ~5 objects per row and none of them in a reference cycle: pausing the cyclic GC while
             # they are made saves it from scanning the growing young generation over and over
             # (a third of the build time at 10k rows); it runs again, as before, right after
             with gc_paused():
-                self._steps = self._build()
+                self._vectors = self._build_vectors()
+        return self._vectors
+
+    def replica_steps(self) -> list[ReplicaStep]:
+        """Every row as a :class:`ReplicaStep` (its vector and its own summary), built once."""
+        if self._steps is None:
+            vectors = self.feature_vectors()
+            with gc_paused():
+                self._steps = [ReplicaStep(fv, summary)
+                               for fv, summary in zip(vectors, self._build_summaries(), strict=True)]
         return self._steps
 
-    def _build(self) -> list[ReplicaStep]:
+    def model_rows(self) -> dict[str, npt.NDArray[np.int64]]:
+        """Each model's rows, in the order its keys come (models in order of their first row)."""
+        rows: dict[str, list[int]] = {}
+        for i, (model, _) in enumerate(self.keys):
+            rows.setdefault(model, []).append(i)
+        return {model: np.array(at, dtype=np.int64) for model, at in rows.items()}
+
+    def merged(self, groups: Sequence[npt.NDArray[np.int64]]) -> list[WindowSummary]:
+        """One merged summary per group of rows (``groups[g]``: row indices of one model), as
+        :func:`~skewwatch.pipeline.model_merge.merge_summaries` would merge those rows' summaries
+        (``replica=None``, ``replicas`` = rows merged), computed on the columns: sums by
+        ``np.add.reduceat`` over the rows sorted by group, moments by the k-way form of Chan's
+        formula, sketches as integer sums of the dense count rows (exact). A stage 2 merge of
+        these partials equals the merge of every row's own summary (means and variances to the
+        last few bits: the sums are associated differently).
+        """
+        lengths = np.fromiter((len(g) for g in groups), np.int64, len(groups))
+        if not len(groups):
+            return []
+        if (lengths == 0).any():
+            raise ValueError("StepBatch.merged: a group holds no row")
+        order = np.concatenate(groups)
+        starts = np.zeros(len(groups), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        group_of = np.repeat(np.arange(len(groups)), lengths)  # the group of each row of `order`
+        st = self.stats[order]
+        total = np.add.reduceat(st, starts, axis=0)
+        mean, m2 = _grouped_moments(st[:, _MOMENT_COUNT_COLUMNS], st[:, _MEAN], st[:, _M2], starts, group_of)
+        recent = self.recent[order]
+        recent_mean, recent_m2 = _grouped_moments(recent[:, :1], recent[:, 1:2], recent[:, 2:3], starts, group_of)
+        step_count = np.add.reduceat(self.step_count[order], starts).tolist()
+        sketches = [_sparse_rows(_group_counts(counts[order], starts), offset) for counts, offset in (
+            (self.latency_counts, self.latency_offset), (self.ttft_counts, self.ttft_offset),
+            (self.tpot_counts, self.tpot_offset))]
+        cuda: list[dict[str, int]] = [{} for _ in groups]
+        if self.step_cuda_errors:
+            for position, row in enumerate(order.tolist()):
+                for error, n in self.step_cuda_errors.get(row, {}).items():
+                    into = cuda[int(group_of[position])]
+                    into[error] = into.get(error, 0) + n
+        ints = np.rint(total).astype(np.int64)
+        models = [self.keys[int(g[0])][0] for g in groups]
+        return [
+            WindowSummary(
+                model=model, replica=None, window_end=self.window_end, length_s=self.length_s,
+                relative_accuracy=self.relative_accuracy, count=int(ints[g, _COUNT]), errors=int(ints[g, _ERRORS]),
+                completion_tokens=int(ints[g, _COMPLETION]), mean=mean[g], m2=m2[g],
+                optional_count=ints[g, _OPT_N].copy(), optional_sum=total[g, _OPT_SUM].copy(),
+                latency=sketches[0][g], ttft=sketches[1][g], step_count=step_count[g], step_cuda_errors=cuda[g],
+                replicas=int(lengths[g]), batch_count=int(ints[g, _BATCH_N]), fill_count=int(ints[g, _FILL_N]),
+                derived_count=int(ints[g, _DERIVED_N]), tpot=sketches[2][g], recent_count=int(recent_n),
+                recent_prompt_mean=float(recent_mean[g, 0]), recent_prompt_m2=float(recent_m2[g, 0]))
+            for g, (model, recent_n) in enumerate(zip(models, np.add.reduceat(
+                np.rint(recent[:, 0]).astype(np.int64), starts).tolist(), strict=True))
+        ]
+
+    def _build_vectors(self) -> list[FeatureVector]:
         rows = len(self.keys)
         if not rows:
             return []
@@ -150,10 +241,7 @@ class StepBatch:
             error_rate = st[:, _ERRORS] / count_f
         mean = st[:, _MEAN]
         count = count_f.astype(np.int64).tolist()
-        errors = st[:, _ERRORS].astype(np.int64).tolist()
-        completion = st[:, _COMPLETION].astype(np.int64).tolist()
         batch_count = np.rint(st[:, _BATCH_N]).astype(np.int64).tolist()
-        fill_count = np.rint(st[:, _FILL_N]).astype(np.int64).tolist()
         derived_count = np.rint(st[:, _DERIVED_N]).astype(np.int64).tolist()
         optional_count = st[:, _OPT_N].round().astype(np.int64)
         optional_known = optional_count > 0
@@ -196,7 +284,7 @@ class StepBatch:
         }
         cuda = self.step_cuda_errors
         step_cuda = [dict(cuda[i]) if i in cuda else {} for i in range(rows)] if cuda else [{} for _ in range(rows)]
-        end, length_col = self.window_end, [length] * rows
+        end = self.window_end
         columns.update(
             model=[model for model, _ in self.keys], replica=[replica for _, replica in self.keys],
             window_start=[end - length] * rows, window_end=[end] * rows, count=count, step_count=step_count,
@@ -204,19 +292,31 @@ class StepBatch:
             batch_derived_count=derived_count, v=[FEATURES_SCHEMA_VERSION] * rows,
         )
         # positionally, in the dataclass's field order (looked up, not assumed): ~3x faster than kwargs
-        vectors = [FeatureVector(*values) for values in zip(*(columns[name] for name in _FEATURE_FIELDS),
-                                                             strict=True)]
-        summaries = [
+        return [FeatureVector(*values) for values in zip(*(columns[name] for name in _FEATURE_FIELDS), strict=True)]
+
+    def _build_summaries(self) -> list[WindowSummary]:
+        rows = len(self.keys)
+        st = self.stats
+        count = st[:, _COUNT].astype(np.int64).tolist()
+        errors = st[:, _ERRORS].astype(np.int64).tolist()
+        completion = st[:, _COMPLETION].astype(np.int64).tolist()
+        batch_count = np.rint(st[:, _BATCH_N]).astype(np.int64).tolist()
+        fill_count = np.rint(st[:, _FILL_N]).astype(np.int64).tolist()
+        derived_count = np.rint(st[:, _DERIVED_N]).astype(np.int64).tolist()
+        optional_count = st[:, _OPT_N].round().astype(np.int64)
+        step_count = self.step_count.tolist()
+        recent_count = self.recent[:, 0].astype(np.int64).tolist()
+        cuda = self.step_cuda_errors
+        step_cuda = [dict(cuda.get(i, {})) for i in range(rows)]
+        return [
             WindowSummary(*values) for values in zip(
-                columns["model"], columns["replica"], columns["window_end"], length_col,
-                [self.relative_accuracy] * rows, count, errors, completion, st[:, _MEAN], st[:, _M2],
-                optional_count, st[:, _OPT_SUM], _sparse_rows(self.latency_counts, self.latency_offset),
-                _sparse_rows(self.ttft_counts, self.ttft_offset), step_count,
-                [dict(d) for d in step_cuda], [None] * rows, batch_count, fill_count, derived_count,
-                _sparse_rows(self.tpot_counts, self.tpot_offset), recent_count, self.recent[:, 1].tolist(),
-                self.recent[:, 2].tolist(), strict=True)
+                [model for model, _ in self.keys], [replica for _, replica in self.keys], [self.window_end] * rows,
+                [self.length_s] * rows, [self.relative_accuracy] * rows, count, errors, completion, st[:, _MEAN],
+                st[:, _M2], optional_count, st[:, _OPT_SUM], _sparse_rows(self.latency_counts, self.latency_offset),
+                _sparse_rows(self.ttft_counts, self.ttft_offset), step_count, step_cuda, [None] * rows,
+                batch_count, fill_count, derived_count, _sparse_rows(self.tpot_counts, self.tpot_offset),
+                recent_count, self.recent[:, 1].tolist(), self.recent[:, 2].tolist(), strict=True)
         ]
-        return [ReplicaStep(fv, summary) for fv, summary in zip(vectors, summaries, strict=True)]
 
 
 class ClosedSteps(Sequence[ReplicaStep]):
