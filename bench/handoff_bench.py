@@ -8,7 +8,7 @@ through ``KeyedPublisher`` (one batch per partition), one ``encode_model_step`` 
 model, step) with its header; stage 2 reads the header and ``decode_model_step``.
 
 The stage 2 side decodes the bytes it was given (no consumer: fetching is the same per record either
-way and format 2 has far fewer records). One producer, configured as the worker's (``agents/app.py``).
+way, and one record per partition and model). One producer, configured as the worker's (``agents/app.py``).
 
     .venv/bin/python bench/handoff_bench.py [--fleets 128x2,1000x50,10000x50] [--rounds 3] [--no-publish]
 """
@@ -37,51 +37,53 @@ from skewwatch.pipeline.replica_step_record import (  # noqa: E402
     decode_model_step,
     encode_model_step,
     read_step_header,
+    record_parts,
     step_header,
 )
-from skewwatch.pipeline.window import ReplicaStep  # noqa: E402
+from skewwatch.pipeline.window import StepBatch  # noqa: E402
+from skewwatch.schemas.feature_vector import FeatureVector  # noqa: E402
 from skewwatch.schemas.features import encode_features  # noqa: E402
 from skewwatch.schemas.telemetry_sample import TelemetrySample  # noqa: E402
 
 PARTITIONS = 8
 
 
-def closed_partitions(replicas: int, models: int) -> list[list[ReplicaStep]]:
+def closed_partitions(replicas: int, models: int) -> list[list[StepBatch]]:
     fleet = Fleet(fleet_replicas(replicas, models), 3.0)
     closed: list[Any] = []
     for _ in range(14):  # full windows
         fleet.feed()
         closed = fleet.close()
-    return [list(steps) for steps in closed]
+    return [list(steps.batches) for steps in closed]
 
 
-def sample_of(step: ReplicaStep) -> TelemetrySample:
-    return TelemetrySample(ts=step.features.window_end - 1.0, replica=step.features.replica or "", source="nvml",
+def sample_of(fv: FeatureVector) -> TelemetrySample:
+    return TelemetrySample(ts=fv.window_end - 1.0, replica=fv.replica or "", source="nvml",
                            node="node-1", memory_used_bytes=6.1e10, memory_total_bytes=8.0e10, utilization_gpu=0.7,
                            power_w=420.0, temperature_c=61.0, xid_count_5m=0)
 
 
 async def hand_off(producer: AIOKafkaProducer | None, publisher: KeyedPublisher | None,
-                  partitions: list[list[ReplicaStep]], topics: tuple[str, str]) -> int:
+                   partitions: list[list[StepBatch]], topics: tuple[str, str]) -> int:
     features_topic, steps_topic = topics
     records: list[tuple[bytes, list[tuple[str, bytes]]]] = []
     futures = []
-    for source, steps in enumerate(partitions):
-        if publisher is not None:
-            futures += await publisher.publish(features_topic, [(s.features.key.encode(),
-                                                                 encode_features(s.features)) for s in steps])
-        by_model: dict[tuple[str, float], list[ReplicaStep]] = {}
-        for step in steps:
-            by_model.setdefault((step.features.model, step.features.window_end), []).append(step)
-        for (model, end), group in by_model.items():
-            value = encode_model_step(model, end, source, group, [sample_of(s) for s in group], [[] for _ in group])
-            headers = step_header(end, source, len(group))
-            if producer is not None:
-                futures.append(await producer.send(steps_topic, key=model.encode(), value=value, headers=headers))
-            records.append((value, headers))
+    for source, batches in enumerate(partitions):
+        for batch in batches:
+            if publisher is not None:
+                futures += await publisher.publish(features_topic, [(fv.key.encode(), encode_features(fv))
+                                                                    for fv in batch.feature_vectors()])
+            for model, part, group, summary in record_parts(batch):
+                value = encode_model_step(model, batch.window_end, source, group, summary,
+                                          [sample_of(fv) for fv in group], [[] for _ in group])
+                headers = step_header(batch.window_end, source, len(group), part)
+                if producer is not None:
+                    futures.append(await producer.send(steps_topic, key=model.encode(), value=value,
+                                                       headers=headers))
+                records.append((value, headers))
     await asyncio.gather(*futures)
     held = [(read_step_header(headers), value) for value, headers in records]
-    return sum(len(decode_model_step(value)) for _, value in held)
+    return sum(len(decode_model_step(value).replicas) for _, value in held)
 
 
 async def run(bootstrap: str | None, fleets: list[tuple[int, int]], rounds: int) -> None:
@@ -105,8 +107,9 @@ async def run(bootstrap: str | None, fleets: list[tuple[int, int]], rounds: int)
     try:
         for replicas, models in fleets:
             partitions = closed_partitions(replicas, models)
-            n = sum(map(len, partitions))
-            per_chunk = n / len({(source, s.features.model) for source, steps in enumerate(partitions) for s in steps})
+            n = sum(len(batch) for batches in partitions for batch in batches)
+            per_chunk = n / len({(source, model) for source, batches in enumerate(partitions) for batch in batches
+                                 for model in batch.model_rows()})
             for round_ in range(rounds):
                 gc.collect()
                 cpu = time.process_time()

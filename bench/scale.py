@@ -7,9 +7,10 @@ Three parts, each selectable with ``--parts``:
     worker's 8 partitions, each receiving ``--rate`` requests/s (a few per second: a 1,000-GPU
     fleet). After 13 warm-up steps (windows full), each measured 5 s step times, in-process:
     ``PartitionWindows.close_steps`` on all 8 partitions (every replica's window moments and
-    quantiles, as columns: one ``StepBatch`` per partition and step), building the per-replica
-    objects from those columns (``ReplicaStep`` = ``FeatureVector`` + ``WindowSummary``, what stage 2
-    and publishing read: column ``build``), ``merge_model_features`` per model and
+    quantiles, as columns: one ``StepBatch`` per partition and step), what stage 1 builds from those
+    columns (every replica's ``FeatureVector``, what publishing and stage 2 read, and per model and
+    partition the replicas' summaries merged on the columns, one per hand-off record: column
+    ``build``), ``merge_model_features`` of those partial summaries per model and
     ``ModelDecider.step`` per model (every detector, health, weights, correction). The stage 1 -> 2
     hand-off the worker also pays per replica (one record per partition, model and step, encoded in
     stage 1 and decoded in stage 2: ``skewwatch.pipeline.replica_step_record``) is timed separately.
@@ -82,12 +83,14 @@ from skewwatch.pipeline.detector_settings import DetectorSettings  # noqa: E402
 from skewwatch.pipeline.model_decisions import ModelDecider  # noqa: E402
 from skewwatch.pipeline.model_merge import merge_model_features  # noqa: E402
 from skewwatch.pipeline.replica_step_record import (  # noqa: E402
+    RecordPart,
     decode_model_step,
     encode_model_step,
     read_step_header,
+    record_parts,
     step_header,
 )
-from skewwatch.pipeline.window import ClosedSteps, PartitionWindows, ReplicaStep  # noqa: E402
+from skewwatch.pipeline.window import ClosedSteps, PartitionWindows  # noqa: E402
 from skewwatch.schemas.requests.columns import RequestColumns  # noqa: E402
 
 PARTITIONS = 8
@@ -174,24 +177,25 @@ class Fleet:
         return [windows.close_steps() for windows in self.windows]
 
     @staticmethod
-    def build(closed: list[ClosedSteps]) -> list[ReplicaStep]:
-        """The per-replica objects stage 2 and publishing read, from the columns."""
-        return [step for steps in closed for step in steps]
+    def build(closed: list[ClosedSteps]) -> list[RecordPart]:
+        """What stage 1 makes of the columns: every replica's vector (published, and handed to stage 2)
+        and, per model and partition, their summaries merged on the columns (one per record)."""
+        return [part for steps in closed for batch in steps.batches for part in record_parts(batch)]
 
-    def decide(self, steps: list[ReplicaStep]) -> dict[str, float]:
+    def decide(self, parts: list[RecordPart]) -> dict[str, float]:
         """Stage 2 for these steps, once per variant (the same merged inputs); returns the seconds of
         its parts: merge, and decide (the first variant) and ``decide:<variant>`` for every variant."""
-        by_model: dict[tuple[str, float], list[ReplicaStep]] = {}
-        for step in steps:
-            by_model.setdefault((step.summary.model, step.summary.window_end), []).append(step)
+        by_model: dict[tuple[str, float], list[RecordPart]] = {}
+        for part in parts:
+            by_model.setdefault((part.model, part.summary.window_end), []).append(part)
         merge_s = 0.0
         decide_s = dict.fromkeys(self.variants, 0.0)
         decide_cpu = dict.fromkeys(self.variants, 0.0)
         for n, ((model, end), group) in enumerate(sorted(by_model.items(), key=lambda kv: kv[0][1])):
             t0 = time.perf_counter()
-            model_fv = merge_model_features(model, end, [s.summary for s in group], self.settings)
+            model_fv = merge_model_features(model, end, [p.summary for p in group], self.settings)
             merge_s += time.perf_counter() - t0
-            vectors = [s.features for s in group]
+            vectors = [fv for p in group for fv in p.features]
             # the variant that goes first reads the replicas' vectors from memory, the next one from the
             # cache: every other model the other order, so neither variant carries that for the other
             order = list(self.decider_sets.items())
@@ -219,19 +223,18 @@ def fleet_replicas(n: int, models: int) -> list[tuple[str, str]]:
 
 
 def handoff_seconds(closed: list[ClosedSteps]) -> float:
-    """What the worker adds per replica step between the stages (hand-off format 2): per input partition,
-    model and step one record out of stage 1 (``encode_model_step``), its header read and the record
-    decoded back into per-replica objects in stage 2 (``decode_model_step``). No telemetry here."""
+    """What the worker adds per replica step between the stages: per input partition, model and step one
+    record out of stage 1 (``encode_model_step``: the replicas' vectors and their merged summary), its
+    header read and the record decoded back in stage 2 (``decode_model_step``). No telemetry here."""
     t0 = time.perf_counter()
     for source, steps in enumerate(closed):
-        by_model: dict[tuple[str, float], list[ReplicaStep]] = {}
-        for step in steps:
-            by_model.setdefault((step.features.model, step.features.window_end), []).append(step)
-        for (model, end), group in by_model.items():
-            none = [None] * len(group)
-            record = encode_model_step(model, end, source, group, none, [[] for _ in group])
-            read_step_header(step_header(end, source, len(group)))
-            decode_model_step(record)
+        for batch in steps.batches:
+            for model, part, features, summary in record_parts(batch):
+                none = [None] * len(features)
+                record = encode_model_step(model, batch.window_end, source, features, summary, none,
+                                           [[] for _ in features])
+                read_step_header(step_header(batch.window_end, source, len(features), part))
+                decode_model_step(record)
     return time.perf_counter() - t0
 
 
@@ -263,7 +266,7 @@ def measure_step_cost(n_replicas: int, models: int, rate: float, steps: int, war
         # the other variants' decide time is not part of this step: count the first variant's only
         total = time.perf_counter() - t0 - sum(stage2[f"decide:{v}"] for v in variants[1:])
         cpu.append(time.process_time() - cpu0 - sum(stage2[f"decide_cpu:{v}"] for v in variants[1:]))
-        if len(closed) != n_replicas:
+        if sum(len(part.features) for part in closed) != n_replicas:
             raise AssertionError(f"{len(closed)} replica steps closed, expected {n_replicas}")
         parts["close_steps"].append(t1 - t0)
         parts["build"].append(t2 - t1)

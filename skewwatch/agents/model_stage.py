@@ -199,15 +199,14 @@ class ModelStage(CheckpointedStage[PartitionModels]):
 
     async def _decide(self, state: PartitionModels, step: ModelStep) -> list[Any]:
         topics = self.settings.topics
-        by_replica = model_step_inputs(step)
+        by_replica, summaries = model_step_inputs(step)
         inputs = list(by_replica.values())
         if not step.complete:
             self.metrics.steps_forced.inc()
             log.warning("stage 2 holds more than %d replica steps: released %s@%s before every input "
                         "partition reported (%d replica summaries)", state.assembler.max_pending,
                         step.model, step.window_end, len(inputs))
-        model_fv = merge_model_features(step.model, step.window_end, [p.summary for p in inputs],
-                                        self.settings.window)
+        model_fv = merge_model_features(step.model, step.window_end, summaries, self.settings.window)
         replica_features = [p.features for p in inputs]
         telemetry: dict[str, tuple[TelemetrySample, float]] = {}
         for replica, payload in by_replica.items():

@@ -47,10 +47,10 @@ from skewwatch.agents.publish import KeyedPublisher
 from skewwatch.agents.stage import CheckpointedStage
 from skewwatch.config import Settings
 from skewwatch.pipeline.derived_batch import derive_batch
-from skewwatch.pipeline.replica_step_record import MAX_REPLICAS_PER_RECORD, encode_model_step, step_header
+from skewwatch.pipeline.replica_step_record import encode_model_step, record_parts, step_header
 from skewwatch.pipeline.telemetry_join import TelemetryJoin, history_for
 from skewwatch.pipeline.telemetry_pacing import TelemetryPacer
-from skewwatch.pipeline.window import ClosedSteps, PartitionWindows, ReplicaStep
+from skewwatch.pipeline.window import ClosedSteps, PartitionWindows
 from skewwatch.schemas.dead_letter import dead_letter_record
 from skewwatch.schemas.features import encode_features
 from skewwatch.schemas.requests import Rejection, decode_request_messages
@@ -376,25 +376,23 @@ class ReplicaStage(CheckpointedStage[PartitionState]):
 
     async def _publish_steps(self, steps: ClosedSteps, source: int) -> list[asyncio.Future[Any]]:
         """Each replica's feature vector on ``llm.features`` and, per model and step, ONE record on the
-        replica-steps topic with all of the model's replicas of input partition ``source``
-        (:mod:`skewwatch.pipeline.replica_step_record`, format 2). Returns the sends' futures (not waited for)."""
+        replica-steps topic with all of the model's replicas of input partition ``source`` and their
+        summaries merged (:mod:`skewwatch.pipeline.replica_step_record`). Returns the sends' futures (not
+        waited for)."""
         topics = self.settings.topics
-        by_model: dict[tuple[str, float], list[ReplicaStep]] = {}
-        for step in steps:  # the columnar batches become per-replica objects here, to be published
-            by_model.setdefault((step.features.model, step.features.window_end), []).append(step)
+        vectors = [fv for batch in steps.batches for fv in batch.feature_vectors()]
         # one record per replica (the public contract), on the partition send() would pick for its key,
         # a partition's many records as one batch (agents/publish.py)
         pending = await self.features_publisher.publish(
-            topics.features, [(s.features.key.encode(), encode_features(s.features)) for s in steps])
-        self.metrics.features_out.labels("replica").inc(len(steps))
-        for (model, window_end), replicas in by_model.items():
-            for part, start in enumerate(range(0, len(replicas), MAX_REPLICAS_PER_RECORD)):
-                group = replicas[start:start + MAX_REPLICAS_PER_RECORD]
+            topics.features, [(fv.key.encode(), encode_features(fv)) for fv in vectors])
+        self.metrics.features_out.labels("replica").inc(len(vectors))
+        for batch in steps.batches:
+            window_end = batch.window_end
+            for model, part, group, summary in record_parts(batch):
                 # merged as of the step's end: per-GPU worst, per-source fields, only fresh ones
-                views = [self.telemetry.view(s.features.replica or "", window_end, self.telemetry_stale_s)
-                         for s in group]
-                value = encode_model_step(model, window_end, source, group, [sample for sample, _, _ in views],
-                                          [stale for _, _, stale in views])
+                views = [self.telemetry.view(fv.replica or "", window_end, self.telemetry_stale_s) for fv in group]
+                value = encode_model_step(model, window_end, source, group, summary,
+                                          [sample for sample, _, _ in views], [stale for _, _, stale in views])
                 pending.append(await self.producer.send(
                     topics.replica_steps, key=model.encode(), value=value,
                     headers=step_header(window_end, source, len(group), part)))

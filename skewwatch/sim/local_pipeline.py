@@ -62,9 +62,10 @@ from skewwatch.config import Settings, load_settings
 from skewwatch.pipeline.derived_batch import derive_batch
 from skewwatch.pipeline.model_decisions import ModelDecider
 from skewwatch.pipeline.model_merge import merge_model_features
-from skewwatch.pipeline.replica_step_record import ReplicaStepInput
+from skewwatch.pipeline.replica_step_record import ReplicaStepInput, record_parts
 from skewwatch.pipeline.telemetry_join import TelemetryJoin, history_for
-from skewwatch.pipeline.window import PartitionWindows, ReplicaStep
+from skewwatch.pipeline.window import PartitionWindows, WindowSummary
+from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.generator import TrafficChunk
@@ -107,13 +108,16 @@ class LocalPipeline:
             self.telemetry.add(sample)
         if len(chunk.requests):
             self.windows.apply(self._derive_batch(chunk.requests))
-        by_model: dict[tuple[float, str], list[ReplicaStep]] = {}
-        for step in self.windows.close_steps():
-            by_model.setdefault((step.features.window_end, step.features.model), []).append(step)
+        by_model: dict[tuple[float, str], tuple[list[FeatureVector], list[WindowSummary]]] = {}
+        for batch in self.windows.close_steps().batches:  # as stage 1: vectors, and each model's rows merged
+            for model, _, features, summary in record_parts(batch):
+                vectors, summaries = by_model.setdefault((batch.window_end, model), ([], []))
+                vectors.extend(features)
+                summaries.append(summary)
         self.telemetry.release_idle(now=chunk.end_ts)
         made: list[dict[str, Any]] = []
-        for (window_end, model), steps in sorted(by_model.items()):
-            correction = self._decide(model, window_end, steps)
+        for (window_end, model), (vectors, summaries) in sorted(by_model.items(), key=lambda kv: kv[0]):
+            correction = self._decide(model, window_end, vectors, summaries)
             if correction is not None:
                 made.append(correction)
         return made
@@ -128,12 +132,11 @@ class LocalPipeline:
 
     # ------------------------------------------------------------------ stage 2
 
-    def _decide(self, model: str, window_end: float, steps: list[ReplicaStep]) -> dict[str, Any] | None:
-        inputs = {s.features.replica or "": ReplicaStepInput(
-            s.summary, s.features, self.telemetry.view(s.features.replica or "", window_end, self.telemetry_stale_s)[0])
-            for s in steps}
-        model_fv = merge_model_features(model, window_end, [p.summary for p in inputs.values()],
-                                        self.settings.window)
+    def _decide(self, model: str, window_end: float, vectors: list[FeatureVector],
+                summaries: list[WindowSummary]) -> dict[str, Any] | None:
+        inputs = {fv.replica or "": ReplicaStepInput(
+            fv, self.telemetry.view(fv.replica or "", window_end, self.telemetry_stale_s)[0]) for fv in vectors}
+        model_fv = merge_model_features(model, window_end, summaries, self.settings.window)
         telemetry: dict[str, tuple[TelemetrySample, float]] = {
             replica: (p.telemetry, window_end - p.telemetry.ts)
             for replica, p in inputs.items() if p.telemetry is not None}

@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from skewwatch.config import WindowSettings
+from skewwatch.pipeline.model_merge import merge_summaries
 from skewwatch.pipeline.replica_step_record import (
     decode_model_step,
     encode_model_step,
@@ -66,37 +67,54 @@ def same_summary(got: WindowSummary, want: WindowSummary) -> None:
             assert type(a) is type(b) and a == b, (f.name, a, b)
 
 
+def merged(steps: list[ReplicaStep]) -> WindowSummary:
+    """The record's summary: its replicas' summaries merged (stage 1 merges them on columns)."""
+    return merge_summaries(steps[0].features.model, steps[0].features.window_end, [s.summary for s in steps],
+                           WindowSettings())
+
+
 def test_decoded_objects_equal_their_dict_round_trip_bit_for_bit() -> None:
     steps = closed_steps()
     assert len(steps) == len(KEYS) and any(s.summary.step_cuda_errors for s in steps)
     assert any(s.features.step_count == 0 for s in steps)  # the idle replica
+    llama = [s for s in steps if s.features.model == "llama"]
     telemetry = [TelemetrySample(ts=158.5, replica=s.features.replica or "", source="nvml", node="n1",
                                  memory_used_bytes=7e10, memory_total_bytes=8e10) if i % 2 else None
-                 for i, s in enumerate(steps)]
-    stale = [["memory"] if i % 3 == 0 else [] for i in range(len(steps))]
-    record = encode_model_step("llama", 160.0, 3, steps, telemetry, stale)
+                 for i, s in enumerate(llama)]
+    stale = [["memory"] if i % 3 == 0 else [] for i in range(len(llama))]
+    summary = merged(llama)
+    assert summary.step_cuda_errors  # the CUDA codes travel in the merged summary
+    record = encode_model_step("llama", 160.0, 3, [s.features for s in llama], summary, telemetry, stale)
     decoded = decode_model_step(record)
-    assert [name for name, _ in decoded] == [s.features.replica for s in steps]
-    for (_, got), step, sample in zip(decoded, steps, telemetry, strict=True):
-        # the same replica step through its JSON dicts: types, dtypes and values alike
-        want_summary = WindowSummary.from_dict(orjson.loads(orjson.dumps(step.summary.to_dict())))
+    assert [name for name, _ in decoded.replicas] == [s.features.replica for s in llama]
+    for (_, got), step, sample in zip(decoded.replicas, llama, telemetry, strict=True):
+        # the same replica step through its JSON dicts: types and values alike
         want_features = FeatureVector.from_dict(orjson.loads(orjson.dumps(step.features)))
         want_telemetry = None if sample is None else TelemetrySample.from_dict(orjson.loads(orjson.dumps(sample)))
-        same_summary(got.summary, want_summary)
         assert got.features == want_features and got.telemetry == want_telemetry
-        assert got.summary.features() == want_summary.features()
+    same_summary(decoded.summary, WindowSummary.from_dict(orjson.loads(orjson.dumps(summary.to_dict()))))
+    assert decoded.summary.features() == summary.features()
     bodies = replica_step_dicts(record)
     assert [b["telemetry_stale"] for b in bodies] == stale
     assert bodies[1]["telemetry"] == telemetry[1].to_dict()  # type: ignore[union-attr]
-    assert bodies[0]["features"] == steps[0].features.to_dict()
+    assert bodies[0]["features"] == llama[0].features.to_dict()
+
+
+def test_the_summary_must_merge_the_records_replicas() -> None:
+    llama = [s for s in closed_steps() if s.features.model == "llama"]
+    with pytest.raises(ValueError, match="must merge the record's 3 replicas"):
+        encode_model_step("llama", 160.0, 0, [s.features for s in llama[:3]], merged(llama), [None] * 3, [[]] * 3)
+    with pytest.raises(ValueError, match="must merge"):
+        encode_model_step("llama", 160.0, 0, [llama[0].features], llama[0].summary, [None], [[]])
 
 
 def test_the_record_is_smaller_than_one_json_record_per_replica() -> None:
-    steps = closed_steps()
-    record = encode_model_step("llama", 160.0, 0, steps, [None] * len(steps), [[]] * len(steps))
+    llama = [s for s in closed_steps() if s.features.model == "llama"]
+    record = encode_model_step("llama", 160.0, 0, [s.features for s in llama], merged(llama), [None] * len(llama),
+                               [[]] * len(llama))
     per_replica = sum(len(orjson.dumps({"summary": s.summary.to_dict(), "features": s.features, "telemetry": None,
-                                        "telemetry_stale": []})) for s in steps)
-    assert len(record) < per_replica
+                                        "telemetry_stale": []})) for s in llama)
+    assert len(record) < per_replica / 2
 
 
 def test_header_routes_and_other_records_have_none() -> None:
@@ -106,65 +124,69 @@ def test_header_routes_and_other_records_have_none() -> None:
 
 
 def test_a_corrupt_record_is_refused() -> None:
-    steps = closed_steps()
-    record = encode_model_step("llama", 160.0, 0, steps, [None] * len(steps), [[]] * len(steps))
-    (length,) = struct.unpack_from(">I", record)
-    head = orjson.loads(record[4:4 + length])
+    llama = [s for s in closed_steps() if s.features.model == "llama"]
+    n = len(llama)
+    record = encode_model_step("llama", 160.0, 0, [s.features for s in llama], merged(llama), [None] * n, [[]] * n)
+    body = orjson.loads(record)
+    decode_model_step(orjson.dumps(body))  # the same record again: fine
 
-    def rebuilt(change: dict[str, Any], tail: bytes | None = None) -> bytes:
-        new = orjson.dumps({**head, **change})
-        return struct.pack(">I", len(new)) + new + (record[4 + length:] if tail is None else tail)
+    def rebuilt(change: dict[str, Any]) -> bytes:
+        return orjson.dumps({**body, **change})
 
-    with pytest.raises(ValueError, match="format"):
-        decode_model_step(rebuilt({"v": 1}))
+    with pytest.raises(ValueError, match="not JSON"):
+        decode_model_step(struct.pack(">I", 4) + b"head")  # an older, binary-framed format
+    for version in (1, 2, None):
+        with pytest.raises(ValueError, match="unsupported format"):
+            decode_model_step(rebuilt({"v": version}))
+    with pytest.raises(ValueError, match="unsupported format"):
+        decode_model_step(b"[1, 2]")
     with pytest.raises(ValueError, match="version"):
-        decode_model_step(rebuilt({"summary": {**head["summary"], "v": 99}}))
-    with pytest.raises(ValueError, match="out of bounds"):
-        decode_model_step(rebuilt({}, tail=b""))
-    sketches = head["summary"]["sparse"]  # every sketch field's (2, entries), latency first
-    assert head["summary"]["fields"]["latency"] == {"kind": "sparse", "index": 0}
-    original = np.frombuffer(record, dtype=np.int32, count=sketches["nbytes"] // 4,
-                             offset=4 + length + sketches["at"]).reshape(2, -1)
+        decode_model_step(rebuilt({"summary": {**body["summary"], "v": 99}}))
+    with pytest.raises(ValueError, match=f"merges {n - 1} replicas, it holds {n}"):
+        decode_model_step(rebuilt({"summary": {**body["summary"], "replicas": n - 1}}))
+    with pytest.raises(ValueError, match="columns do not match"):
+        decode_model_step(rebuilt({"features": {**body["features"], "count": body["features"]["count"][:-1]}}))
+    latency = body["summary"]["latency"]
+    assert len(latency[0]) >= 2
 
-    def with_sketches(change: Callable[[np.ndarray], None]) -> bytes:
-        changed = original.copy()
-        change(changed)
-        tail = bytearray(record[4 + length:])
-        tail[sketches["at"]:sketches["at"] + sketches["nbytes"]] = changed.tobytes()
-        return rebuilt({}, tail=bytes(tail))
+    def with_latency(change: Callable[[list[list[int]]], None]) -> bytes:
+        sketch = [list(latency[0]), list(latency[1])]
+        change(sketch)
+        return rebuilt({"summary": {**body["summary"], "latency": sketch}})
 
-    row = next(i for i, n in enumerate(sketches["lengths"][0]) if n >= 2)  # a latency sketch of 2+ slots
-    at = sum(sketches["lengths"][0][:row])
+    def unsorted(a: list[list[int]]) -> None:
+        a[0][0], a[0][1] = a[0][1], a[0][0]
 
-    def unsorted(a: np.ndarray) -> None:
-        a[0, at:at + 2] = a[0, at:at + 2][::-1].copy()  # its first two slots swapped
+    def negative(a: list[list[int]]) -> None:
+        a[0][0] = -1
 
-    def negative(a: np.ndarray) -> None:
-        a[0, 0] = -1
-
-    def zero_count(a: np.ndarray) -> None:
-        a[1, 5] = 0
+    def zero_count(a: list[list[int]]) -> None:
+        a[1][1] = 0
 
     for change in (unsorted, negative, zero_count):
         with pytest.raises(ValueError, match="sorted, in range, with positive counts"):
-            decode_model_step(with_sketches(change))
-    decode_model_step(with_sketches(lambda a: None))  # the same bytes again: fine
-    with pytest.raises(ValueError, match="lengths"):
-        decode_model_step(rebuilt({"summary": {**head["summary"],
-                                               "sparse": {**sketches, "lengths": sketches["lengths"][:-1] + [[1]]}}}))
+            decode_model_step(with_latency(change))
 
 
 def test_model_step_inputs_takes_every_chunk_once_per_replica() -> None:
     steps = closed_steps()
     llama = [s for s in steps if s.features.model == "llama"]
-    first = encode_model_step("llama", 160.0, 0, llama[:4], [None] * 4, [[]] * 4)
-    second = encode_model_step("llama", 160.0, 1, llama[3:], [None] * (len(llama) - 3), [[]] * (len(llama) - 3))
+    first = encode_model_step("llama", 160.0, 0, [s.features for s in llama[:4]], merged(llama[:4]), [None] * 4,
+                              [[]] * 4)
+    rest = llama[4:]
+    second = encode_model_step("llama", 160.0, 1, [s.features for s in rest], merged(rest), [None] * len(rest),
+                               [[]] * len(rest))
     a = StepAssembler()
     a.add_chunk("llama", 160.0, source=0, replicas=4, payload=first)
-    a.add_chunk("llama", 160.0, source=1, replicas=len(llama) - 3, payload=second)
-    assert a.pending == len(llama) + 1  # r3 is held twice (a replay across a rebalance) ...
+    a.add_chunk("llama", 160.0, source=1, replicas=len(rest), payload=second)
+    a.add_chunk("llama", 160.0, source=1, replicas=len(rest), payload=second)  # a replay replaces its chunk
+    assert a.pending == len(llama)
     [step] = a.complete(force_until=160.0)
-    inputs = model_step_inputs(step)
-    assert list(inputs) == [s.features.replica for s in llama]  # ... and decoded once
+    inputs, summaries = model_step_inputs(step)
+    assert list(inputs) == [s.features.replica for s in llama]
     assert all(inputs[s.features.replica or ""].features == s.features for s in llama)
-    assert model_step_inputs(ModelStep("m", 5.0, {})) == {}
+    assert [s.replicas for s in summaries] == [4, len(rest)]
+    whole = merge_summaries("llama", 160.0, summaries, WindowSettings())
+    assert whole.replicas == len(llama) and whole.count == merged(llama).count
+    assert np.array_equal(whole.latency, merged(llama).latency)
+    assert model_step_inputs(ModelStep("m", 5.0, {})) == ({}, [])

@@ -156,9 +156,11 @@ def test_stage2_checkpoint_holds_records_and_decodes_them_when_the_step_complete
     ev = dict(model="m", prompt_tokens=10, completion_tokens=20, batch_size=4, batch_capacity=16)
     windows.apply(RequestColumns.from_rows([dict(ev, request_id="a", replica="r1", ts=101.0, latency_ms=100.0)]))
     windows.advance_watermark(105.0)
-    [closed] = windows.close_steps()
+    [batch] = windows.close_steps().batches
+    [closed] = batch.replica_steps()
+    [summary] = batch.merged(list(batch.model_rows().values()))
     sample = TelemetrySample(ts=103.0, replica="r1", source="nvml", memory_used_bytes=1e9, memory_total_bytes=8e9)
-    record = encode_model_step("m", 105.0, 0, [closed], [sample], [[]])
+    record = encode_model_step("m", 105.0, 0, [closed.features], summary, [sample], [[]])
 
     settings, detectors = Settings(), DetectorSettings()
     partition = PartitionModels(settings)
@@ -169,9 +171,10 @@ def test_stage2_checkpoint_holds_records_and_decodes_them_when_the_step_complete
     restored.assembler.progress(0, 105.0, sources=1)
     [step] = restored.assembler.complete()
     assert step.chunks == {(0, 0): record}
-    got = model_step_inputs(step)["r1"]
+    inputs, [got_summary] = model_step_inputs(step)
+    got = inputs["r1"]
     assert got.features == closed.features and got.telemetry == sample
-    assert got.summary.to_dict() == closed.summary.to_dict()
+    assert got_summary.to_dict() == summary.to_dict() and got_summary.count == closed.summary.count == 1
 
 
 def test_stage2_checkpoint_of_another_version_is_refused() -> None:
