@@ -43,16 +43,19 @@ from skewwatch.pipeline.corrections import RoutingCorrection
 from skewwatch.pipeline.detector_settings import DetectorSettings
 from skewwatch.pipeline.model_decisions import ModelDecider
 from skewwatch.pipeline.model_merge import merge_model_features
-from skewwatch.pipeline.replica_step_record import model_step_inputs, read_step_header
+from skewwatch.pipeline.replica_step_record import format_problem, model_step_inputs, read_step_header
 from skewwatch.pipeline.step_completion import DEFAULT_MAX_PENDING, ModelStep, StepAssembler
 from skewwatch.schemas.corrections import encode_correction
+from skewwatch.schemas.dead_letter import dead_letter_record
 from skewwatch.schemas.features import encode_features
+from skewwatch.schemas.rejection import Rejection
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 log = logging.getLogger(__name__)
 
 
-# The stage 2 checkpoint's layout: 3, pending steps held as hand-off records (format 2) only.
+# The stage 2 checkpoint's layout: 3, pending steps held as hand-off records (their bytes; a record of
+# another hand-off format is left out, said and counted, when its step completes).
 SNAPSHOT_VERSION = 3
 
 
@@ -152,6 +155,9 @@ class ModelStage(CheckpointedStage[PartitionModels]):
             # a model's replica steps (one record per input partition, model and step) are routed by their
             # header alone; held as the record's bytes, decoded when the model's step completes
             header = read_step_header(message.headers)
+            if header is not None and (problem := format_problem(message.value)) is not None:
+                await self._dead_letter(tp, message, problem)
+                continue
             if header is not None:
                 state.assembler.add_chunk(message.key.decode(), header.window_end, header.source,
                                           header.replicas, message.value, part=header.part)
@@ -199,7 +205,11 @@ class ModelStage(CheckpointedStage[PartitionModels]):
 
     async def _decide(self, state: PartitionModels, step: ModelStep) -> list[Any]:
         topics = self.settings.topics
-        by_replica, summaries = model_step_inputs(step)
+        by_replica, summaries, rejected = model_step_inputs(step)
+        for (source, part), reason in rejected:
+            self.metrics.rejected.labels("malformed_json").inc()
+            log.error("stage 2: %s@%s: left out the record of input partition %d part %d: %s", step.model,
+                      step.window_end, source, part, reason)
         inputs = list(by_replica.values())
         if not step.complete:
             self.metrics.steps_forced.inc()
@@ -244,6 +254,17 @@ class ModelStage(CheckpointedStage[PartitionModels]):
                 gauge = gauges[(step.model, replica)] = self.metrics.weight.labels(step.model, replica)
             gauge.set(w.weight)
         return sends
+
+    async def _dead_letter(self, tp: TopicPartition, message: Any, reason: str) -> None:
+        """A record of the internal topic this worker cannot read: to the dead-letter topic, counted, said."""
+        self.metrics.rejected.labels("unsupported_version").inc()
+        log.warning("stage 2: %s offset %d: %s; sent to %s", tp, message.offset, reason,
+                    self.settings.topics.dead_letter)
+        record = dead_letter_record(source_topic=tp.topic, partition=tp.partition, offset=message.offset,
+                                    key=message.key, value=message.value,
+                                    rejects=[Rejection.message_level("unsupported_version", reason)], ts=time.time())
+        await self.commits.sent(tp.partition, [await self.producer.send(self.settings.topics.dead_letter,
+                                                                        key=message.key, value=record)])
 
     async def _publish_correction(self, correction: RoutingCorrection) -> Any:
         self.metrics.corrections_out.inc()

@@ -79,10 +79,12 @@ class ModelStepRecord(NamedTuple):
 
 
 class ModelStepInputs(NamedTuple):
-    """A released model step's inputs: each replica once, and the partial summaries to merge."""
+    """A released model step's inputs: each replica once, the partial summaries to merge, and why a
+    record that could not be decoded was left out (its chunk key and the one-line reason)."""
 
     replicas: dict[str, ReplicaStepInput]
     summaries: list[WindowSummary]
+    rejected: list[tuple[tuple[int, int], str]] = []
 
 
 class StepHeader(NamedTuple):
@@ -153,6 +155,18 @@ def encode_model_step(model: str, window_end: float, source: int, features: Sequ
     })
 
 
+_PREFIX = b'{"v":%d,' % HANDOFF_VERSION  # what encode_model_step's JSON starts with (orjson keeps key order)
+
+
+def format_problem(value: bytes | None) -> str | None:
+    """Why a record with the step header is not one this worker reads (None: it is), checked on its
+    first bytes only, so stage 2 can refuse a record of another format (an older worker's, during an
+    upgrade) when it arrives rather than when its step completes."""
+    if value is not None and value.startswith(_PREFIX):
+        return None
+    return f"replica-steps record: not hand-off format {HANDOFF_VERSION} (an older or other worker wrote it)"
+
+
 def _body(value: bytes) -> dict[str, Any]:
     """The record's JSON, its format checked; ValueError (one line) on anything else."""
     try:
@@ -204,7 +218,8 @@ def replica_step_dicts(value: bytes) -> list[dict[str, Any]]:
 
 def model_step_inputs(step: ModelStep) -> ModelStepInputs:
     """Every replica's decoded step of a released model step, by replica, in the order the records
-    came (a replica in two records counts once: the later one), and every record's summary.
+    came (a replica in two records counts once: the later one), and every record's summary. A record
+    that does not decode is left out (``rejected``): the step is decided on the others.
 
     A replica in two records of one step happens only when its key moved to another input partition
     (the requests topic repartitioned) within the step; its own vector then counts once, and the
@@ -212,8 +227,14 @@ def model_step_inputs(step: ModelStep) -> ModelStepInputs:
     """
     inputs: dict[str, ReplicaStepInput] = {}
     summaries: list[WindowSummary] = []
-    for payload in step.chunks.values():
-        record = decode_model_step(payload)
+    rejected: list[tuple[tuple[int, int], str]] = []
+    for chunk, payload in step.chunks.items():
+        try:
+            record = decode_model_step(payload)
+        except (ValueError, KeyError, TypeError) as exc:  # KeyError/TypeError: a field missing or of another type
+            rejected.append((chunk, str(exc) if isinstance(exc, ValueError) else
+                             f"replica-steps record: malformed ({type(exc).__name__}: {exc})"))
+            continue
         inputs.update(record.replicas)
         summaries.append(record.summary)
-    return ModelStepInputs(inputs, summaries)
+    return ModelStepInputs(inputs, summaries, rejected)

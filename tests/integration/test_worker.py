@@ -138,6 +138,43 @@ def test_bad_messages_go_to_dead_letter_and_good_ones_count(kafka_settings: Sett
     assert 'skewwatch_rejected_total{reason="malformed_json"} 1.0' in metrics
 
 
+def test_a_hand_off_record_of_another_format_goes_to_dead_letter(kafka_settings: Settings,
+                                                                worker: WorkerProcess) -> None:
+    """A record on the internal topic that an older worker wrote (another hand-off format, e.g. during
+    an upgrade) is refused when stage 2 reads it: on the dead-letter topic with its bytes, counted, and
+    the model's steps go on."""
+    from aiokafka import AIOKafkaProducer
+
+    from skewwatch.pipeline.replica_step_record import step_header
+
+    bootstrap = kafka_settings.kafka.bootstrap or ""
+    older = b"\x00\x00\x00\x0b" + orjson.dumps({"v": 2, "model": "m"})[:11] + b"\x01\x02"
+
+    async def send_older() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        await producer.start()
+        try:
+            await producer.send_and_wait(kafka_settings.topics.replica_steps, key=b"m", value=older,
+                                         headers=step_header(T0 + 5, 0, 1))
+        finally:
+            await producer.stop()
+
+    asyncio.run(send_older())
+    replicas = ["r0", "r1"]
+    events = make_events(4, replicas, T0, 30.0, rate=5.0)
+    asyncio.run(produce(bootstrap, kafka_settings.topics.requests,
+                        as_messages(events, 1) + as_messages(advance_events(replicas, T0 + 50), 1)))
+    dead = asyncio.run(consume_until(bootstrap, [kafka_settings.topics.dead_letter], lambda rs: len(rs) >= 1, 60))
+    [record] = [orjson.loads(r.value) for r in dead]
+    assert record["source_topic"] == kafka_settings.topics.replica_steps
+    assert [x["reason_code"] for x in record["rejects"]] == ["unsupported_version"]
+    assert "hand-off format 3" in record["rejects"][0]["reason"]
+    assert base64.b64decode(record["value_b64"]) == older
+    got = wait_for_windows(kafka_settings, [("m", T0 + 30)])  # stage 2 goes on
+    assert got[("m", T0 + 30)]["count"] == len(events) and got[("m", T0 + 30)]["replicas"] == 2
+    assert 'skewwatch_rejected_total{reason="unsupported_version"} 1.0' in worker.get("/metrics").decode()
+
+
 def test_replay_speed_does_not_change_features(kafka_settings: Settings, tmp_path: Path) -> None:
     """Event time: the same trace produced at 1x and at 10x pace gives identical features."""
     replicas = ["a", "b"]

@@ -17,6 +17,7 @@ from skewwatch.pipeline.model_merge import merge_summaries
 from skewwatch.pipeline.replica_step_record import (
     decode_model_step,
     encode_model_step,
+    format_problem,
     model_step_inputs,
     read_step_header,
     replica_step_dicts,
@@ -182,11 +183,28 @@ def test_model_step_inputs_takes_every_chunk_once_per_replica() -> None:
     a.add_chunk("llama", 160.0, source=1, replicas=len(rest), payload=second)  # a replay replaces its chunk
     assert a.pending == len(llama)
     [step] = a.complete(force_until=160.0)
-    inputs, summaries = model_step_inputs(step)
+    inputs, summaries, rejected = model_step_inputs(step)
     assert list(inputs) == [s.features.replica for s in llama]
     assert all(inputs[s.features.replica or ""].features == s.features for s in llama)
-    assert [s.replicas for s in summaries] == [4, len(rest)]
+    assert [s.replicas for s in summaries] == [4, len(rest)] and rejected == []
     whole = merge_summaries("llama", 160.0, summaries, WindowSettings())
     assert whole.replicas == len(llama) and whole.count == merged(llama).count
     assert np.array_equal(whole.latency, merged(llama).latency)
-    assert model_step_inputs(ModelStep("m", 5.0, {})) == ({}, [])
+    assert model_step_inputs(ModelStep("m", 5.0, {})) == ({}, [], [])
+
+
+def test_a_record_of_another_format_is_told_apart_on_its_first_bytes_and_left_out() -> None:
+    llama = [s for s in closed_steps() if s.features.model == "llama"]
+    record = encode_model_step("llama", 160.0, 0, [s.features for s in llama], merged(llama), [None] * len(llama),
+                               [[]] * len(llama))
+    assert format_problem(record) is None
+    older = struct.pack(">I", 9) + b'{"v": 2}'
+    for other in (older, b'{"v":2,"model":"llama"}', b"", None):
+        assert "not hand-off format 3" in (format_problem(other) or "")
+    truncated = record[:-40]
+    assert format_problem(truncated) is None  # its first bytes are right: refused when decoded, below
+    step = ModelStep("llama", 160.0, {(0, 0): record, (1, 0): truncated, (2, 1): older})
+    inputs, summaries, rejected = model_step_inputs(step)
+    assert list(inputs) == [s.features.replica for s in llama] and len(summaries) == 1
+    assert [chunk for chunk, _ in rejected] == [(1, 0), (2, 1)]
+    assert all(reason.startswith("replica-steps record:") for _, reason in rejected)

@@ -171,7 +171,7 @@ def test_stage2_checkpoint_holds_records_and_decodes_them_when_the_step_complete
     restored.assembler.progress(0, 105.0, sources=1)
     [step] = restored.assembler.complete()
     assert step.chunks == {(0, 0): record}
-    inputs, [got_summary] = model_step_inputs(step)
+    inputs, [got_summary], _ = model_step_inputs(step)
     got = inputs["r1"]
     assert got.features == closed.features and got.telemetry == sample
     assert got_summary.to_dict() == summary.to_dict() and got_summary.count == closed.summary.count == 1
