@@ -490,19 +490,20 @@ def test_a_screened_step_is_every_replica_evaluated(name: str) -> None:
 
 
 def test_context_burst_history_is_the_last_lookback_whatever_the_order_of_steps() -> None:
-    """The history pruning stops at the first recent entry; steps out of time order re-sort it,
-    so it always holds exactly the windows ending within ``lookback_s`` of the latest call."""
-    from skewwatch.pipeline.detectors.context_burst import ContextBurstDetector
+    """Steps out of time order included, the history always holds exactly the windows ending
+    within ``lookback_s`` of the latest call (and its checkpoint lists them in time order)."""
+    from skewwatch.pipeline.detectors.context_burst import HISTORY_KEY, ContextBurstDetector
 
     rng = random.Random(5)
     detector = ContextBurstDetector()
-    memory: dict[str, Any] = {}
     reference: dict[int, float] = {}
     end = T0
     for _ in range(300):
         end += rng.choice([5.0, 5.0, 5.0, 10.0, -5.0, -30.0, 0.0])
         var = rng.uniform(0, 1e4)
-        history = detector._remember(base_fv(end, prompt_tokens_var=var), memory)
+        fv = base_fv(end, prompt_tokens_var=var)
+        detector._remember(fv)
+        history = detector.state_dict()["keys"][fv.key]["memory"][HISTORY_KEY]
         end_ms = round(end * 1000)
         reference[end_ms] = var
         reference = {k: v for k, v in reference.items() if k >= end_ms - 60_000}

@@ -65,6 +65,7 @@ from msgspec import Meta
 from skewwatch.config_section import Count, Positive
 from skewwatch.pipeline.detectors.alerts import Severity, fmt
 from skewwatch.pipeline.detectors.evidence import lognormal_mean_tail
+from skewwatch.pipeline.detectors.key_columns import KeyColumns
 from skewwatch.pipeline.detectors.peers import others_count, others_sum
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
@@ -119,6 +120,9 @@ class ContextBurstDetector(ThresholdDetector):
         self._peers: tuple[_Merged, _Merged] | None = None
         self._row_of: dict[str, int] = {}
         self._prepared: StepColumns | None = None  # the step they are of
+        # each replica's window history (the memory's HISTORY_KEY: window end in ms -> [count, mean,
+        # variance]) as columns, kept for every replica of a step at once
+        self._history = KeyColumns(width=3)
 
     def rule_meta(self, rule: str) -> tuple[Severity, str | None, str]:
         cfg = self.config
@@ -171,45 +175,76 @@ class ContextBurstDetector(ThresholdDetector):
         self._row_of = step.row_of
 
     def remember(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]) -> None:
-        self._remember(fv, memory)
+        self._remember(fv)
 
-    _stamps: tuple[float, int, str] | None = None  # the last window_end's, shared by its replicas
+    def remember_step(self, step: StepColumns, rows: npt.NDArray[np.int64]) -> None:
+        """:meth:`remember` of the step's ``rows`` at once (by window end: a step has one)."""
+        if len(rows) == 0:
+            return
+        cfg = self.config
+        prompt = cfg.tokens == "prompt"
+        count = step.column("count")[rows]
+        mean = step.column("prompt_tokens_mean" if prompt else "completion_tokens_mean")[rows]
+        var = step.column("prompt_tokens_var" if prompt else "completion_tokens_var")[rows]
+        keys = step.keys
+        own = self._history.rows(keys if len(rows) == len(keys) else [keys[row] for row in rows.tolist()])
+        entries = np.empty((len(rows), 3))
+        # a window without moments is kept as none (the dict kept None: read back, the same)
+        entries[:, 0] = np.where(np.isnan(mean) | np.isnan(var), np.nan, count)
+        entries[:, 1] = mean
+        entries[:, 2] = var
+        ends = step.column("window_end")[rows]
+        first = float(ends[0])
+        if (ends == first).all():
+            self._record(own, first, entries)
+            return
+        for end in np.unique(ends).tolist():
+            same = ends == end
+            self._record(own[same], end, entries[same])
 
-    def _remember(self, fv: FeatureVector, memory: dict[str, Any]) -> dict[str, list[float] | None]:
-        """Record this window's count and moments; return the history (window_end ms -> moments),
-        which holds exactly the windows that ended within ``lookback_s`` of this one."""
+    def _record(self, own: npt.NDArray[np.int64], window_end: float, entries: npt.NDArray[np.float64]) -> None:
+        """Keep the windows of these rows that end at ``window_end``; drop theirs that ended more
+        than ``lookback_s`` before it (the history holds exactly the windows within it)."""
+        end = round(window_end * 1000)
+        self._history.put(own, end, entries)
+        self._history.drop_before(own, end - round(self.config.lookback_s * 1000))
+
+    def _remember(self, fv: FeatureVector) -> int:
+        """Record this window's count and moments; return the key's row in the history."""
         cfg = self.config
         prompt = cfg.tokens == "prompt"
         mean = fv.prompt_tokens_mean if prompt else fv.completion_tokens_mean
         var = fv.prompt_tokens_var if prompt else fv.completion_tokens_var
-        stamps = self._stamps
-        if stamps is None or stamps[0] != fv.window_end:
-            end = round(fv.window_end * 1000)
-            stamps = self._stamps = (fv.window_end, end - round(cfg.lookback_s * 1000), str(end))
-        _, cutoff, stamp = stamps
-        entry = None if mean is None or var is None else [float(fv.count), mean, var]
-        history: dict[str, list[float] | None] = memory.setdefault(HISTORY_KEY, {})
-        if history and stamp not in history and int(next(reversed(history))) > int(stamp):
-            # a window older than the newest one seen: re-sort, so that pruning below may stop at
-            # the first recent entry (steps come in time order; this is the rare other case)
-            history[stamp] = entry
-            ordered = sorted(history.items(), key=lambda item: int(item[0]))
-            history.clear()
-            history.update(ordered)
-        else:
-            history[stamp] = entry
-        while history:
-            oldest = next(iter(history))
-            if int(oldest) >= cutoff:
-                break
-            del history[oldest]
-        return history
+        own = self._history.add(fv.key)
+        entry = [math.nan, math.nan, math.nan] if mean is None or var is None else [float(fv.count), mean, var]
+        self._record(np.array([own]), fv.window_end, np.array([entry]))
+        return own
+
+    def column_memory(self) -> dict[str, dict[str, Any]]:
+        history = self._history
+        return {key: {HISTORY_KEY: {str(end): entry for end, entry in history.records(key).items()}}
+                for key in history.held_keys()}
+
+    def load_column_memory(self, key: str, memory: dict[str, Any]) -> None:
+        entries = memory.pop(HISTORY_KEY, None) or {}
+        own = np.array([self._history.add(key)])
+        for end, entry in entries.items():
+            if entry is not None:
+                self._history.put(own, int(end), np.array([[float(x) for x in entry]]))
+
+    def clear_column_memory(self) -> None:
+        self._history.clear()
+
+    def forget(self, key: str) -> None:
+        super().forget(key)
+        self._history.forget(key)
 
     def evaluate(
         self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]
     ) -> dict[str, Finding]:
         cfg = self.config
-        history = self._remember(fv, memory)
+        own = self._remember(fv)
+        history = self._history
         end_ms = round(fv.window_end * 1000)
         findings = []
         if cfg.burst_rule:
@@ -218,15 +253,15 @@ class ContextBurstDetector(ThresholdDetector):
                 self._peers[0].at(row), self._peers[1].at(row))
             # the newest 20 s (soonest), and the whole window (more prompts, where they arrive seldom)
             recent = self._burst(fv.recent_count, fv.recent_prompt_tokens_mean, fv.recent_prompt_tokens_var,
-                                 f"the last {RECENT_S:g} s's", history.get(str(end_ms - round(RECENT_S * 1000))),
+                                 f"the last {RECENT_S:g} s's", history.get(own, end_ms - round(RECENT_S * 1000)),
                                  peers[0])
             window = recent if recent.holds is not None else self._burst(
                 fv.count, fv.prompt_tokens_mean, fv.prompt_tokens_var, "the window's",
-                history.get(str(end_ms - round(cfg.lookback_s * 1000))), peers[1], both=True)
+                history.get(own, end_ms - round(cfg.lookback_s * 1000)), peers[1], both=True)
             # the whole window only where the newest 20 s hold too few prompts to judge
             findings.append(recent if recent.holds is not None else window)
         if cfg.seed_rule:
-            findings.append(self._seed(fv, history.get(str(end_ms - round(cfg.lookback_s * 1000)))))
+            findings.append(self._seed(fv, history.get(own, end_ms - round(cfg.lookback_s * 1000))))
         holding = [f for f in findings if f.holds]
         if holding:
             return {"main": holding[0]}

@@ -63,6 +63,7 @@ import numpy.typing as npt
 
 from skewwatch.config_section import Count, NonNegative, Positive, Unit
 from skewwatch.pipeline.detectors.alerts import Severity, fmt
+from skewwatch.pipeline.detectors.key_columns import KeyColumns
 from skewwatch.pipeline.detectors.peers import others_median
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
@@ -106,6 +107,9 @@ class KvPressureDetector(ThresholdDetector):
     def __init__(self, config: KvPressureConfig | None = None) -> None:
         super().__init__(config)
         self._peer_hit: dict[str, float] = {}  # the current step's peers' hit rate, by key
+        # the replicas' own past hit rate, [weight, mean] per key (the memory's BASELINE_KEY), as
+        # columns: every replica of a step folds its window in at once
+        self._baseline = KeyColumns(width=2)
 
     def rule_meta(self, rule: str) -> tuple[Severity, str | None, str]:
         if rule == "fragmentation":
@@ -151,30 +155,72 @@ class KvPressureDetector(ThresholdDetector):
         return ~((step.column("count") >= cfg.min_count) & holds)
 
     def remember(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]) -> None:
-        self._remember(fv, telemetry, memory)
+        self._remember(fv, telemetry)
 
-    def _own_past(self, memory: dict[str, Any]) -> float | None:
+    def remember_step(self, step: StepColumns, rows: npt.NDArray[np.int64]) -> None:
+        """:meth:`remember` of the step's ``rows`` as columns: the same arithmetic, element-wise."""
+        cfg = self.config
+        if not cfg.relative_hit_rate or len(rows) == 0:
+            return
+        hit = step.column("kv_cache_hit_rate_mean")
+        if any(map(operator.is_not, step.telemetry, repeat(None))):  # as _hit_rate: the events', else telemetry's
+            hit = np.where(np.isnan(hit), step.telemetry_column("kv_cache_hit_rate"), hit)
+        hit, count = hit[rows], step.column("count")[rows]
+        folded = (count >= cfg.min_count) & ~np.isnan(hit)
+        keys = step.keys
+        chosen = rows[folded] if not folded.all() else rows
+        own = self._baseline.rows([keys[row] for row in chosen.tolist()])
+        before = self._baseline.read(own, 0)
+        weight_before = np.nan_to_num(before[:, 0])
+        mean_before = np.nan_to_num(before[:, 1])
+        weight = (1.0 - self._alpha()) * weight_before + 1.0
+        updated = np.empty((len(own), 2))
+        updated[:, 0] = weight
+        updated[:, 1] = mean_before + (hit[folded] - mean_before) / weight
+        self._baseline.put(own, 0, updated)
+
+    def _alpha(self) -> float:
+        return min(5.0 / self.config.baseline_tau_s, 1.0)  # one step of 5 s
+
+    def _own_past(self, key: str) -> float | None:
         """The replica's own past hit rate, once it has ``baseline_steps`` steps behind it."""
-        row = memory.get(BASELINE_KEY)
+        row = self._baseline.get(self._baseline.row(key), 0)
         return None if row is None or row[0] < self.config.baseline_steps else float(row[1])
 
-    def _remember(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]) -> None:
+    def _remember(self, fv: FeatureVector, telemetry: TelemetrySample | None) -> None:
         """Fold this window's hit rate (with enough requests) into the replica's own past."""
         cfg = self.config
         hit, _ = _hit_rate(fv, telemetry)
         if not cfg.relative_hit_rate or hit is None or fv.count < cfg.min_count:
             return
-        row = memory.setdefault(BASELINE_KEY, [0.0, 0.0])
-        alpha = min(5.0 / cfg.baseline_tau_s, 1.0)  # one step of 5 s
-        weight = (1.0 - alpha) * row[0] + 1.0
-        row[1] += (hit - row[1]) / weight
-        row[0] = weight
+        own = self._baseline.add(fv.key)
+        row = self._baseline.get(own, 0) or [0.0, 0.0]
+        weight = (1.0 - self._alpha()) * row[0] + 1.0
+        mean = row[1] + (hit - row[1]) / weight
+        self._baseline.put(np.array([own]), 0, np.array([[weight, mean]]))
+
+    def column_memory(self) -> dict[str, dict[str, Any]]:
+        baseline = self._baseline
+        return {key: {BASELINE_KEY: row} for key in baseline.held_keys()
+                if (row := baseline.get(baseline.row(key), 0)) is not None}
+
+    def load_column_memory(self, key: str, memory: dict[str, Any]) -> None:
+        row = memory.pop(BASELINE_KEY, None)
+        if row is not None:
+            self._baseline.put(np.array([self._baseline.add(key)]), 0, np.array([[float(row[0]), float(row[1])]]))
+
+    def clear_column_memory(self) -> None:
+        self._baseline.clear()
+
+    def forget(self, key: str) -> None:
+        super().forget(key)
+        self._baseline.forget(key)
 
     def evaluate(
         self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]
     ) -> dict[str, Finding]:
         cfg = self.config
-        before = self._own_past(memory)
+        before = self._own_past(fv.key)
         hit, hit_source = _hit_rate(fv, telemetry)
         frag = telemetry.fragmentation if telemetry is not None else None
         thru = fv.tokens_per_s
@@ -186,11 +232,11 @@ class KvPressureDetector(ThresholdDetector):
             "count": fv.count,
         }
         if fv.count < cfg.min_count or hit is None:
-            self._remember(fv, telemetry, memory)
+            self._remember(fv, telemetry)
             return {"fragmentation": Finding(None, evidence=evidence), "prefill": Finding(None, evidence=evidence)}
         fragmentation = self._fragmentation(fv, hit, frag, before, evidence)
         if not fragmentation.holds:  # the own past learns only from steps without the fault
-            self._remember(fv, telemetry, memory)
+            self._remember(fv, telemetry)
         return {"fragmentation": fragmentation, "prefill": self._prefill(fv, telemetry, hit, thru, evidence)}
 
     def _fragmentation(self, fv: FeatureVector, hit: float, frag: float | None, before: float | None,

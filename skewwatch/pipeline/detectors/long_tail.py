@@ -61,7 +61,9 @@ requests says nothing about a share of them.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Annotated, Any
 
 import numpy as np
@@ -71,7 +73,9 @@ from msgspec import Meta
 from skewwatch.config_section import Count, Fraction, NonNegativeInt, Positive
 from skewwatch.pipeline.detectors.alerts import Severity, fmt
 from skewwatch.pipeline.detectors.evidence import binomial_tail_bound, min_exceeding
+from skewwatch.pipeline.detectors.key_columns import KeyColumns
 from skewwatch.pipeline.detectors.live import (
+    LIVE_KEY,
     LiveAggregate,
     Noise,
     SlowBaseline,
@@ -86,6 +90,7 @@ from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, Thre
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
+TPOT_KEY = "tpot_by_end_ms"  # the memory entry: window end (ms) -> [TPOT p50, p99, count] of a window
 BASELINE_EXCEEDANCE = 0.01  # a request of the baseline is above its P99 with at most this probability
 
 #: The ``seed`` profile's ``[detectors.long_tail]``: the seed's rule as it stood (P99 > 3 x P50 for
@@ -159,8 +164,9 @@ class LongTailDetector(ThresholdDetector):
         self._live_top_over_base: npt.NDArray[np.float64] = np.zeros(0)  # per row (see prepare)
         self._live_now = 0.0  # the window end prepare aggregated the live samples at
         self._live_aggregates: list[LiveAggregate | None] = []  # per row, once its sample is recorded
-        self._window_stamps: tuple[float, int, str, str] | None = None  # see _keep_tpot
-        self._stamp_ms = _StampMs()  # history stamps read as integers, shared by the replicas
+        # each replica's windows' TPOT for its own-past reference (the memory's TPOT_KEY: window
+        # end in ms -> [p50, p99, count]) as columns [count, p50, p99], kept for a step's replicas at once
+        self._tpot = KeyColumns(width=3)
 
     def rule_meta(self, rule: str) -> tuple[Severity, str | None, str]:
         cfg = self.config
@@ -180,17 +186,19 @@ class LongTailDetector(ThresholdDetector):
         brought up to date with its fresh sample first) and the finished requests' TPOT."""
         self._row_of, self._peer_live, self._peer_columns = {}, [], ()
         self._prepared, self._live_aggregates = None, []
-        if len(self._stamp_ms) > _STAMP_CACHE:
-            self._stamp_ms.clear()
         cfg = self.config
         if step is None or len(step) < 2 or not (cfg.live_rule or cfg.exceedance_rule):
             return
         now = step.vectors[0].window_end
         live: list[LiveAggregate | None] = [None] * len(step)
         if cfg.live_rule:
+            state = self._state
             for row, (key, sample) in enumerate(zip(step.keys, step.telemetry, strict=True)):
-                if sample is None and key not in self._state:
-                    continue
+                if sample is None:
+                    # no new sample and none kept: no aggregate (aggregate() of no samples is None)
+                    key_state = state.get(key)
+                    if key_state is None or not key_state.memory.get(LIVE_KEY):
+                        continue
                 memory = self.key_memory(key)
                 record(memory, sample, cfg.ttft_span_s)
                 live[row] = self._aggregate(memory, now)
@@ -205,7 +213,11 @@ class LongTailDetector(ThresholdDetector):
         self._row_of, self._peer_live, self._live_aggregates = step.row_of, peer_live, live
         self._peer_columns = (peer_p50, peer_p99, peer_ttft, peer_count)
         self._prepared = step
-        if cfg.live_rule:
+        if cfg.live_rule and not any(map(operator.is_not, live, repeat(None))):
+            # no replica has live samples: no claim possible anywhere (what the general case gives)
+            self._live_top_over_base = np.full(len(step), np.nan)
+            self._live_now = now
+        elif cfg.live_rule:
             # the slowest sample of the span against the pool's mean (NaN: no claim possible; inf: the
             # replica's own past judges, which the screen does not read)
             top = np.array([math.nan if a is None or a.tokens < cfg.live_min_tokens or a.tpot_top_s is None
@@ -256,15 +268,93 @@ class LongTailDetector(ThresholdDetector):
                 if cfg.exceedance_rule:
                     p50, p99, _, peer_count = self._peer_columns
                     pooled = ~np.isnan(p50) & ~np.isnan(p99) & ~np.isnan(peer_count) & (peer_count != 0)
-                    top = np.fmax(np.fmax(step.column("tpot_p50"), step.column("tpot_p90")),
-                                  np.fmax(step.column("tpot_p99"), step.column("tpot_max")))
                     own = ~np.isnan(step.column("tpot_p50")) & ~np.isnan(step.column("tpot_max"))
-                    rules |= own & (~pooled | (top >= cfg.tail_ratio * p99 * (1.0 - 1e-9)))
+                    rules |= own & (~pooled | self._exceedance_possible(step, p99, peer_count))
                 can |= floor & rules
         if cfg.seed_rule:
             p50, p99 = step.column("latency_p50"), step.column("latency_p99")
             can |= (count >= max(cfg.min_count, 1)) & (p50 > 0) & (p99 > cfg.ratio * p50)
         return ~can
+
+    def _exceedance_possible(self, step: StepColumns, peer_p99: npt.NDArray[np.float64],
+                             peer_count: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+        """Where the exceedance rule against the peers could hold: :meth:`_exceedance`'s count of
+        requests above the level and its binomial bound, as columns, with a hair of slack both on
+        the level and on the bound (so rounding can only let a replica through to evaluate)."""
+        cfg = self.config
+        n = step.column("count")
+        level = cfg.tail_ratio * peer_p99 * (1.0 - 1e-9)
+        exceeding = np.zeros(len(step))
+        found = np.zeros(len(step), dtype=bool)
+        with np.errstate(invalid="ignore"):
+            for quantile, name in ((0.5, "tpot_p50"), (0.9, "tpot_p90"), (0.99, "tpot_p99"), (1.0, "tpot_max")):
+                above = ~found & (step.column(name) >= level)  # NaN (no value) is never above
+                exceeding = np.where(above, n - np.floor(quantile * (n - 1)), exceeding)
+                found |= above
+            m = np.trunc(peer_count)
+            rate = np.maximum((m - np.floor(0.99 * (m - 1)) - 1) / (m + 1), BASELINE_EXCEEDANCE)
+            rate = np.minimum(np.maximum(rate, 1e-12), 1.0 - 1e-12)
+            share = np.minimum(exceeding / np.where(n > 0, n, 1.0), 1.0)
+            with np.errstate(divide="ignore"):
+                kl = np.where(share > 0, share * np.log(share / rate), 0.0) + np.where(
+                    share < 1, (1.0 - share) * np.log((1.0 - share) / (1.0 - rate)), 0.0)
+            # binomial_tail_bound: exp(-n KL) <= alpha, only where the count is above n p
+            return found & (n > 0) & (exceeding > n * rate * (1.0 - 1e-9)) & (
+                n * kl >= -math.log(cfg.alpha) * (1.0 - 1e-9))
+
+    def remember_step(self, step: StepColumns, rows: npt.NDArray[np.int64]) -> None:
+        """:meth:`remember` of the step's ``rows``: the TPOT history of all at once; the live rule
+        only learns on the replicas :meth:`prepare` found samples for (without, it learns nothing)."""
+        if self._prepared is not step:  # a lone replica, or a step without peers: one at a time
+            super().remember_step(step, rows)
+            return
+        cfg = self.config
+        if cfg.live_rule:
+            aggregates, peer_live = self._live_aggregates, self._peer_live
+            vectors, keys = step.vectors, step.keys
+            for row in rows.tolist():
+                agg = aggregates[row]
+                if agg is not None and agg.tokens >= cfg.live_min_tokens:
+                    self._live_learn(vectors[row], self.key_memory(keys[row]), agg, peer_live[row])
+        if cfg.exceedance_rule and len(rows):
+            keys = step.keys
+            own = self._tpot.rows(keys if len(rows) == len(keys) else [keys[row] for row in rows.tolist()])
+            count = step.column("count")[rows]
+            entries = np.empty((len(rows), 3))
+            entries[:, 1] = step.column("tpot_p50")[rows]
+            entries[:, 2] = step.column("tpot_p99")[rows]
+            entries[:, 0] = count
+            kept = (count >= cfg.peer_min_count) & ~np.isnan(entries[:, 1]) & ~np.isnan(entries[:, 2])
+            ends = step.column("window_end")[rows]
+            for end in ([float(ends[0])] if (ends == ends[0]).all() else np.unique(ends).tolist()):
+                same = ends == end
+                self._record_tpot(own[same & kept], entries[same & kept], own[same], end)
+
+    def _record_tpot(self, kept: npt.NDArray[np.int64], entries: npt.NDArray[np.float64],
+                     rows: npt.NDArray[np.int64], window_end: float) -> None:
+        """Keep the windows of ``kept`` that end at ``window_end``; drop those of ``rows`` that
+        ended more than ``lookback_s`` before it."""
+        end_ms = round(window_end * 1000)
+        self._tpot.put(kept, end_ms, entries)
+        self._tpot.drop_before(rows, end_ms - round(self.config.lookback_s * 1000))
+
+    def column_memory(self) -> dict[str, dict[str, Any]]:
+        tpot = self._tpot
+        return {key: {TPOT_KEY: {str(end): [p50, p99, int(n)] for end, (n, p50, p99) in tpot.records(key).items()}}
+                for key in tpot.held_keys()}
+
+    def load_column_memory(self, key: str, memory: dict[str, Any]) -> None:
+        entries = memory.pop(TPOT_KEY, None) or {}
+        own = np.array([self._tpot.add(key)])
+        for end, (p50, p99, n) in entries.items():
+            self._tpot.put(own, int(end), np.array([[float(n), float(p50), float(p99)]]))
+
+    def clear_column_memory(self) -> None:
+        self._tpot.clear()
+
+    def forget(self, key: str) -> None:
+        super().forget(key)
+        self._tpot.forget(key)
 
     def remember(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]) -> None:
         """What :meth:`evaluate` does to the memory of a replica none of its rules holds on, with
@@ -285,7 +375,7 @@ class LongTailDetector(ThresholdDetector):
                 agg = self._aggregate(memory, fv.window_end)
             self._live_learn(fv, memory, agg, None if row is None else self._peer_live[row])
         if cfg.exceedance_rule:
-            self._keep_tpot(fv, memory)
+            self._keep_tpot(fv)
 
     def evaluate(
         self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]
@@ -340,11 +430,11 @@ class LongTailDetector(ThresholdDetector):
         window end), None where it makes no claim; the noise and the own baseline learn from a
         step where the rule does not hold."""
         cfg = self.config
+        if agg is None or agg.tokens < cfg.live_min_tokens:
+            return None  # nothing learnt: the baseline and noise are made on first use (as they start)
         alpha = min(5.0 / cfg.live_noise_tau_s, 1.0)  # one step of 5 s
         own = SlowBaseline(memory, "live_base", alpha)
         noise = Noise(memory, "live_noise", alpha, cfg.live_noise_prior, 1.0, cfg.live_noise_floor)
-        if agg is None or agg.tokens < cfg.live_min_tokens:
-            return None
         baseline, source = (peer_live, "peers") if peer_live is not None else \
             (own.get(cfg.live_history_steps), "own past")
         if baseline is None or baseline.tpot_mean_s <= 0 or fv.count < cfg.min_count:
@@ -379,33 +469,28 @@ class LongTailDetector(ThresholdDetector):
         ttft = slow_start.ttft_p50_s if slow_start is not None else None
         return LiveAggregate(agg.tokens, agg.tpot_mean_s, agg.tpot_p50_s, ttft, agg.ttft_p99_s, agg.tpot_top_s)
 
-    def _keep_tpot(self, fv: FeatureVector, memory: dict[str, Any]) -> list[float] | None:
+    def _keep_tpot(self, fv: FeatureVector) -> list[float] | None:
         """Keep the window's TPOT (with ``peer_min_count`` requests) for the own-past reference,
         and only the windows that ended at most ``lookback_s`` before; return the one that ended
-        exactly that long before (None without it)."""
+        exactly that long before, as [p50, p99, count] (None without it)."""
         cfg = self.config
         n, p50, p99 = fv.count, fv.tpot_p50, fv.tpot_p99
-        history: dict[str, list[float]] = memory.setdefault("tpot_by_end_ms", {})
-        stamps = self._window_stamps  # the last window end's, shared by its replicas
-        if stamps is None or stamps[0] != fv.window_end:
-            end_ms = round(fv.window_end * 1000)
-            cutoff = end_ms - round(cfg.lookback_s * 1000)
-            stamps = self._window_stamps = (fv.window_end, cutoff, str(cutoff), str(end_ms))
-        _, cutoff, before_stamp, stamp = stamps
-        before = history.get(before_stamp)
+        own = self._tpot.add(fv.key)
+        end_ms = round(fv.window_end * 1000)
+        before = self._tpot.get(own, end_ms - round(cfg.lookback_s * 1000))
+        rows = np.array([own])
         if n >= cfg.peer_min_count and p50 is not None and p99 is not None:
-            history[stamp] = [p50, p99, n]
-        ms = self._stamp_ms
-        for old in [old for old in history if ms[old] < cutoff]:
-            del history[old]
-        return before
+            self._record_tpot(rows, np.array([[float(n), p50, p99]]), rows, fv.window_end)
+        else:
+            self._record_tpot(rows[:0], np.zeros((0, 3)), rows, fv.window_end)
+        return None if before is None else [before[1], before[2], before[0]]
 
     def _exceedance(self, fv: FeatureVector, memory: dict[str, Any], peers: _Peers | None,
                     evidence: dict[str, Any]) -> Finding:
         """The exceedance rule (module docstring); keeps the window's TPOT for the own-past reference."""
         cfg = self.config
         n, p50, p90, p99, top = fv.count, fv.tpot_p50, fv.tpot_p90, fv.tpot_p99, fv.tpot_max
-        before = self._keep_tpot(fv, memory)
+        before = self._keep_tpot(fv)
         if peers is not None and peers.tpot_p99 is not None and peers.tpot_p50 is not None and peers.count:
             ref50, ref99, ref_n, source = peers.tpot_p50, peers.tpot_p99, peers.count, "peers"
         elif before is not None and len(before) > 2:
@@ -462,19 +547,9 @@ class LongTailDetector(ThresholdDetector):
                        params={"sample_rate": cfg.sample_rate})
 
 
-_STAMP_CACHE = 64  # stamps kept read (one or two per step are new): cleared past this, at a step's start
-
 #: The live rule's judgement: the aggregate, baseline, its source, tail excess, noise, threshold,
 #: history steps, first tokens' ratio, prefill, holds.
 _LiveJudgement = tuple[LiveAggregate, LiveAggregate, str, float, float, float, int, float | None, bool, bool]
-
-
-class _StampMs(dict[str, int]):
-    """A history stamp (window end in ms, as text) -> that integer, read once."""
-
-    def __missing__(self, stamp: str) -> int:
-        value = self[stamp] = int(stamp)
-        return value
 
 
 def _num(value: float) -> float | None:

@@ -118,6 +118,9 @@ class ThresholdDetector(Detector):
     def __init__(self, config: DetectorConfig | None = None) -> None:
         super().__init__(config)
         self._state: dict[str, _KeyState] = {}
+        # the keys whose rules are not idle (a rule counting towards opening, or open): only these
+        # of a step's screened replicas are evaluated, without asking every key's hysteresis
+        self._active: set[str] = set()
         # rule_meta depends on the (frozen) config only: computed once per rule, not per key and step
         self._meta: dict[str, tuple[Severity, str | None, str]] = {}
         self._routing: dict[str, tuple[str, ...]] = {}  # rule -> routing_actions(rule), cached likewise
@@ -157,6 +160,19 @@ class ThresholdDetector(Detector):
 
     def remember(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]) -> None:
         """What :meth:`evaluate` does to ``memory``, alone (detectors with ``remembers``)."""
+
+    def remember_step(self, step: StepColumns, rows: npt.NDArray[np.int64]) -> None:
+        """:meth:`remember` for the step's ``rows`` (replicas the screen cleared, rules idle).
+        Detectors that keep their history as columns override it to do the whole step at once."""
+        state = self._state
+        remember = self.remember
+        vectors, keys, telemetry_of = step.vectors, step.keys, step.telemetry
+        for row in rows.tolist():
+            key = keys[row]
+            found = state.get(key)
+            if found is None:
+                found = state[key] = _KeyState(len(self.rules))
+            remember(vectors[row], telemetry_of[row], found.memory)
 
     def prepare(self, step: StepColumns | None) -> None:
         """Optional: read what the rules need from the whole step before any replica of it is
@@ -209,17 +225,18 @@ class ThresholdDetector(Detector):
                         continue
                 update_into(vectors[row], telemetry_of[row], now, alerts, actions)
             return
-        # a detector with a history: every replica records it, the screened ones only that
-        remember = self.remember
-        for fv, key, telemetry, is_quiet in zip(step.vectors, step.keys, step.telemetry, quiet.tolist(), strict=True):
-            if is_quiet:
-                found = state.get(key)
-                if found is None:
-                    found = state[key] = _KeyState(len(self.rules))
-                if found.rules_idle():
-                    remember(fv, telemetry, found.memory)
-                    continue
-            update_into(fv, telemetry, now, alerts, actions)
+        # a detector with a history: every replica records it, the screened ones whose rules are
+        # idle only that (all at once), the others are evaluated in step order. Each touches its
+        # own key's history only, so recording first changes nothing the evaluations see.
+        judge = ~quiet
+        if self._active:
+            row_of = step.row_of
+            active = [row_of[key] for key in self._active if key in row_of]
+            judge[active] = True
+        self.remember_step(step, np.flatnonzero(~judge))
+        vectors, telemetry_of = step.vectors, step.telemetry
+        for row in np.flatnonzero(judge).tolist():
+            update_into(vectors[row], telemetry_of[row], now, alerts, actions)
 
     def update_into(
         self,
@@ -235,12 +252,15 @@ class ThresholdDetector(Detector):
         if key_state is None:
             key_state = self._state[key] = _KeyState(len(self.rules))
         findings = self.evaluate(fv, telemetry, key_state.memory)
+        idle = True
         for rule, rule_state in zip(self.rules, key_state.rules, strict=True):
             finding = findings.get(rule, _NOT_EVALUATED)
             hysteresis = rule_state.hysteresis
             transition = hysteresis.observe(
                 finding.holds, persistence=cfg.persistence, clear_steps=cfg.clear_steps, now=now
             )
+            if hysteresis.hits or hysteresis.is_open:
+                idle = False
             if finding.holds:
                 # remember what the last holding step said: the action keeps these params while
                 # the alert is clearing, and the resolve alert can cite the opening message
@@ -280,6 +300,10 @@ class ThresholdDetector(Detector):
                            expires_at=now + cfg.action_ttl_s)
                     for name in routing
                 )
+        if idle:
+            self._active.discard(key)
+        else:
+            self._active.add(key)
 
     def _alert(
         self,
@@ -305,21 +329,43 @@ class ThresholdDetector(Detector):
             evidence=evidence,
         )
 
+    def column_memory(self) -> dict[str, dict[str, Any]]:
+        """Per key, the memory entries a detector keeps as columns rather than in the key's
+        memory (its history of the whole step at once), as the memory would hold them: a
+        checkpoint stores them there, so its format does not depend on where they live."""
+        return {}
+
+    def load_column_memory(self, key: str, memory: dict[str, Any]) -> None:
+        """Take the entries :meth:`column_memory` writes out of a loaded key's ``memory`` (after
+        :meth:`clear_column_memory`)."""
+
+    def clear_column_memory(self) -> None:
+        """Drop every key's column memory (a state is being loaded)."""
+
     def state_dict(self) -> dict[str, Any]:
         # serialised on request only (a checkpoint): fresh plain containers the caller may keep
-        keys = {
-            key: {
-                "rules": {rule: rs.to_dict() for rule, rs in zip(self.rules, ks.rules, strict=True)},
-                "memory": _plain(ks.memory),
-            }
-            for key, ks in self._state.items()
-        }
+        # in key order, and without the keys whose state is the same as none (rules idle with
+        # nothing kept, no memory): one state, one checkpoint, whichever replicas were evaluated
+        columns = self.column_memory()
+        keys: dict[str, Any] = {}
+        for key in sorted(self._state.keys() | columns.keys()):
+            ks = self._state.get(key)
+            if ks is None:
+                ks = _KeyState(len(self.rules))
+            elif not ks.memory and key not in columns and ks.rules_idle() and all(
+                    rs.message is None and rs.params is None for rs in ks.rules):
+                continue
+            memory = _plain(ks.memory)
+            memory.update(columns.get(key, {}))
+            keys[key] = {"rules": {rule: rs.to_dict() for rule, rs in zip(self.rules, ks.rules, strict=True)},
+                         "memory": memory}
         return {"v": STATE_VERSION, "detector": self.name, "keys": keys}
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         if state.get("v") != STATE_VERSION or state.get("detector") != self.name:
             raise ValueError(f"{self.name}: cannot load state {state.get('detector')!r} v{state.get('v')!r}")
         loaded: dict[str, _KeyState] = {}
+        self.clear_column_memory()
         for key, data in state.get("keys", {}).items():
             key_state = _KeyState(0)
             rules = data.get("rules", {})
@@ -327,11 +373,14 @@ class ThresholdDetector(Detector):
                 _RuleState.from_dict(rules[rule]) if rule in rules else _RuleState() for rule in self.rules
             ]
             key_state.memory = _plain(dict(data.get("memory", {})))
+            self.load_column_memory(str(key), key_state.memory)
             loaded[str(key)] = key_state
         self._state = loaded
+        self._active = {key for key, key_state in loaded.items() if not key_state.rules_idle()}
 
     def forget(self, key: str) -> None:
         self._state.pop(key, None)
+        self._active.discard(key)
 
     def open_alerts(self) -> dict[str, Severity]:
         result: dict[str, Severity] = {}
