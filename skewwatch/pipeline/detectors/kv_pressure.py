@@ -106,7 +106,9 @@ class KvPressureDetector(ThresholdDetector):
 
     def __init__(self, config: KvPressureConfig | None = None) -> None:
         super().__init__(config)
-        self._peer_hit: dict[str, float] = {}  # the current step's peers' hit rate, by key
+        # the current step's peers' hit rate per row (NaN: no pool baseline) and its key -> row
+        self._peer_hit: npt.NDArray[np.float64] = np.zeros(0)
+        self._row_of: dict[str, int] = {}
         # the replicas' own past hit rate, [weight, mean] per key (the memory's BASELINE_KEY), as
         # columns: every replica of a step folds its window in at once
         self._baseline = KeyColumns(width=2)
@@ -120,15 +122,14 @@ class KvPressureDetector(ThresholdDetector):
 
     def prepare(self, step: StepColumns | None) -> None:
         """Each replica's peers' KV hit rate (median of the others' windows with enough requests)."""
-        self._peer_hit = {}
+        self._peer_hit, self._row_of = np.zeros(0), {}
         cfg = self.config
         if step is None or not cfg.relative_hit_rate or len(step) < 2:
             return
         hit = step.column("kv_cache_hit_rate_mean")
         valid = (step.column("count") >= cfg.min_count) & ~np.isnan(hit)
         peers = others_median(hit, valid, cfg.min_peers)
-        self._peer_hit = {key: float(value) for key, value in zip(step.keys, peers.tolist(), strict=True)
-                          if not np.isnan(value)}
+        self._peer_hit, self._row_of = peers, step.row_of
 
     def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_]:
         """Both rules over the step's replicas as columns, loosened where they need a baseline
@@ -246,7 +247,8 @@ class KvPressureDetector(ThresholdDetector):
             return Finding(None, evidence=evidence)
         evidence = {**evidence, "fragmentation_threshold": cfg.fragmentation_threshold}
         if cfg.relative_hit_rate:
-            peers = self._peer_hit.get(fv.key)
+            row = self._row_of.get(fv.key)
+            peers = None if row is None or np.isnan(self._peer_hit[row]) else float(self._peer_hit[row])
             baseline, source = (peers, "peers") if peers is not None else (before, "own past")
             if baseline is None:
                 return Finding(None, evidence=evidence)

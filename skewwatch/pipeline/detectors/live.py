@@ -28,8 +28,10 @@ for a replica without enough peers.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -134,6 +136,8 @@ def peer_baselines(aggregates: Sequence[LiveAggregate | None], min_tokens: float
     [0.04, 0.02, 0.035]
     """
     n = len(aggregates)
+    if not any(map(operator.is_not, aggregates, repeat(None))):
+        return [None] * n  # no replica has an aggregate: no peers anywhere
     valid = np.array([a is not None and a.tokens >= min_tokens for a in aggregates], dtype=bool)
     tokens = np.array([a.tokens if a is not None else 0.0 for a in aggregates])
     total = np.array([a.tokens * a.tpot_mean_s if a is not None else 0.0 for a in aggregates])

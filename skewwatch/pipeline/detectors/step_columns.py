@@ -8,7 +8,8 @@ shared by every detector of the step.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, is_not
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,9 @@ class StepColumns:
     def telemetry_column(self, name: str) -> npt.NDArray[np.float64]:
         """``TelemetrySample.<name>`` of every replica's fresh sample (NaN without one)."""
         found = self._telemetry_columns.get(name)
+        if found is None and not any(map(is_not, self.telemetry, repeat(None))):
+            # no fresh sample at all (by identity: a sample's __eq__ is not asked): all unknown
+            found = self._telemetry_columns[name] = np.full(len(self.telemetry), np.nan)
         if found is None:
             get = attrgetter(name)
             found = self._telemetry_columns[name] = _floats(
