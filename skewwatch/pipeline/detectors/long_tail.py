@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Annotated, Any
@@ -192,8 +193,15 @@ class LongTailDetector(ThresholdDetector):
         now = step.vectors[0].window_end
         live: list[LiveAggregate | None] = [None] * len(step)
         if cfg.live_rule:
-            state = self._state
-            for row, (key, sample) in enumerate(zip(step.keys, step.telemetry, strict=True)):
+            state, keys, samples = self._state, step.keys, step.telemetry
+            if any(map(operator.is_not, samples, repeat(None))):
+                rows: Iterable[int] = range(len(step))
+            else:  # no fresh sample (by identity): only the replicas with samples kept can aggregate
+                row_of = step.row_of
+                rows = sorted(row_of[key] for key, key_state in state.items()
+                              if key in row_of and key_state.memory.get(LIVE_KEY))
+            for row in rows:
+                key, sample = keys[row], samples[row]
                 if sample is None:
                     # no new sample and none kept: no aggregate (aggregate() of no samples is None)
                     key_state = state.get(key)
