@@ -85,7 +85,7 @@ from skewwatch.pipeline.detectors.live import (
     record,
     tail_excess,
 )
-from skewwatch.pipeline.detectors.peers import others_median
+from skewwatch.pipeline.detectors.peers import others_median, others_medians
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
 from skewwatch.schemas.feature_vector import FeatureVector
@@ -214,10 +214,13 @@ class LongTailDetector(ThresholdDetector):
         count = step.column("count")
         p50, p99, ttft = step.column("tpot_p50"), step.column("tpot_p99"), step.column("ttft_p50")
         valid = (count >= cfg.peer_min_count) & ~np.isnan(p50) & ~np.isnan(p99)
-        peer_p50 = others_median(p50, valid, cfg.min_peers)
-        peer_p99 = others_median(p99, valid, cfg.min_peers)
-        peer_ttft = others_median(ttft, valid & ~np.isnan(ttft), cfg.min_peers)
-        peer_count = others_median(count, valid, cfg.min_peers)
+        ttft_valid = valid & ~np.isnan(ttft)
+        if (ttft_valid == valid).all():  # the usual step: one sort for the four
+            peer_p50, peer_p99, peer_ttft, peer_count = others_medians(np.stack([p50, p99, ttft, count]), valid,
+                                                                       cfg.min_peers)
+        else:
+            peer_p50, peer_p99, peer_count = others_medians(np.stack([p50, p99, count]), valid, cfg.min_peers)
+            peer_ttft = others_median(ttft, ttft_valid, cfg.min_peers)
         self._row_of, self._peer_live, self._live_aggregates = step.row_of, peer_live, live
         self._peer_columns = (peer_p50, peer_p99, peer_ttft, peer_count)
         self._prepared = step
