@@ -170,14 +170,15 @@ class KvPressureDetector(ThresholdDetector):
         folded = (count >= cfg.min_count) & ~np.isnan(hit)
         keys = step.keys
         chosen = rows[folded] if not folded.all() else rows
-        own = self._baseline.rows([keys[row] for row in chosen.tolist()])
+        own = self._baseline.rows(keys if len(chosen) == len(keys) else [keys[row] for row in chosen.tolist()])
         before = self._baseline.read(own, 0)
-        weight_before = np.nan_to_num(before[:, 0])
-        mean_before = np.nan_to_num(before[:, 1])
+        absent = np.isnan(before[:, 0])  # no past yet: [0.0, 0.0], as _remember starts it
+        weight_before = np.where(absent, 0.0, before[:, 0])
+        mean_before = np.where(absent, 0.0, before[:, 1])
         weight = (1.0 - self._alpha()) * weight_before + 1.0
         updated = np.empty((len(own), 2))
         updated[:, 0] = weight
-        updated[:, 1] = mean_before + (hit[folded] - mean_before) / weight
+        updated[:, 1] = mean_before + ((hit[folded] if len(chosen) < len(rows) else hit) - mean_before) / weight
         self._baseline.put(own, 0, updated)
 
     def _alpha(self) -> float:

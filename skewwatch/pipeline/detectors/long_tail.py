@@ -295,23 +295,29 @@ class LongTailDetector(ThresholdDetector):
         cfg = self.config
         n = step.column("count")
         level = cfg.tail_ratio * peer_p99 * (1.0 - 1e-9)
-        exceeding = np.zeros(len(step))
-        found = np.zeros(len(step), dtype=bool)
-        with np.errstate(invalid="ignore"):
-            for quantile, name in ((0.5, "tpot_p50"), (0.9, "tpot_p90"), (0.99, "tpot_p99"), (1.0, "tpot_max")):
-                above = ~found & (step.column(name) >= level)  # NaN (no value) is never above
-                exceeding = np.where(above, n - np.floor(quantile * (n - 1)), exceeding)
-                found |= above
+        quantiles = np.stack([step.column("tpot_p50"), step.column("tpot_p90"), step.column("tpot_p99"),
+                              step.column("tpot_max")])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            above = quantiles >= level  # NaN (no value, or no level) is never above
+            found = above.any(axis=0)
+            # the first (lowest) quantile above the level proves the most requests above it
+            quantile = _QUANTILES[np.argmax(above, axis=0)]
+            exceeding = n - np.floor(quantile * (n - 1))
             m = np.trunc(peer_count)
             rate = np.maximum((m - np.floor(0.99 * (m - 1)) - 1) / (m + 1), BASELINE_EXCEEDANCE)
-            rate = np.minimum(np.maximum(rate, 1e-12), 1.0 - 1e-12)
-            share = np.minimum(exceeding / np.where(n > 0, n, 1.0), 1.0)
-            with np.errstate(divide="ignore"):
-                kl = np.where(share > 0, share * np.log(share / rate), 0.0) + np.where(
-                    share < 1, (1.0 - share) * np.log((1.0 - share) / (1.0 - rate)), 0.0)
-            # binomial_tail_bound: exp(-n KL) <= alpha, only where the count is above n p
-            return found & (n > 0) & (exceeding > n * rate * (1.0 - 1e-9)) & (
-                n * kl >= -math.log(cfg.alpha) * (1.0 - 1e-9))
+            # binomial_tail_bound is 1 unless the count is above n p: most replicas stop here
+            possible = found & (n > 0) & (exceeding > n * rate * (1.0 - 1e-9))
+            rows = np.flatnonzero(possible)
+            if not len(rows):
+                return possible
+            n, exceeding = n[rows], exceeding[rows]
+            rate = np.minimum(np.maximum(rate[rows], 1e-12), 1.0 - 1e-12)
+            share = np.minimum(exceeding / n, 1.0)
+            kl = np.where(share > 0, share * np.log(share / rate), 0.0) + np.where(
+                share < 1, (1.0 - share) * np.log((1.0 - share) / (1.0 - rate)), 0.0)
+            # exp(-n KL) <= alpha
+            possible[rows] = n * kl >= -math.log(cfg.alpha) * (1.0 - 1e-9)
+        return possible
 
     def remember_step(self, step: StepColumns, rows: npt.NDArray[np.int64]) -> None:
         """:meth:`remember` of the step's ``rows``: the TPOT history of all at once; the live rule
@@ -557,6 +563,8 @@ class LongTailDetector(ThresholdDetector):
         return Finding(holds=p99 > cfg.ratio * p50, message=message, evidence=evidence,
                        params={"sample_rate": cfg.sample_rate})
 
+
+_QUANTILES = np.array([0.5, 0.9, 0.99, 1.0])  # of the window's TPOT p50, p90, p99 and max
 
 #: The live rule's judgement: the aggregate, baseline, its source, tail excess, noise, threshold,
 #: history steps, first tokens' ratio, prefill, holds.

@@ -94,16 +94,17 @@ def others_medians(values: FloatArray, valid: BoolArray, min_peers: int = 1) -> 
     rows = np.flatnonzero(valid)
     m = len(rows)
     chosen = values[:, rows]
-    order = np.argsort(chosen, axis=1, kind="stable")
-    ordered = np.take_along_axis(chosen, order, axis=1)
+    order = np.argsort(chosen, axis=1)
+    line = np.arange(k)[:, None]  # (plain fancy indexing: take_along_axis costs more on small pools)
+    ordered = chosen[line, order]
     if m - 1 >= 1:
         own = np.empty_like(order)
-        np.put_along_axis(own, order, np.arange(m), axis=1)  # each valid replica's rank
+        own[line, order] = np.arange(m)  # each valid replica's rank
         length = m - 1
         lo, hi = (length - 1) // 2, length // 2
         lo_at = np.where(lo < own, lo, lo + 1)
         hi_at = np.where(hi < own, hi, hi + 1)
-        out[:, rows] = (np.take_along_axis(ordered, lo_at, axis=1) + np.take_along_axis(ordered, hi_at, axis=1)) / 2.0
+        out[:, rows] = (ordered[line, lo_at] + ordered[line, hi_at]) / 2.0
     others = np.flatnonzero(~valid)
     if len(others) and m >= 1:
         out[:, others] = np.median(ordered, axis=1)[:, None]
