@@ -55,6 +55,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import Any, cast
 
 import numpy as np
@@ -78,6 +79,8 @@ from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 DECIDER_STATE_VERSION = 1
+_REPLICA, _MODEL = attrgetter("replica"), attrgetter("model")
+_HEALTHY: tuple[float, str | None, str | None] = (1.0, None, None)  # a replica without a health note
 
 
 @dataclass(slots=True)
@@ -185,25 +188,24 @@ class ModelDecider:
         self._last_window_end = window_end
         self._open_alerts = None
         now = window_end
-        by_replica: dict[str, FeatureVector] = {}
+        # (map and set operations rather than a Python loop per replica: this runs for every replica)
+        features = replica_features if isinstance(replica_features, list) else list(replica_features)
+        by_replica = cast(dict[str, FeatureVector], dict(zip(map(_REPLICA, features), features, strict=True)))
+        if None in by_replica or set(map(_MODEL, features)) - {model}:
+            wrong = next(fv for fv in features if fv.model != model or fv.replica is None)
+            raise ValueError(f"step of model {model!r} got the vector of {wrong.key!r}")
         tracks = self._tracks
-        new: list[str] = []
-        for fv in replica_features:
-            replica = fv.replica
-            if fv.model != model or replica is None:
-                raise ValueError(f"step of model {model!r} got the vector of {fv.key!r}")
-            by_replica[replica] = fv
-            if replica not in tracks:
-                new.append(replica)
-        for replica in new:
-            tracks[replica] = _Track(first_seen=now)
+        if not by_replica.keys() <= tracks.keys():
+            for replica in by_replica:  # in the order they came
+                if replica not in tracks:
+                    tracks[replica] = _Track(first_seen=now)
             self._order = None
 
         max_age = self.settings.weights.telemetry_max_age_s
         order = self._sorted_replicas()
         track_list = self._tracks_in_order()
         # per replica, in order: its vector (None: no summary this step), silence and fresh telemetry
-        found: list[FeatureVector | None] = [by_replica.get(replica) for replica in order]
+        found: list[FeatureVector | None] = list(map(by_replica.get, order))
         silent: list[str] = []  # only these can be released below: the others were seen now
         for replica, track, fv_or_none in zip(order, track_list, found, strict=True):
             if fv_or_none is not None and fv_or_none.step_count > 0:
@@ -274,9 +276,16 @@ class ModelDecider:
             columns = StepColumns([vectors[i] for i in kept], [fresh_telemetry[i] for i in kept],
                                   [columns.keys[i] for i in kept])
         health = self._health(now, columns.keys)
-        weights = pool_weights(columns, order, telemetry, [(score, note) for score, note, _ in health],
-                               self.settings.weights)
-        settled = self._evidence.settle(model, now, order, summaries, weights, [a for _, _, a in health],
+        if health.count(_HEALTHY) == len(health):  # the usual step (by identity: no tuple compared)
+            score_notes: list[tuple[float, str | None]] = [(1.0, None)] * len(health)
+            health_actions: list[str | None] = [None] * len(health)
+            self._last_health = dict.fromkeys(order, 1.0)
+        else:
+            score_notes = [(score, note) for score, note, _ in health]
+            health_actions = [action for _, _, action in health]
+            self._last_health = dict(zip(order, [score for score, _, _ in health], strict=True))
+        weights = pool_weights(columns, order, telemetry, score_notes, self.settings.weights)
+        settled = self._evidence.settle(model, now, order, summaries, weights, health_actions,
                                         self.settings.weights)
         alerts.extend(settled.alerts)
         if settled.withdrawn:  # held back by the ejection cap, or routed anyway in panic
@@ -292,7 +301,6 @@ class ModelDecider:
         )
         self._current = correction
         self._last_weights = weights
-        self._last_health = dict(zip(order, [score for score, _, _ in health], strict=True))
         cfg = self.settings.corrections
         prev = self._last_published
         if prev is not None and self._last_published_step is not None:
@@ -363,7 +371,7 @@ class ModelDecider:
 
     def _health(self, now: float, keys: list[str]) -> list[tuple[float, str | None, str | None]]:
         """(score, note, action) of each replica key (``model/replica``), in that order."""
-        healthy: tuple[float, str | None, str | None] = (1.0, None, None)
+        healthy = _HEALTHY
         detector = self.detectors.get(GpuHealthDetector.name)
         if not isinstance(detector, GpuHealthDetector):
             return [healthy] * len(keys)
