@@ -154,8 +154,8 @@ class PoolEvidence:
         """Turn the formula's ``weights`` (one per replica of ``order``, changed in place) into the
         published ones. ``vectors``: the step's vectors (None: no summary); ``health_actions``: each
         replica's health action (drain, isolate, throttle or None)."""
-        rows = [weights[replica] for replica in order]
-        evs = [self.replicas[replica] for replica in order]
+        rows = list(map(weights.__getitem__, order))
+        evs = list(map(self.replicas.__getitem__, order))
         counts = [0 if fv is None else fv.count for fv in vectors]
         k = config.credibility_k
         # 1-2: hold an empty window's score, shrink the others toward the pool's credible mean
