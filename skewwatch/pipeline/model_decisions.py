@@ -74,7 +74,7 @@ from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.failstatic import DETECTOR as POOL_DETECTOR
 from skewwatch.pipeline.health import HEALTHY
 from skewwatch.pipeline.pool_evidence import EJECTING_ACTIONS, PoolEvidence
-from skewwatch.pipeline.weights import ReplicaWeight, pool_weights
+from skewwatch.pipeline.weights import POOL_WEIGHT_FIELDS, ReplicaWeight, pool_weights
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
@@ -139,6 +139,9 @@ class ModelDecider:
         self._last_health: dict[str, float] = {}
         self._open_alerts: dict[tuple[str, str], int] | None = None  # as of the last step (metrics)
         self._evidence = PoolEvidence()  # held scores, arrival rates, ejections, pool alerts
+        # the vectors' fields the step reads as columns, read in one pass (StepColumns.prefetch)
+        self._step_fields = tuple(dict.fromkeys(
+            ["count", *POOL_WEIGHT_FIELDS, *(name for d in self.detectors.values() for name in d.step_fields())]))
 
     # ------------------------------------------------------------------ the step
 
@@ -230,6 +233,7 @@ class ModelDecider:
         self._evidence.observe(now, order, summaries, fresh_telemetry, self.settings.weights,
                                self.settings.decider.window_s)
         columns = StepColumns(vectors, fresh_telemetry, self._replica_keys())
+        columns.prefetch(self._step_fields)
         # detector by detector over the step (columns where a detector can), then back in the
         # order of one replica at a time, detectors in registry order. A replica whose window holds
         # no request is judged only by the detectors that do not read requests (gpu_health), and
@@ -240,8 +244,7 @@ class ModelDecider:
         judged = columns
         if empty:
             keep = [row for row, fv in enumerate(vectors) if fv.count > 0]
-            judged = StepColumns([vectors[i] for i in keep], [fresh_telemetry[i] for i in keep],
-                                 [columns.keys[i] for i in keep])
+            judged = columns.take(keep)
         for detector in self.detectors.values():
             if empty and detector.needs_traffic:
                 self._expire(detector, [(columns.keys[row], order[row], self._no_evidence(summaries[row], row, now))
@@ -273,8 +276,7 @@ class ModelDecider:
             kept = [i for i, replica in enumerate(order) if replica in tracks]
             order = [order[i] for i in kept]
             summaries = [summaries[i] for i in kept]
-            columns = StepColumns([vectors[i] for i in kept], [fresh_telemetry[i] for i in kept],
-                                  [columns.keys[i] for i in kept])
+            columns = columns.take(kept)
         health = self._health(now, columns.keys)
         if health.count(_HEALTHY) == len(health):  # the usual step (by identity: no tuple compared)
             score_notes: list[tuple[float, str | None]] = [(1.0, None)] * len(health)

@@ -291,6 +291,9 @@ def _floats_or_none(column: npt.NDArray[np.float64], missing: npt.NDArray[np.boo
     return values.tolist()
 
 
+POOL_WEIGHT_FIELDS = ("queue_length_mean", "latency_mean")  # what pool_weights reads as columns
+
+
 def pool_weights(
     step: StepColumns,
     replicas: Sequence[str],

@@ -72,6 +72,13 @@ class Detector(ABC):
         alerts.extend(out.alerts)
         actions.extend(out.actions)
 
+    def step_fields(self) -> tuple[str, ...]:
+        """The :class:`~skewwatch.schemas.feature_vector.FeatureVector` fields this detector reads as
+        columns of a step (``StepColumns.column``), as configured: the decider reads every
+        detector's in one pass over the step's vectors. Default none; a field left out is still
+        read, alone, when asked for."""
+        return ()
+
     def update_step(self, step: StepColumns, now: float, alerts: list[Alert], actions: list[Action]) -> None:
         """``update`` every replica of one model's step (the decider's entry point), in ``step``
         order. Detectors that can judge the step as columns override it."""

@@ -144,6 +144,9 @@ class BatchCollapseDetector(ThresholdDetector):
     def routing_actions(self, rule: str) -> tuple[str, ...]:
         return ("throttle",) if self.config.throttle else ()
 
+    def step_fields(self) -> tuple[str, ...]:
+        return ("count", "batch_size_std", "batch_fill_mean", "queue_length_mean", "batch_size_mean")
+
     def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_] | None:
         """The rules' necessary conditions over the step's replicas as columns: the evidence floor,
         then the seed's signature, or for the stuck rule from telemetry a waiting request, a free

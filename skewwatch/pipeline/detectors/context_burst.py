@@ -135,6 +135,11 @@ class ContextBurstDetector(ThresholdDetector):
 
     remembers = True  # the window history is kept every step, whether the rule can hold or not
 
+    def step_fields(self) -> tuple[str, ...]:
+        tokens = self.config.tokens
+        return ("count", "window_end", "recent_count", "recent_prompt_tokens_mean", "recent_prompt_tokens_var",
+                "prompt_tokens_mean", "prompt_tokens_var", f"{tokens}_tokens_mean", f"{tokens}_tokens_var")
+
     def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_]:
         """Replicas that cannot burst whatever their own past says: too few newest prompts, or a
         pool baseline (which every judgement with it must clear) whose mean theirs is not

@@ -120,6 +120,9 @@ class KvPressureDetector(ThresholdDetector):
 
     remembers = True  # the own-past hit rate is kept every step
 
+    def step_fields(self) -> tuple[str, ...]:
+        return ("count", "kv_cache_hit_rate_mean", "tokens_per_s")
+
     def prepare(self, step: StepColumns | None) -> None:
         """Each replica's peers' KV hit rate (median of the others' windows with enough requests)."""
         self._peer_hit, self._row_of = np.zeros(0), {}

@@ -184,6 +184,9 @@ class LearnedDetector(Detector):
             return True
         return (round(now / STEP_S) + zlib.crc32(model.encode())) % cadence == 0
 
+    def step_fields(self) -> tuple[str, ...]:
+        return ("count", *self.config.features)
+
     def update_step(self, step: StepColumns, now: float, alerts: list[Alert], actions: list[Action]) -> None:
         if not len(step) or not self._turn(step.vectors[0].model, now):
             return

@@ -180,6 +180,11 @@ class LongTailDetector(ThresholdDetector):
             rules.append(f"p99 > {cfg.ratio:g} x p50")
         return Severity.WARNING, "enable_tracing", "long tail: " + ", or ".join(rules)
 
+    def step_fields(self) -> tuple[str, ...]:
+        cfg = self.config
+        fields = ("count", "window_end", "tpot_p50", "tpot_p90", "tpot_p99", "tpot_max", "ttft_p50")
+        return (*fields, "latency_p50", "latency_p99") if cfg.seed_rule else fields
+
     # ------------------------------------------------------------------ the pool
 
     def prepare(self, step: StepColumns | None) -> None:

@@ -8,7 +8,7 @@ shared by every detector of the step.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import repeat
+from itertools import chain, repeat
 from operator import attrgetter, is_not
 from typing import Any
 
@@ -61,6 +61,45 @@ class StepColumns:
         if found is None:
             found = self._columns[name] = _floats(map(attrgetter(name), self.vectors), len(self.vectors))
         return found
+
+    def prefetch(self, names: Sequence[str]) -> None:
+        """Build the columns of ``names`` not built yet, in one pass over the vectors.
+
+        Each vector is then visited once rather than once per field: at thousands of replicas,
+        whose vectors are far apart in memory, that is much cheaper than field by field.
+
+        >>> fv = FeatureVector(model="m", replica="a", window_start=0.0, window_end=60.0, count=5)
+        >>> cols = StepColumns([fv], [None])
+        >>> cols.prefetch(["count", "latency_p50"])
+        >>> cols.column("count").tolist(), cols.column("latency_p50").tolist()
+        ([5.0], [nan])
+        """
+        wanted = [name for name in dict.fromkeys(names) if name not in self._columns]
+        if len(wanted) < 2:
+            for name in wanted:
+                self.column(name)
+            return
+        n = len(self.vectors)
+        flat = np.fromiter(chain.from_iterable(map(attrgetter(*wanted), self.vectors)), np.float64, n * len(wanted))
+        table = flat.reshape(n, len(wanted)).T.copy()  # one contiguous row per field
+        for row, name in enumerate(wanted):
+            self._columns[name] = table[row]
+
+    def take(self, rows: Sequence[int]) -> StepColumns:
+        """The step of these ``rows`` only, with the columns built so far (not read again).
+
+        >>> fv = FeatureVector(model="m", replica="a", window_start=0.0, window_end=60.0, count=5)
+        >>> cols = StepColumns([fv, FeatureVector(model="m", replica="b", window_start=0.0, window_end=60.0, count=7)],
+        ...                    [None, None])
+        >>> cols.column("count").tolist(), cols.take([1]).column("count").tolist(), cols.take([1]).keys
+        ([5.0, 7.0], [7.0], ['m/b'])
+        """
+        part = StepColumns([self.vectors[row] for row in rows], [self.telemetry[row] for row in rows],
+                           [self.keys[row] for row in rows])
+        index = np.asarray(rows, dtype=np.int64)
+        part._columns = {name: values[index] for name, values in self._columns.items()}
+        part._telemetry_columns = {name: values[index] for name, values in self._telemetry_columns.items()}
+        return part
 
     def telemetry_column(self, name: str) -> npt.NDArray[np.float64]:
         """``TelemetrySample.<name>`` of every replica's fresh sample (NaN without one)."""
