@@ -43,8 +43,8 @@ def others_sum(values: FloatArray, valid: BoolArray) -> FloatArray:
 
 
 def others_median(values: FloatArray, valid: BoolArray, min_peers: int = 1) -> FloatArray:
-    """Median of ``values`` over the other valid replicas, per replica; NaN with fewer than
-    ``min_peers`` of them.
+    """Median of ``values`` over the other valid replicas (whose values are numbers, not NaN),
+    per replica; NaN with fewer than ``min_peers`` of them.
 
     >>> import numpy as np
     >>> others_median(np.array([5.0, 1.0, 9.0]), np.array([True, True, True]), min_peers=2).tolist()
@@ -52,36 +52,13 @@ def others_median(values: FloatArray, valid: BoolArray, min_peers: int = 1) -> F
     >>> others_median(np.array([5.0, 1.0, 9.0]), np.array([True, False, False]), min_peers=1).tolist()
     [nan, 5.0, 5.0]
     """
-    n = len(values)
-    out = np.full(n, np.nan)
-    if n == 0:
-        return out
-    ordered = np.sort(values[valid])
-    m = len(ordered)
-    peers = others_count(valid)
-    # a valid replica leaves its own value out: the median of m - 1 values, read from the sorted
-    # m through the position its value held (positions at or after it shift by one)
-    rows = np.flatnonzero(valid)
-    if len(rows) and m - 1 >= 1:
-        own = np.searchsorted(ordered, values[rows], side="left")
-        length = m - 1
-        lo, hi = (length - 1) // 2, length // 2
-        lo_at = np.where(lo < own, lo, lo + 1)
-        hi_at = np.where(hi < own, hi, hi + 1)
-        out[rows] = (ordered[lo_at] + ordered[hi_at]) / 2.0
-    others = np.flatnonzero(~valid)
-    if len(others) and m >= 1:
-        out[others] = float(np.median(ordered))
-    out[peers < max(min_peers, 1)] = np.nan
-    return out
+    return others_medians(values[None, :], valid, min_peers)[0]
 
 
 def others_medians(values: FloatArray, valid: BoolArray, min_peers: int = 1) -> FloatArray:
     """:func:`others_median` of each row of ``values`` (one column per row, shape ``(k, n)``),
-    all over the same ``valid`` replicas (which hold no NaN): one sort for the ``k`` of them.
-
-    A replica's own value is left out through its rank in the sorted row; where it ties with
-    others, any of their ranks leaves the same values, so the same median.
+    all over the same ``valid`` replicas (whose values are numbers, not NaN): one sort for the
+    ``k`` of them.
 
     >>> import numpy as np
     >>> others_medians(np.array([[5.0, 1.0, 9.0], [1.0, 1.0, 2.0]]), np.array([True, True, True])).tolist()
@@ -93,18 +70,16 @@ def others_medians(values: FloatArray, valid: BoolArray, min_peers: int = 1) -> 
         return out
     rows = np.flatnonzero(valid)
     m = len(rows)
-    chosen = values[:, rows]
-    order = np.argsort(chosen, axis=1)
-    line = np.arange(k)[:, None]  # (plain fancy indexing: take_along_axis costs more on small pools)
-    ordered = chosen[line, order]
+    own = values[:, rows]
+    ordered = np.sort(own, axis=1)
     if m - 1 >= 1:
-        own = np.empty_like(order)
-        own[line, order] = np.arange(m)  # each valid replica's rank
-        length = m - 1
-        lo, hi = (length - 1) // 2, length // 2
-        lo_at = np.where(lo < own, lo, lo + 1)
-        hi_at = np.where(hi < own, hi, hi + 1)
-        out[:, rows] = (ordered[line, lo_at] + ordered[line, hi_at]) / 2.0
+        # a valid replica leaves its own value v out: the median of the other m - 1 is read from
+        # the sorted m at positions lo and hi, each taken one further on where the value there is
+        # not below v (v's own position, or a value tied with it, which leaves the same values)
+        lo, hi = (m - 2) // 2, (m - 1) // 2
+        low = np.where(ordered[:, lo:lo + 1] < own, ordered[:, lo:lo + 1], ordered[:, lo + 1:lo + 2])
+        high = np.where(ordered[:, hi:hi + 1] < own, ordered[:, hi:hi + 1], ordered[:, hi + 1:hi + 2])
+        out[:, rows] = (low + high) / 2.0
     others = np.flatnonzero(~valid)
     if len(others) and m >= 1:
         out[:, others] = np.median(ordered, axis=1)[:, None]
