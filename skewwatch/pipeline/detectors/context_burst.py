@@ -352,7 +352,7 @@ class _Merged:
     __slots__ = ("has", "total", "first", "second")
 
     def __init__(self, step: StepColumns, count: str, mean: str, var: str, min_peers: int) -> None:
-        n = np.nan_to_num(step.column(count))
+        n = step.column(count)  # NaN (no count) is not > 0: not valid, and zeroed below
         m, v = step.column(mean), step.column(var)
         valid = (n > 0) & ~np.isnan(m) & ~np.isnan(v)
         n, m, v = np.where(valid, n, 0.0), np.where(valid, m, 0.0), np.where(valid, v, 0.0)
