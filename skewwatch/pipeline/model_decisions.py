@@ -74,7 +74,7 @@ from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.failstatic import DETECTOR as POOL_DETECTOR
 from skewwatch.pipeline.health import HEALTHY
 from skewwatch.pipeline.pool_evidence import EJECTING_ACTIONS, PoolEvidence
-from skewwatch.pipeline.weights import POOL_WEIGHT_FIELDS, ReplicaWeight, pool_weights
+from skewwatch.pipeline.weights import POOL_WEIGHT_FIELDS, POOL_WEIGHT_TELEMETRY_FIELDS, ReplicaWeight, pool_weights
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
@@ -142,6 +142,9 @@ class ModelDecider:
         # the vectors' fields the step reads as columns, read in one pass (StepColumns.prefetch)
         self._step_fields = tuple(dict.fromkeys(
             ["count", *POOL_WEIGHT_FIELDS, *(name for d in self.detectors.values() for name in d.step_fields())]))
+        self._step_telemetry_fields = tuple(dict.fromkeys(
+            [*POOL_WEIGHT_TELEMETRY_FIELDS,
+             *(name for d in self.detectors.values() for name in d.step_telemetry_fields())]))
 
     # ------------------------------------------------------------------ the step
 
@@ -233,7 +236,7 @@ class ModelDecider:
         self._evidence.observe(now, order, summaries, fresh_telemetry, self.settings.weights,
                                self.settings.decider.window_s)
         columns = StepColumns(vectors, fresh_telemetry, self._replica_keys())
-        columns.prefetch(self._step_fields)
+        columns.prefetch(self._step_fields, self._step_telemetry_fields)
         # detector by detector over the step (columns where a detector can), then back in the
         # order of one replica at a time, detectors in registry order. A replica whose window holds
         # no request is judged only by the detectors that do not read requests (gpu_health), and

@@ -292,6 +292,7 @@ def _floats_or_none(column: npt.NDArray[np.float64], missing: npt.NDArray[np.boo
 
 
 POOL_WEIGHT_FIELDS = ("queue_length_mean", "latency_mean")  # what pool_weights reads as columns
+POOL_WEIGHT_TELEMETRY_FIELDS = ("memory_used_bytes", "memory_total_bytes", "queue_length")  # ... of telemetry
 
 
 def pool_weights(

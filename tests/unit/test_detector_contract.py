@@ -491,26 +491,34 @@ def test_a_screened_step_is_every_replica_evaluated(name: str) -> None:
 
 @pytest.mark.parametrize("name", DETECTOR_NAMES)
 def test_step_fields_name_every_column_a_step_reads(name: str) -> None:
-    """``step_fields`` (read by the decider in one pass) names every vector field the detector
-    reads as a column of a step, in each of its configurations."""
+    """``step_fields`` and ``step_telemetry_fields`` (read by the decider in one pass) name every
+    vector and sample field the detector reads as a column of a step, in each of its configurations."""
     rng = random.Random(3)
     read: set[str] = set()
+    read_telemetry: set[str] = set()
 
     class Recording(StepColumns):
         def column(self, field: str) -> Any:
             read.add(field)
             return super().column(field)
 
+        def telemetry_column(self, field: str) -> Any:
+            read_telemetry.add(field)
+            return super().telemetry_column(field)
+
     for config in _configs(name):
         detector = DETECTORS[name](config)
         read.clear()
+        read_telemetry.clear()
         for step in range(20):
             end = T0 + STEP * step
             vectors, samples = _random_step(rng, 50, end)
             detector.update_step(Recording(vectors, samples), end, [], [])
-        fields = set(detector.step_fields())
+        fields, telemetry_fields = set(detector.step_fields()), set(detector.step_telemetry_fields())
         assert read <= fields, (config, read - fields)
-        assert bool(read) == bool(fields)  # a detector that declares fields reads some (gpu_health: none)
+        assert read_telemetry <= telemetry_fields, (config, read_telemetry - telemetry_fields)
+        # a detector that declares fields reads some (gpu_health: none)
+        assert (bool(read), bool(read_telemetry)) == (bool(fields), bool(telemetry_fields))
 
 
 def test_context_burst_history_is_the_last_lookback_whatever_the_order_of_steps() -> None:

@@ -79,6 +79,11 @@ class Detector(ABC):
         read, alone, when asked for."""
         return ()
 
+    def step_telemetry_fields(self) -> tuple[str, ...]:
+        """Likewise, the :class:`~skewwatch.schemas.telemetry_sample.TelemetrySample` fields it
+        reads as columns (``StepColumns.telemetry_column``)."""
+        return ()
+
     def update_step(self, step: StepColumns, now: float, alerts: list[Alert], actions: list[Action]) -> None:
         """``update`` every replica of one model's step (the decider's entry point), in ``step``
         order. Detectors that can judge the step as columns override it."""

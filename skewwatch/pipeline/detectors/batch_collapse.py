@@ -147,6 +147,12 @@ class BatchCollapseDetector(ThresholdDetector):
     def step_fields(self) -> tuple[str, ...]:
         return ("count", "batch_size_std", "batch_fill_mean", "queue_length_mean", "batch_size_mean")
 
+    def step_telemetry_fields(self) -> tuple[str, ...]:
+        if not self.config.stuck_rule:
+            return ()
+        return ("queue_length", "running_requests", "batch_capacity", "kv_cache_usage", "fragmentation",
+                "tpot_mean_s")
+
     def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_] | None:
         """The rules' necessary conditions over the step's replicas as columns: the evidence floor,
         then the seed's signature, or for the stuck rule from telemetry a waiting request, a free

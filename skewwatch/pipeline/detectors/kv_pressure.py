@@ -123,6 +123,9 @@ class KvPressureDetector(ThresholdDetector):
     def step_fields(self) -> tuple[str, ...]:
         return ("count", "kv_cache_hit_rate_mean", "tokens_per_s")
 
+    def step_telemetry_fields(self) -> tuple[str, ...]:
+        return ("kv_cache_hit_rate", "memory_allocated_bytes", "memory_reserved_bytes")
+
     def prepare(self, step: StepColumns | None) -> None:
         """Each replica's peers' KV hit rate (median of the others' windows with enough requests)."""
         self._peer_hit, self._row_of = np.zeros(0), {}

@@ -207,8 +207,9 @@ class LongTailDetector(ThresholdDetector):
                               if key in row_of and key_state.memory.get(LIVE_KEY))
             for row in rows:
                 key, sample = keys[row], samples[row]
-                if sample is None:
-                    # no new sample and none kept: no aggregate (aggregate() of no samples is None)
+                if sample is None or not sample.tpot_count or sample.tpot_mean_s is None:
+                    # no new live sample (record() keeps none: NVML alone has no per-token latencies)
+                    # and none kept: no aggregate (aggregate() of no samples is None)
                     key_state = state.get(key)
                     if key_state is None or not key_state.memory.get(LIVE_KEY):
                         continue

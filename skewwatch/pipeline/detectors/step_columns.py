@@ -62,28 +62,35 @@ class StepColumns:
             found = self._columns[name] = _floats(map(attrgetter(name), self.vectors), len(self.vectors))
         return found
 
-    def prefetch(self, names: Sequence[str]) -> None:
-        """Build the columns of ``names`` not built yet, in one pass over the vectors.
+    def prefetch(self, names: Sequence[str], telemetry_names: Sequence[str] = ()) -> None:
+        """Build the columns of ``names`` (vector fields) and ``telemetry_names`` (sample fields)
+        not built yet, each kind in one pass over its objects.
 
-        Each vector is then visited once rather than once per field: at thousands of replicas,
-        whose vectors are far apart in memory, that is much cheaper than field by field.
+        Each vector (sample) is then visited once rather than once per field: at thousands of
+        replicas, whose objects are far apart in memory, that is much cheaper than field by field.
 
         >>> fv = FeatureVector(model="m", replica="a", window_start=0.0, window_end=60.0, count=5)
-        >>> cols = StepColumns([fv], [None])
-        >>> cols.prefetch(["count", "latency_p50"])
-        >>> cols.column("count").tolist(), cols.column("latency_p50").tolist()
-        ([5.0], [nan])
+        >>> cols = StepColumns([fv, fv], [None, TelemetrySample(ts=55.0, replica="a", source="nvml",
+        ...                                                     memory_used_bytes=4.0, memory_total_bytes=8.0)])
+        >>> cols.prefetch(["count", "latency_p50"], ["memory_used_bytes", "memory_total_bytes"])
+        >>> cols.column("latency_p50").tolist(), cols.telemetry_column("memory_used_bytes").tolist()
+        ([nan, nan], [nan, 4.0])
         """
         wanted = [name for name in dict.fromkeys(names) if name not in self._columns]
         if len(wanted) < 2:
             for name in wanted:
                 self.column(name)
+        else:
+            self._columns.update(zip(wanted, _table(self.vectors, wanted), strict=True))
+        wanted = [name for name in dict.fromkeys(telemetry_names) if name not in self._telemetry_columns]
+        present = [row for row, sample in enumerate(self.telemetry) if sample is not None]
+        if len(wanted) < 2 or not present:  # (without a sample, each column is NaN at once)
+            for name in wanted:
+                self.telemetry_column(name)
             return
-        n = len(self.vectors)
-        flat = np.fromiter(chain.from_iterable(map(attrgetter(*wanted), self.vectors)), np.float64, n * len(wanted))
-        table = flat.reshape(n, len(wanted)).T.copy()  # one contiguous row per field
-        for row, name in enumerate(wanted):
-            self._columns[name] = table[row]
+        table = np.full((len(wanted), len(self.telemetry)), np.nan)
+        table[:, present] = _table([self.telemetry[row] for row in present], wanted)
+        self._telemetry_columns.update(zip(wanted, table, strict=True))
 
     def take(self, rows: Sequence[int]) -> StepColumns:
         """The step of these ``rows`` only, with the columns built so far (not read again).
@@ -113,6 +120,14 @@ class StepColumns:
                 (None if sample is None else get(sample) for sample in self.telemetry), len(self.telemetry)
             )
         return found
+
+
+def _table(objects: Sequence[Any], names: Sequence[str]) -> npt.NDArray[np.float64]:
+    """Fields ``names`` (two or more) of ``objects``, one row per field (None -> NaN), read in one
+    pass: every object's fields at once, then transposed into contiguous rows."""
+    n = len(objects)
+    flat = np.fromiter(chain.from_iterable(map(attrgetter(*names), objects)), np.float64, n * len(names))
+    return flat.reshape(n, len(names)).T.copy()
 
 
 def _floats(values: Iterable[Any], n: int) -> npt.NDArray[np.float64]:
