@@ -164,6 +164,7 @@ class LongTailDetector(ThresholdDetector):
         self._prepared: StepColumns | None = None  # the step they are of
         self._live_top_over_base: npt.NDArray[np.float64] = np.zeros(0)  # per row (see prepare)
         self._live_now = 0.0  # the window end prepare aggregated the live samples at
+        self._live_none = True  # no replica of the prepared step has a live aggregate
         self._live_aggregates: list[LiveAggregate | None] = []  # per row, once its sample is recorded
         # each replica's windows' TPOT for its own-past reference (the memory's TPOT_KEY: window
         # end in ms -> [p50, p99, count]) as columns [count, p50, p99], kept for a step's replicas at once
@@ -230,7 +231,8 @@ class LongTailDetector(ThresholdDetector):
         self._row_of, self._peer_live, self._live_aggregates = step.row_of, peer_live, live
         self._peer_columns = (peer_p50, peer_p99, peer_ttft, peer_count)
         self._prepared = step
-        if cfg.live_rule and not any(map(operator.is_not, live, repeat(None))):
+        self._live_none = not any(map(operator.is_not, live, repeat(None)))
+        if cfg.live_rule and self._live_none:
             # no replica has live samples: no claim possible anywhere (what the general case gives)
             self._live_top_over_base = np.full(len(step), np.nan)
             self._live_now = now
@@ -277,11 +279,12 @@ class LongTailDetector(ThresholdDetector):
             else:
                 rules = np.zeros(len(step), dtype=bool)
                 if cfg.live_rule:
-                    ratio = self._live_top_over_base  # NaN: no claim; inf: own past judges
-                    same_now = step.column("window_end") == self._live_now
-                    with np.errstate(divide="ignore", invalid="ignore"):
-                        excess_bound = np.log(ratio)
-                    rules |= ~same_now | (excess_bound > cfg.live_z * cfg.live_noise_floor * (1.0 - 1e-9))
+                    rules |= step.column("window_end") != self._live_now
+                    if not self._live_none:  # (else every ratio is NaN: no claim)
+                        ratio = self._live_top_over_base  # NaN: no claim; inf: own past judges
+                        with np.errstate(divide="ignore", invalid="ignore"):
+                            excess_bound = np.log(ratio)
+                        rules |= excess_bound > cfg.live_z * cfg.live_noise_floor * (1.0 - 1e-9)
                 if cfg.exceedance_rule:
                     p50, p99, _, peer_count = self._peer_columns
                     pooled = ~np.isnan(p50) & ~np.isnan(p99) & ~np.isnan(peer_count) & (peer_count != 0)
@@ -332,7 +335,7 @@ class LongTailDetector(ThresholdDetector):
             super().remember_step(step, rows)
             return
         cfg = self.config
-        if cfg.live_rule:
+        if cfg.live_rule and not self._live_none:
             aggregates, peer_live = self._live_aggregates, self._peer_live
             vectors, keys = step.vectors, step.keys
             for row in rows.tolist():
@@ -349,7 +352,12 @@ class LongTailDetector(ThresholdDetector):
             entries[:, 0] = count
             kept = (count >= cfg.peer_min_count) & ~np.isnan(entries[:, 1]) & ~np.isnan(entries[:, 2])
             ends = step.column("window_end")[rows]
-            for end in ([float(ends[0])] if (ends == ends[0]).all() else np.unique(ends).tolist()):
+            if (ends == ends[0]).all():  # a decider's step: one window end
+                every = kept.all()
+                self._record_tpot(own if every else own[kept], entries if every else entries[kept], own,
+                                  float(ends[0]))
+                return
+            for end in np.unique(ends).tolist():
                 same = ends == end
                 self._record_tpot(own[same & kept], entries[same & kept], own[same], end)
 
