@@ -38,6 +38,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from skewwatch.config_section import FrozenConfigSection, NonNegative, Positive
 from skewwatch.pipeline.detectors.alerts import Action
 
@@ -113,7 +115,11 @@ def publish_reason(
         return "replicas changed"
     if prev.mode != new.mode:
         return "mode changed"
-    if any(abs(new.weights[r] - prev.weights[r]) > epsilon for r in new.weights):
+    # as columns (one per replica of the pool, every step): the same test, element by element
+    n = len(new.weights)
+    now_weights = np.fromiter(new.weights.values(), np.float64, n)
+    before = np.fromiter(map(prev.weights.__getitem__, new.weights), np.float64, n)
+    if (np.abs(now_weights - before) > epsilon).any():
         return "weights changed"
     prev_actions = {a.identity: a for a in prev.actions}
     new_actions = {a.identity: a for a in new.actions}

@@ -79,7 +79,7 @@ from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 DECIDER_STATE_VERSION = 1
-_REPLICA, _MODEL = attrgetter("replica"), attrgetter("model")
+_REPLICA, _MODEL, _WEIGHT = attrgetter("replica"), attrgetter("model"), attrgetter("weight")
 _HEALTHY: tuple[float, str | None, str | None] = (1.0, None, None)  # a replica without a health note
 
 
@@ -299,7 +299,7 @@ class ModelDecider:
             model=model,
             ts=now,
             seq=step_seq(now, self._last_seq),
-            weights={r: w.weight for r, w in weights.items()},
+            weights=dict(zip(weights, map(_WEIGHT, weights.values()), strict=True)),
             actions=sorted(actions, key=lambda a: (a.replica, a.action)),
             mode=settled.mode,
             mode_reason=settled.mode_reason,
