@@ -97,6 +97,7 @@ from bench.scoring import (  # noqa: E402
     confusion,
     correction_report,
     judge,
+    match,
     pool_alert_episodes,
     score,
     weight_episodes,
@@ -347,8 +348,43 @@ def summarize(runs: Sequence[Run], persistence: Mapping[str, float | None]) -> d
         "detectors": per,
         "corrections": _corrections_summary(reports, persistence),
         "confusion": confusion(episodes, labels),
+        "recall_by_kind": recall_by_kind(episodes, labels),
         "carried_alerts": sum(e.carried for e in episodes),
     }
+
+
+def recall_by_kind(episodes: Sequence[Episode], labels: Sequence[Label]) -> dict[str, dict[str, Any]]:
+    """Per fault kind: its detector, faults, how many that detector found (an alert matched to the fault).
+
+    >>> labels = [Label("m", "r1", "ttft_drift", 100.0, 200.0), Label("m", "r2", "throughput_drop", 100.0, 200.0)]
+    >>> recall_by_kind([Episode("m", "r1", "learned", "", 150.0)], labels)["throughput_drop"]
+    {'detector': 'learned', 'labels': 1, 'detected': 0, 'recall': 0.0}
+    """
+    found = {(match(e, labels), e.detector) for e in episodes}  # (the fault an alert is right about, by whom)
+    out: dict[str, dict[str, Any]] = {}
+    for kind in sorted({lb.kind for lb in labels}):
+        detector = DETECTOR_OF.get(kind)
+        mine = [lb for lb in labels if lb.kind == kind]
+        hit = sum(1 for lb in mine if (lb, detector) in found)
+        out[kind] = {"detector": detector, "labels": len(mine), "detected": hit,
+                     "recall": hit / len(mine) if mine else None}
+    return out
+
+
+def kind_table(groups: Mapping[str, Mapping[str, Any]], scopes: Sequence[str], profile: str,
+               detector: str) -> str:
+    """Recall per fault kind of ``detector`` (found / faults), one column per scope."""
+    present = [s for s in scopes if f"{profile}|{s}" in groups]
+    kinds = sorted({k for s in present for k, v in groups[f"{profile}|{s}"]["recall_by_kind"].items()
+                    if v["detector"] == detector})
+    lines = ["| fault kind | " + " | ".join(present) + " |", "|---|" + "---:|" * len(present)]
+    for kind in kinds:
+        cells = []
+        for scope in present:
+            v = groups[f"{profile}|{scope}"]["recall_by_kind"].get(kind)
+            cells.append("—" if v is None else f"{_fmt(v['recall'])} ({v['detected']}/{v['labels']})")
+        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _corrections_summary(reports: Sequence[tuple[int, dict[str, Any]]],
@@ -660,6 +696,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.live_signals == "both":
             print("\ndelay median / P95 (s) with and without the engines' live signals:\n")
             print(live_table(groups, scope, names))
+    if any(r.scenario.family == "learned" for r in runs):
+        print(f"\n## learned: recall per fault kind ({names[0]})\n")
+        print(kind_table(groups, scopes, names[0], "learned"))
     out = {
         "machine": machine(),
         "mode": args.mode,

@@ -60,7 +60,7 @@ import numpy as np
 import numpy.typing as npt
 from msgspec import Meta
 
-from skewwatch.config_section import Count, Fraction, NonNegative, NonNegativeInt
+from skewwatch.config_section import Count, NonNegative, NonNegativeInt, Unit
 from skewwatch.pipeline.detectors.alerts import Action, Alert, DetectorOutput, Severity
 from skewwatch.pipeline.detectors.base import Detector
 from skewwatch.pipeline.detectors.novelty import NoveltyBank, NoveltyParams, make_scorer
@@ -90,9 +90,19 @@ class LearnedConfig(DetectorConfig, frozen=True):
     # TTFT, time per output token and output length make up a request's latency (latency_p50 would
     # repeat them), tokens/s is the replica's throughput; each feature costs a column per step
     features: tuple[str, ...] = ("ttft_p50", "tpot_p50", "tokens_per_s", "completion_tokens_mean")
-    threshold: Fraction = 0.5  # the scorer's level (0..1) that holds the rule: a tail probability <= 1e-5
-    min_novelty: NonNegative = 0.5  # and the most novel feature outside its range by at least half that range
-    min_count: Count = 20  # requests in the replica's window for a step to be a sample
+    # the scorer's level (0..1) that must also be reached; 0: off. The level is the likelihood of the
+    # step's most novel (feature, time scale): on a bursty replica the short scales are often novel, and
+    # it then hid a slow drift that only the long scale showed (the pool's range below does its work)
+    threshold: Unit = 0.0
+    min_novelty: NonNegative = 0.2  # the most novel feature outside its range by at least a fifth of that range
+    min_count: Count = 1  # requests in the replica's window for a step to be a sample (evidence: min_requests)
+    # the requests the holding samples must span before the alert opens: a replica with few requests
+    # per window needs more samples (windows overlap: a sample adds only the requests that are new)
+    min_requests: NonNegative = 20
+    # a value within the range any replica of the pool spanned at that time scale is not novel: in a
+    # healthy pool replicas take turns above and below the median, and a range of one replica's own
+    # short past is too narrow (the pool's holds a few times the evidence)
+    pool_range: bool = True
     min_replicas: Annotated[int, Meta(ge=2)] = 3  # replicas with a sample for the pool's median (2: which moved?)
     cadence_steps: Count = 3  # a model's scorers learn and score once every this many steps: a sample per 15 s
     scales: tuple[Annotated[int, Meta(ge=1)], ...] = (1, 4, 24)  # samples: the window, ~1 min and ~6 min EW
@@ -104,7 +114,7 @@ class LearnedConfig(DetectorConfig, frozen=True):
     settle: Count = 4  # a scale of k samples counts after settle x k (the 6 min mean after 24 min)
     span_floor: NonNegative = 0.2  # a range narrower than this (log ratio: +-10 %) counts as this wide
     adapt: NonNegativeInt = 40  # holding samples (10 min) after which a lasting change is the new normal
-    persistence: Count = 2  # holding samples (30 s) before the alert opens
+    persistence: Count = 6  # holding samples (90 s) before the alert opens: a queue's swing is shorter
     clear_steps: Count = 4  # samples (1 min) that do not hold before it resolves
 
     def __post_init__(self) -> None:
@@ -140,6 +150,8 @@ class LearnedDetector(Detector):
         self._hits = np.zeros(0, dtype=np.int64)  # hysteresis, one entry per row (see base.Hysteresis)
         self._misses = np.zeros(0, dtype=np.int64)
         self._open = np.zeros(0, dtype=bool)
+        self._held = np.zeros(0)  # requests the row's current run of holding samples spans
+        self._last = np.zeros(0)  # event time of the row's last sample (NaN: none yet)
         self._opened: dict[str, dict[str, Any]] = {}  # key -> evidence of the step that opened its alert
 
     # ------------------------------------------------------------------ rows
@@ -160,6 +172,8 @@ class LearnedDetector(Detector):
             self._hits = np.concatenate((self._hits, np.zeros(grow, dtype=np.int64)))
             self._misses = np.concatenate((self._misses, np.zeros(grow, dtype=np.int64)))
             self._open = np.concatenate((self._open, np.zeros(grow, dtype=bool)))
+            self._held = np.concatenate((self._held, np.zeros(grow)))
+            self._last = np.concatenate((self._last, np.full(grow, np.nan)))
         return np.fromiter((row[key] for key in keys), np.int64, len(keys))
 
     def forget(self, key: str) -> None:
@@ -172,6 +186,8 @@ class LearnedDetector(Detector):
         self._hits = np.delete(self._hits, row)
         self._misses = np.delete(self._misses, row)
         self._open = np.delete(self._open, row)
+        self._held = np.delete(self._held, row)
+        self._last = np.delete(self._last, row)
         for later in self._keys[row:]:
             self._row[later] -= 1
 
@@ -220,28 +236,37 @@ class LearnedDetector(Detector):
                sampled: npt.NDArray[np.bool_], now: float, alerts: list[Alert], pool: bool = False) -> None:
         """Score and learn the sampled rows; hysteresis on every row that has something to count.
 
-        ``pool``: the rows are one pool's replicas, judged against its median. When one replica moves,
-        the median moves a little with it and its peers' ratios move the other way, steadily (in a
-        pool of four, by a fifth of the spread between replicas): on a feature, only the pool's most
-        novel replica can hold."""
+        ``pool``: the rows are one pool's replicas, judged against its median. A replica's value must
+        also lie outside the range the pool's replicas spanned (``pool_range``). When one replica
+        moves, the median moves a little with it and its peers' ratios move the other way, steadily
+        (in a pool of four, by a fifth of the spread between replicas): on a feature, only the pool's
+        most novel replica can hold."""
         cfg = self.config
         where = np.flatnonzero(sampled)
         holds = np.zeros(len(keys), dtype=bool)
         novelty = level = None
+        previous = np.zeros(0)
         if len(where):
             rows = self._rows_for([keys[i] for i in where.tolist()])
             batch = self._bank.evaluate(rows, x[where])
             novelty = batch.novelty
             if pool and len(where) > 1:
+                if cfg.pool_range:
+                    novelty = np.minimum(novelty, self._pool_novelty(rows, batch.moved))
                 novelty = np.where(novelty >= novelty.max(axis=0), novelty, 0.0)
-            # both: unusual for this replica (level) and material (outside its range by min_novelty of it)
-            holding = (batch.level >= cfg.threshold) & (novelty.max(axis=1) >= cfg.min_novelty)
+            # material (outside its range, and the pool's, by min_novelty of it), known (warm-up) and,
+            # with a threshold, unusual for this replica (the scorer's level)
+            holding = (novelty.max(axis=1) >= cfg.min_novelty) & (self._bank.n[rows] >= cfg.warmup)
+            if cfg.threshold > 0.0:
+                holding &= batch.level >= cfg.threshold
             # an anomaly is not learned as the replica's normal until it has held `adapt` samples in a
             # row: it stays novel (and the alert open) while it lasts, leaves no trace once over, and a
             # lasting change becomes the new normal after that (the alert then resolves)
             self._bank.commit(batch, hold_out=holding & (self._hits[rows] < cfg.adapt))
             holds[where] = holding
             level = batch.level
+            previous = self._last[rows]
+            self._last[rows] = now
         # hysteresis: only rows that hold, count towards opening or are open change anything
         if len(keys) == len(self._keys) and keys == self._keys:
             known = np.arange(len(keys), dtype=np.int64)
@@ -256,19 +281,28 @@ class LearnedDetector(Detector):
         for i in np.flatnonzero(active).tolist():
             row = int(known[i])
             key = keys[i]
+            fv = vectors[i]
             if holds[i]:
                 self._misses[row] = 0
+                j = position[i]
+                # the requests this sample adds to the run: its whole window on the run's first sample,
+                # else the share of the window that is newer than the row's previous sample
+                span = max(fv.window_end - fv.window_start, STEP_S)
+                since = now - float(previous[j])
+                fresh = fv.count if self._hits[row] == 0 or not since < span else fv.count * since / span
+                self._held[row] = fresh if self._hits[row] == 0 else self._held[row] + fresh
                 self._hits[row] += 1
-                if self._open[row] or self._hits[row] < cfg.persistence:
+                if self._open[row] or self._hits[row] < cfg.persistence or self._held[row] < cfg.min_requests:
                     continue
                 self._open[row] = True
                 assert novelty is not None and level is not None
-                j = position[i]
-                evidence = self._evidence(novelty[j], float(level[j]), x[i], int(self._bank.n[row]))
+                evidence = self._evidence(novelty[j], float(level[j]), x[i], int(self._bank.n[row]),
+                                          float(self._held[row]))
                 self._opened[key] = evidence
-                alerts.append(self._alert(vectors[i], now, "open", self._message(vectors[i], evidence), evidence))
+                alerts.append(self._alert(fv, now, "open", self._message(fv, evidence), evidence))
                 continue
             self._hits[row] = 0
+            self._held[row] = 0.0
             if not self._open[row]:
                 continue
             self._misses[row] += 1
@@ -278,15 +312,31 @@ class LearnedDetector(Detector):
             self._misses[row] = 0
             opened = self._opened.pop(key, {})
             why = "condition cleared" if sampled[i] else "no sample (too few requests or no pool), not observed"
-            message = f"resolved ({why}): {self._message(vectors[i], opened)}" if opened else f"resolved ({why})"
-            alerts.append(self._alert(vectors[i], now, "resolved", message, dict(opened)))
+            message = f"resolved ({why}): {self._message(fv, opened)}" if opened else f"resolved ({why})"
+            alerts.append(self._alert(fv, now, "resolved", message, dict(opened)))
+
+    def _pool_novelty(self, rows: npt.NDArray[np.int64], moved: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """Per row and feature, how far each time scale's mean lies outside the union of the ranges the
+        pool's replicas (``rows``) spanned at that scale, in units of that union: the most novel scale.
+        The ranges are those the scorer judges against (past blocks, once one is complete)."""
+        bank = self._bank
+        past = bank.ring_max[rows] > -np.inf
+        hi = np.where(past, bank.ring_max[rows], bank.cur_hi[rows]).max(axis=0)  # (features, scales)
+        lo = np.where(past, bank.ring_min[rows], bank.cur_lo[rows]).min(axis=0)
+        span = hi - lo  # -inf where no replica has a range yet (never inf - inf)
+        span = np.where(span >= 0.0, np.maximum(span, self._params.span_floor), span)
+        outside = np.maximum(moved - hi, lo - moved)
+        e = np.zeros_like(outside)
+        np.divide(outside, span, out=e, where=(span > 0.0) & (outside > 0.0) & (span < np.inf))
+        return np.asarray(e.max(axis=2))
 
     def _evidence(self, novelty: npt.NDArray[np.float64], level: float, x: npt.NDArray[np.float64],
-                  samples: int) -> dict[str, Any]:
+                  samples: int, requests: float) -> dict[str, Any]:
         f = int(np.argmax(novelty))
         log_ratio = float(x[f])
         return {"feature": self.config.features[f], "ratio": round(math.exp(log_ratio), 4),
-                "novelty": round(float(novelty[f]), 4), "score": round(level, 4), "samples": samples}
+                "novelty": round(float(novelty[f]), 4), "score": round(level, 4), "samples": samples,
+                "requests": round(requests, 1)}
 
     def _message(self, fv: FeatureVector, evidence: Mapping[str, Any]) -> str:
         return (f"{fv.key}: {evidence['feature']} at {evidence['ratio']:.2f}x the pool, outside its range of the "
@@ -305,7 +355,10 @@ class LearnedDetector(Detector):
         for key, row in self._row.items():
             entry: dict[str, Any] = {"s": base64.b64encode(packed[row].tobytes()).decode("ascii")}
             if self._hits[row] or self._misses[row] or self._open[row]:
-                entry["h"] = [int(self._hits[row]), int(self._misses[row]), bool(self._open[row])]
+                entry["h"] = [int(self._hits[row]), int(self._misses[row]), bool(self._open[row]),
+                              float(self._held[row])]
+            if math.isfinite(self._last[row]):
+                entry["t"] = float(self._last[row])
             if key in self._opened:
                 entry["opened"] = dict(self._opened[key])
             keys[key] = entry
@@ -330,8 +383,10 @@ class LearnedDetector(Detector):
             data = np.stack([np.frombuffer(base64.b64decode(packed[i]), dtype=np.float64) for i in have])
             fresh._bank.unpack_rows(rows[have], data)
         for key, row, entry in zip(keys, rows.tolist(), entries.values(), strict=True):
-            hits, misses, is_open = entry.get("h", [0, 0, False])
+            hits, misses, is_open, *held = entry.get("h", [0, 0, False])  # (a state without `held`: 0)
             fresh._hits[row], fresh._misses[row], fresh._open[row] = int(hits), int(misses), bool(is_open)
+            fresh._held[row] = float(held[0]) if held else 0.0
+            fresh._last[row] = float(entry["t"]) if entry.get("t") is not None else math.nan
             if "opened" in entry:
                 fresh._opened[key] = dict(entry["opened"])
         self.__dict__.update(fresh.__dict__)

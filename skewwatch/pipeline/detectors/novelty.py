@@ -228,8 +228,8 @@ class NoveltyBank:
             hi = np.maximum(self.ring_max[ix], self.cur_hi[ix])
             lo = np.minimum(self.ring_min[ix], self.cur_lo[ix])
         span = hi - lo  # -inf while nothing is in range (never inf - inf: no invalid operation)
-        if p.span_floor:
-            span = np.where(span > 0.0, np.maximum(span, p.span_floor), span)
+        if p.span_floor:  # a flat range (span 0: every past value equal) is as wide as the floor too
+            span = np.where(span >= 0.0, np.maximum(span, p.span_floor), span)
         outside = np.maximum(moved - hi, lo - moved)  # NaN where the sample has no value
         e = np.zeros_like(outside)
         np.divide(outside, span, out=e, where=(span > 0.0) & (outside > 0.0) & (span < np.inf))
@@ -614,7 +614,7 @@ class NoveltyScorer(base.AnomalyDetector):
                         hi = max(feature.ring_max[i], feature.cur_hi[i])
                         lo = min(feature.ring_min[i], feature.cur_lo[i])
                     span = hi - lo
-                    if span > 0.0:
+                    if span >= 0.0:
                         span = max(span, p.span_floor)
                     if span > 0.0 and span != math.inf:
                         outside = max(m - hi, lo - m)
