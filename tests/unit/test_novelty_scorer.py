@@ -194,3 +194,38 @@ def test_bank_rows_are_independent_and_can_be_dropped() -> None:
         alone.learn(one, np.array([[10.0 + i % 2]]))
     bank.drop_rows([0])
     assert len(bank) == 2 and bank.row_state(0) == alone.row_state(0)
+
+
+def test_a_flat_range_is_as_wide_as_the_span_floor() -> None:
+    """A feature that never moved (span 0) is judged against span_floor: a step out of it is novel (it
+    used to be ignored: a span of 0 was no range at all), in both forms of the scorer."""
+    params: dict[str, Any] = {"scales": (1,), "memory": 40, "blocks": 4, "grace": 5, "warmup": 5, "span_floor": 0.2}
+    scorer = make_scorer(**params)
+    bank = NoveltyBank(["value"], NoveltyParams(**params))
+    rows = bank.add_rows(1)
+    for _ in range(30):
+        scorer.learn_one({"value": 0.0})
+        bank.learn(rows, np.array([[0.0]]))
+    assert scorer.novelty_one({"value": 0.0})["value"] == 0.0
+    assert scorer.novelty_one({"value": 0.5})["value"] == pytest.approx(2.5)  # 0.5 outside, in units of 0.2
+    assert float(bank.evaluate(rows, np.array([[0.5]])).novelty[0, 0]) == pytest.approx(2.5)
+    # without a floor (NAB's scorer), a flat range is still no range: nothing to be novel against
+    flat = make_scorer(**{**params, "span_floor": 0.0})
+    for _ in range(30):
+        flat.learn_one({"value": 0.0})
+    assert flat.novelty_one({"value": 0.5})["value"] == 0.0
+
+
+def test_reset_rows_starts_a_row_over() -> None:
+    params = NoveltyParams(scales=(1, 4), memory=40, grace=5, warmup=5)
+    bank = NoveltyBank(["a"], params)
+    rows = bank.add_rows(2)
+    for i in range(30):
+        bank.learn(rows, np.array([[1.0 + i % 3], [2.0 + i % 2]]))
+    kept = bank.evaluate(rows[1:], np.array([[9.0]])).novelty.copy()
+    bank.reset_rows(rows[:1])
+    fresh = NoveltyBank(["a"], params)
+    fresh.add_rows(1)
+    for name in NoveltyBank._ROW_ARRAYS:
+        np.testing.assert_array_equal(getattr(bank, name)[0], getattr(fresh, name)[0])
+    np.testing.assert_array_equal(bank.evaluate(rows[1:], np.array([[9.0]])).novelty, kept)

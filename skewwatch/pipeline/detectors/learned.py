@@ -113,7 +113,7 @@ class LearnedConfig(DetectorConfig, frozen=True):
     fading: Annotated[float, Meta(gt=0, lt=1)] = 0.01  # the likelihood's memory: ~100 samples (25 min)
     settle: Count = 4  # a scale of k samples counts after settle x k (the 6 min mean after 24 min)
     span_floor: NonNegative = 0.2  # a range narrower than this (log ratio: +-10 %) counts as this wide
-    adapt: NonNegativeInt = 40  # holding samples (10 min) after which a lasting change is the new normal
+    adapt: Count = 40  # holding samples (10 min) after which a lasting change is the new normal: learned afresh
     persistence: Count = 6  # holding samples (90 s) before the alert opens: a queue's swing is shorter
     clear_steps: Count = 4  # samples (1 min) that do not hold before it resolves
 
@@ -259,10 +259,12 @@ class LearnedDetector(Detector):
             holding = (novelty.max(axis=1) >= cfg.min_novelty) & (self._bank.n[rows] >= cfg.warmup)
             if cfg.threshold > 0.0:
                 holding &= batch.level >= cfg.threshold
-            # an anomaly is not learned as the replica's normal until it has held `adapt` samples in a
-            # row: it stays novel (and the alert open) while it lasts, leaves no trace once over, and a
-            # lasting change becomes the new normal after that (the alert then resolves)
-            self._bank.commit(batch, hold_out=holding & (self._hits[rows] < cfg.adapt))
+            # an anomaly is not learned as the replica's normal: it stays novel (and the alert open) while
+            # it lasts and leaves no trace once over. One that holds `adapt` samples in a row is a lasting
+            # change: the replica's scorer starts over from it (its warm-up again; the alert resolves)
+            lasting = holding & (self._hits[rows] + 1 >= cfg.adapt)
+            self._bank.commit(batch, hold_out=holding)
+            self._bank.reset_rows(rows[lasting])
             holds[where] = holding
             level = batch.level
             previous = self._last[rows]

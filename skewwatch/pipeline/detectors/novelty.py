@@ -199,6 +199,16 @@ class NoveltyBank:
             setattr(self, name, np.concatenate((getattr(self, name), getattr(fresh, name)), axis=1))
         self.features.extend(new)
 
+    def reset_rows(self, rows: Sequence[int] | Ints) -> None:
+        """Forget what ``rows`` learned: they start over as fresh scorers (their warm-up again)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if not len(rows):
+            return
+        fresh = NoveltyBank(self.features, self.params)
+        fresh._alloc(1, len(self.features))
+        for name in self._ROW_ARRAYS:
+            getattr(self, name)[rows] = getattr(fresh, name)[0]
+
     def drop_rows(self, rows: Sequence[int] | Ints) -> None:
         """Remove rows; the rows after them move up (callers renumber)."""
         keep = np.ones(len(self), dtype=bool)
