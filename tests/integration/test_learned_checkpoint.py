@@ -25,9 +25,11 @@ SLOW = "a2"
 FAULT_AT = 200.0  # s after T0: the slow replica's TTFT x4 from here
 END = 280.0
 KILL_AFTER = 150.0  # the first worker is killed once it has published this step (warm by then)
-# a short warm-up so the test stays short: every step is a sample, 20 of them before anything holds
+# a short warm-up so the test stays short: every step is a sample, 20 of them before anything holds,
+# and the alert opens on the second holding sample
 LEARNED_ENV = {
     "SKEWWATCH_DETECTORS__LEARNED__CADENCE_STEPS": "1",
+    "SKEWWATCH_DETECTORS__LEARNED__PERSISTENCE": "2",
     "SKEWWATCH_DETECTORS__LEARNED__WARMUP": "20",
     "SKEWWATCH_DETECTORS__LEARNED__GRACE": "20",
     "SKEWWATCH_DETECTORS__LEARNED__MEMORY": "120",

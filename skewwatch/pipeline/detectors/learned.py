@@ -11,19 +11,25 @@ value over the pool's typical replica (the median over the model's replicas of t
 that a change of the whole pool (more traffic, longer prompts everywhere) moves no replica. The
 median and not the model's merged vector: in a pool of four, one replica whose tokens/s fell 40 %
 moves the merged per-replica share by 10 %, which made its three healthy peers look shifted too;
-the median of the replicas does not move. A step counts as a sample only when the replica's window
-holds ``min_count`` requests, and a feature only when ``min_replicas`` replicas have it; each
-replica's scorer is one row of a :class:`~skewwatch.pipeline.detectors.novelty.NoveltyBank`.
+the median of the replicas does not move. Every window with ``min_count`` requests is a sample (how
+much evidence it carries is weighed when an alert opens), a feature counts only when
+``min_replicas`` replicas have it; each replica's scorer is one row of a
+:class:`~skewwatch.pipeline.detectors.novelty.NoveltyBank`.
 
-**When it fires.** The rule holds when the scorer's level (``onset=False``: the likelihood of the
-step's novelty, 0..1) is at or above ``threshold`` (river's ``ThresholdFilter`` semantics: ``score >=
-threshold``) and the most novel feature lies outside its range by at least ``min_novelty`` of that
-range (the likelihood alone would call a hair outside a quiet replica's range unusual). The alert
-opens after ``persistence`` holding samples and resolves after ``clear_steps`` that do not
-(hysteresis as every detector has, counted in samples). Nothing holds
-before a replica has given ``warmup`` samples (and each feature ``grace``): no alert on a replica it
-does not know yet. The alert is INFO and carries no action: it says *which* feature is unlike the
-replica's past and by how much, for a person to look at.
+**When it fires.** A sample holds when its most novel feature lies outside its own range (the
+scorer's, at some time scale) and outside the union of the ranges the pool's replicas spanned at
+that scale (``pool_range``: in a healthy pool replicas take turns above and below the median, and
+one replica's own hour is too little evidence to call a level new that a peer has been at), by at
+least ``min_novelty`` of the range; with ``threshold`` > 0 the scorer's level (the likelihood of
+the step's novelty, 0..1) must also reach it (river's ``ThresholdFilter`` semantics). The alert
+opens after ``persistence`` holding samples in a row that span ``min_requests`` distinct requests
+(windows overlap: each sample after the first adds the part of its window newer than the previous
+sample), so a replica with few requests a window needs more samples; it resolves after
+``clear_steps`` that do not hold (hysteresis as every detector has, counted in samples). Nothing
+holds before a replica has given ``warmup`` samples (and each feature ``grace``): no alert on a
+replica it does not know yet. A run of ``adapt`` holding samples is a lasting change: the replica's
+scorer starts over (its warm-up again). The alert is INFO and carries no action: it says *which*
+feature is unlike the replica's past and the pool's by how much, for a person to look at.
 
 **What it costs.** The scorers of a model's replicas are updated together, as numpy columns, once
 every ``cadence_steps`` steps (models take turns: a model's turn is fixed by its name, so every
