@@ -194,14 +194,30 @@ def test_state_of_other_features_restarts_the_scorers_and_keeps_the_alerts() -> 
     assert all(int(other._bank.n[row]) == 0 for row in other._row.values())
 
 
-def test_forget_keeps_the_other_replicas_state() -> None:
+def test_forget_ends_the_alert_and_keeps_what_was_learned() -> None:
+    """The decider forgets a replica whose window is empty (and one released): its alert goes, its
+    learned normal stays (a quiet minute does not restart the warm-up); one not sampled for `memory`
+    samples' time is dropped, the others keep their state."""
     detector = LearnedDetector(LearnedConfig(**FAST))
-    run(detector, 60, steady)
-    keep = {k: v for k, v in detector.state_dict()["keys"].items() if k != "m/r1"}
+
+    def story(i: int, replica: str, end: float, rng: random.Random) -> FeatureVector:
+        return replica_fv(replica, end, rng, ttft=900.0 if replica == "r1" and i >= 82 else 200.0)
+
+    run(detector, 90, story)
+    assert detector.open_alerts() == {"m/r1": "INFO"}
+    learned = detector.state_dict()["keys"]["m/r1"]["s"]
     detector.forget("m/r1")
-    assert detector.state_dict()["keys"] == keep
     detector.forget("m/nobody")
-    assert list(detector._row.values()) == list(range(3))
+    assert detector.open_alerts() == {}
+    assert detector.state_dict()["keys"]["m/r1"] == {"s": learned, "t": T0 + STEP * 89}
+
+    def without_r1(i: int, replica: str, end: float, rng: random.Random) -> FeatureVector:
+        return replica_fv(replica, end, rng, count=0 if replica == "r1" else 120)
+
+    others = {k: v for k, v in detector.state_dict()["keys"].items() if k != "m/r1"}
+    run(detector, FAST["memory"] + 1, without_r1, start=90)  # r1's windows empty: not a sample
+    keys = detector.state_dict()["keys"]
+    assert "m/r1" not in keys and sorted(keys) == sorted(others)
 
 
 def test_in_the_decider() -> None:

@@ -183,19 +183,34 @@ class LearnedDetector(Detector):
         return np.fromiter((row[key] for key in keys), np.int64, len(keys))
 
     def forget(self, key: str) -> None:
-        row = self._row.pop(key, None)
+        """The decider's "no evidence here" (a window without a request, or a replica released): the
+        key's alert and hysteresis go, what its scorer learned stays. A replica with a quiet minute is
+        still the same replica, and a learned normal would take `warmup` samples to come back; a key
+        not sampled for `memory` samples' time is dropped (its ranges would have forgotten it all)."""
         self._opened.pop(key, None)
+        row = self._row.get(key)
         if row is None:
             return
-        self._bank.drop_rows([row])
-        del self._keys[row]
-        self._hits = np.delete(self._hits, row)
-        self._misses = np.delete(self._misses, row)
-        self._open = np.delete(self._open, row)
-        self._held = np.delete(self._held, row)
-        self._last = np.delete(self._last, row)
-        for later in self._keys[row:]:
-            self._row[later] -= 1
+        self._hits[row] = self._misses[row] = 0
+        self._open[row] = False
+        self._held[row] = 0.0
+
+    def _drop_stale(self, now: float) -> None:
+        """Drop the rows not sampled for `memory` samples' time (`cadence_steps` steps each)."""
+        horizon = self.config.memory * self.config.cadence_steps * STEP_S
+        with np.errstate(invalid="ignore"):
+            stale = np.flatnonzero(self._last < now - horizon)
+        if not len(stale):
+            return
+        keep = np.ones(len(self._keys), dtype=bool)
+        keep[stale] = False
+        self._bank.drop_rows(stale)
+        self._keys = [key for key, k in zip(self._keys, keep.tolist(), strict=True) if k]
+        self._row = {key: row for row, key in enumerate(self._keys)}
+        for name in ("_hits", "_misses", "_open", "_held", "_last"):
+            setattr(self, name, getattr(self, name)[keep])
+        for key in [key for key in self._opened if key not in self._row]:
+            del self._opened[key]
 
     # ------------------------------------------------------------------ the step
 
@@ -212,6 +227,7 @@ class LearnedDetector(Detector):
     def update_step(self, step: StepColumns, now: float, alerts: list[Alert], actions: list[Action]) -> None:
         if not len(step) or not self._turn(step.vectors[0].model, now):
             return
+        self._drop_stale(now)
         cfg = self.config
         sampled = step.column("count") >= cfg.min_count
         values = np.column_stack([step.column(name) for name in cfg.features])
