@@ -169,7 +169,7 @@ SCENARIOS: dict[str, Scenario] = {
         build=_learned,
         severity=Severity.INFO,
         action=None,
-        open_after=2,
+        open_after=6,
         clear_after=4,
     ),
     "gpu_health": Scenario(
@@ -212,7 +212,8 @@ def test_every_detector_has_a_scenario() -> None:
 
 @pytest.mark.parametrize("name", DETECTOR_NAMES)
 def test_pure_same_inputs_same_outputs(name: str) -> None:
-    pattern = [False, True, True, True, True, False, False, True] + [False] * 70
+    holding = max(4, SCENARIOS[name].open_after)  # enough to open
+    pattern = [False] + [True] * holding + [False, False, True] + [False] * 70
     inputs = inputs_for(name, pattern)
     first = snapshot(run(DETECTORS[name](), inputs))
     second = snapshot(run(DETECTORS[name](), inputs))
