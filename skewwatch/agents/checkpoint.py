@@ -24,6 +24,8 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from skewwatch.agents.read_to_end import read_to_end
+
 CHUNK_BYTES = 4 * 1024 * 1024  # below the checkpoint topic's max.message.bytes (16 MiB)
 _CHUNK_HEADER = struct.Struct(">4sQI")  # magic, generation, chunk index
 _MAGIC = b"SWCK"
@@ -112,19 +114,13 @@ class CheckpointStore:
             end = await consumer.end_offsets(tps)
             latest: dict[bytes, bytes] = {}
             pending = {tp for tp in tps if end[tp] > 0}
-            while pending:
-                batch = await consumer.getmany(*pending, timeout_ms=1000)
-                for messages in batch.values():
-                    for message in messages:
-                        if message.key is None:
-                            continue
-                        if message.value is None:
-                            latest.pop(message.key, None)
-                        else:
-                            latest[message.key] = message.value
-                for tp in list(pending):
-                    if await consumer.position(tp) >= end[tp]:
-                        pending.discard(tp)
+            async for message in read_to_end(consumer, pending, end):
+                if message.key is None:
+                    continue
+                if message.value is None:
+                    latest.pop(message.key, None)
+                else:
+                    latest[message.key] = message.value
             return latest
         finally:
             await consumer.stop()

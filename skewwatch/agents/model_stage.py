@@ -46,7 +46,6 @@ from skewwatch.pipeline.model_merge import merge_model_features
 from skewwatch.pipeline.replica_step_record import format_problem, model_step_inputs, read_step_header
 from skewwatch.pipeline.step_completion import DEFAULT_MAX_PENDING, ModelStep, StepAssembler
 from skewwatch.schemas.corrections import encode_correction
-from skewwatch.schemas.dead_letter import dead_letter_record
 from skewwatch.schemas.features import encode_features
 from skewwatch.schemas.rejection import Rejection
 from skewwatch.schemas.telemetry_sample import TelemetrySample
@@ -156,7 +155,7 @@ class ModelStage(CheckpointedStage[PartitionModels]):
             # header alone; held as the record's bytes, decoded when the model's step completes
             header = read_step_header(message.headers)
             if header is not None and (problem := format_problem(message.value)) is not None:
-                await self._dead_letter(tp, message, problem)
+                await self._refuse(tp, message, problem)
                 continue
             if header is not None:
                 state.assembler.add_chunk(message.key.decode(), header.window_end, header.source,
@@ -255,16 +254,12 @@ class ModelStage(CheckpointedStage[PartitionModels]):
             gauge.set(w.weight)
         return sends
 
-    async def _dead_letter(self, tp: TopicPartition, message: Any, reason: str) -> None:
+    async def _refuse(self, tp: TopicPartition, message: Any, reason: str) -> None:
         """A record of the internal topic this worker cannot read: to the dead-letter topic, counted, said."""
-        self.metrics.rejected.labels("unsupported_version").inc()
         log.warning("stage 2: %s offset %d: %s; sent to %s", tp, message.offset, reason,
                     self.settings.topics.dead_letter)
-        record = dead_letter_record(source_topic=tp.topic, partition=tp.partition, offset=message.offset,
-                                    key=message.key, value=message.value,
-                                    rejects=[Rejection.message_level("unsupported_version", reason)], ts=time.time())
-        await self.commits.sent(tp.partition, [await self.producer.send(self.settings.topics.dead_letter,
-                                                                        key=message.key, value=record)])
+        rejects = [Rejection.message_level("unsupported_version", reason)]
+        await self.commits.sent(tp.partition, [await self.dead_letter(tp, message, rejects)])
 
     async def _publish_correction(self, correction: RoutingCorrection) -> Any:
         self.metrics.corrections_out.inc()

@@ -48,7 +48,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -61,7 +60,6 @@ from skewwatch.agents.stage import Stage
 from skewwatch.config import Settings
 from skewwatch.otlp.attribute_map import DEFAULT_ATTRIBUTE_MAP, AttributeMap
 from skewwatch.otlp.decode import Encoding, decode_otlp_traces
-from skewwatch.schemas.dead_letter import dead_letter_record
 from skewwatch.schemas.rejection import Rejection
 from skewwatch.schemas.requests import check_request_event, encode_request_events
 
@@ -264,15 +262,10 @@ class OtlpStage(Stage):
         for reason, count in poll.skipped.items():
             self.metrics.otlp_spans_skipped.labels(reason).inc(count)
         pending = [await self.producer.send(topics.requests, key=key, value=value) for key, value in poll.messages]
-        now = time.time()
         for (tp, record, _), rejects in zip(kept, poll.rejects, strict=True):
             if not rejects:
                 continue
-            for reject in rejects:
-                self.metrics.rejected.labels(reject.reason_code).inc()
-            dead = dead_letter_record(source_topic=tp.topic, partition=tp.partition, offset=record.offset,
-                                      key=record.key, value=record.value, rejects=rejects, ts=now)
-            pending.append(await self.producer.send(topics.dead_letter, key=record.key, value=dead))
+            pending.append(await self.dead_letter(tp, record, rejects))
         await asyncio.gather(*pending)  # acknowledged (acks=all) before the offsets are committed
         self.metrics.otlp_events_out.inc(poll.events)
         return commits

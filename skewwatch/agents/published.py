@@ -35,10 +35,11 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from skewwatch.agents.read_to_end import READ_TIMEOUT_MS, read_to_end
+
 # Record timestamps come from the producers' clocks (stage 1's host for the input, the previous owner's
 # for its outputs); reading this much earlier covers hosts whose clocks disagree by up to a minute.
 CLOCK_SKEW_S = 60.0
-_READ_TIMEOUT_MS = 1000  # per fetch; a read ends when every partition reached its end offset
 
 AlertKey = tuple[str, str | None, str]  # (model, replica, detector)
 
@@ -116,19 +117,13 @@ async def read_published(connection: Mapping[str, Any], input_topic: str, starts
             if start is not None and start.offset < ends[tp]:
                 consumer.seek(tp, start.offset)
                 pending.add(tp)
-        while pending:
-            batch = await consumer.getmany(*pending, timeout_ms=_READ_TIMEOUT_MS)
-            for tp, messages in batch.items():
-                for message in messages:
-                    if message.value is None:
-                        continue
-                    try:
-                        found.add(kinds[tp.topic], orjson.loads(message.value))
-                    except (ValueError, KeyError, TypeError):  # not ours (another writer): not a decision
-                        continue
-            for tp in list(pending):
-                if await consumer.position(tp) >= ends[tp]:
-                    pending.discard(tp)
+        async for message in read_to_end(consumer, pending, ends):
+            if message.value is None:
+                continue
+            try:
+                found.add(kinds[message.topic], orjson.loads(message.value))
+            except (ValueError, KeyError, TypeError):  # not ours (another writer): not a decision
+                continue
         return found
     finally:
         await consumer.stop()
@@ -150,7 +145,7 @@ async def _first_timestamp(consumer: AIOKafkaConsumer, topic: str, starts: Mappi
     earliest: int | None = None
     deadline = time.monotonic() + 30.0
     while pending and time.monotonic() < deadline:
-        batch = await consumer.getmany(*pending, timeout_ms=_READ_TIMEOUT_MS, max_records=len(pending) * 100)
+        batch = await consumer.getmany(*pending, timeout_ms=READ_TIMEOUT_MS, max_records=len(pending) * 100)
         for tp, messages in batch.items():
             if messages and tp in pending:
                 earliest = messages[0].timestamp if earliest is None else min(earliest, messages[0].timestamp)

@@ -51,7 +51,6 @@ from skewwatch.pipeline.replica_step_record import encode_model_step, record_par
 from skewwatch.pipeline.telemetry_join import TelemetryJoin, history_for
 from skewwatch.pipeline.telemetry_pacing import TelemetryPacer
 from skewwatch.pipeline.window import ClosedSteps, PartitionWindows
-from skewwatch.schemas.dead_letter import dead_letter_record
 from skewwatch.schemas.features import encode_features
 from skewwatch.schemas.requests import Rejection, decode_request_messages
 from skewwatch.schemas.requests.columns import RequestColumns
@@ -290,11 +289,7 @@ class ReplicaStage(CheckpointedStage[PartitionState]):
                 self._telemetry_released_at = slowest
 
     async def _dead_letter(self, tp: TopicPartition, message: Any, rejects: list[Rejection]) -> None:
-        for reject in rejects:
-            self.metrics.rejected.labels(reject.reason_code).inc()
-        record = dead_letter_record(source_topic=tp.topic, partition=tp.partition, offset=message.offset,
-                                    key=message.key, value=message.value, rejects=rejects, ts=time.time())
-        sent = await self.producer.send(self.settings.topics.dead_letter, key=message.key, value=record)
+        sent = await self.dead_letter(tp, message, rejects)
         if tp.topic == self.settings.topics.requests:  # the checkpoint that covers it waits for it
             self.commits.hold(tp.partition, sent)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -31,6 +32,8 @@ from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.rebalance import StageRebalanceListener
 from skewwatch.config import Settings
 from skewwatch.kafka_client import client_kwargs, group_consumer_kwargs
+from skewwatch.schemas.dead_letter import dead_letter_record
+from skewwatch.schemas.rejection import Rejection
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +87,15 @@ class Stage(ABC):
 
     def close(self) -> None:  # noqa: B027 - a hook: nothing by default
         """Always runs when the loop ends, cleanly or not, before the consumer closes."""
+
+    async def dead_letter(self, tp: TopicPartition, message: Any, rejects: list[Rejection]) -> asyncio.Future[Any]:
+        """One rejected input ``message`` (its key, value and offset) to the dead-letter topic, with its
+        original bytes and the reasons, each counted; returns the send's future (not waited for)."""
+        for reject in rejects:
+            self.metrics.rejected.labels(reject.reason_code).inc()
+        record = dead_letter_record(source_topic=tp.topic, partition=tp.partition, offset=message.offset,
+                                    key=message.key, value=message.value, rejects=rejects, ts=time.time())
+        return await self.producer.send(self.settings.topics.dead_letter, key=message.key, value=record)
 
     def new_consumer(self) -> AIOKafkaConsumer:
         """The stage's consumer: manual commits, from the earliest offset when none is committed."""

@@ -108,6 +108,24 @@ def merge_many(m: Moments, axis: int = 0) -> Moments:
     return Moments(n, mean, m.m2.sum(axis=axis) + between)
 
 
+def merge_runs(m: Moments, starts: npt.NDArray[np.int64]) -> Moments:
+    """:func:`merge_many` over each run of consecutive rows (run ``g`` starts at row ``starts[g]``, ends
+    where the next starts): ``m``'s arrays are ``(n, k)``, ``count`` may be ``(n, 1)`` (one per row).
+    A run with no observation gets mean 0, m2 0.
+
+    >>> runs = merge_runs(Moments(np.array([[1.0], [3.0], [2.0]]), np.array([[4.0], [0.0], [5.0]]),
+    ...                           np.zeros((3, 1))), np.array([0, 2]))
+    >>> runs.count[:, 0].tolist(), runs.mean[:, 0].tolist(), runs.m2[:, 0].tolist()
+    ([4.0, 2.0], [1.0, 5.0], [12.0, 0.0])
+    """
+    n = np.add.reduceat(m.count, starts, axis=0)
+    mean = np.add.reduceat(m.count * m.mean, starts, axis=0) / np.where(n > 0, n, 1.0)
+    run_of = np.repeat(np.arange(len(starts)), np.diff(starts, append=len(m.mean)))  # each row's run
+    deviation = m.mean - mean[run_of]
+    between = np.add.reduceat(m.count * (deviation * deviation), starts, axis=0)
+    return Moments(n, mean, np.add.reduceat(m.m2, starts, axis=0) + between)
+
+
 def merge_rows(count: FloatArray, mean: FloatArray, m2: FloatArray) -> Moments:
     """:func:`merge_many` over axis 0 for p parts (rows) of k fields sharing one count per part.
 

@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from skewwatch.gc_pause import gc_paused
+from skewwatch.pipeline import moments
 from skewwatch.pipeline.sketch import SparseCounts
 from skewwatch.pipeline.window.summary import (
     _BATCH_N,
@@ -91,18 +92,6 @@ def _sparse_rows(counts: CountMatrix, offset: int) -> list[SparseCounts]:
     both = np.stack([slots, counts[mask].astype(np.int32)])
     edges = bounds.tolist()
     return [both[:, lo:hi] for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
-
-
-def _grouped_moments(count: FloatArray, mean: FloatArray, m2: FloatArray, starts: npt.NDArray[np.int64],
-                     group_of: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
-    """Chan's k-way merge of consecutive runs of rows (``starts``): ``count`` ``(n, k)`` per field (or
-    ``(n, 1)`` shared), ``mean`` and ``m2`` ``(n, k)``. Runs with no observation get mean 0, m2 0."""
-    n = np.add.reduceat(count, starts, axis=0)
-    safe = np.where(n > 0, n, 1.0)
-    merged_mean = np.add.reduceat(count * mean, starts, axis=0) / safe
-    deviation = mean - merged_mean[group_of]
-    between = np.add.reduceat(count * (deviation * deviation), starts, axis=0)
-    return merged_mean, np.add.reduceat(m2, starts, axis=0) + between
 
 
 def _group_counts(counts: CountMatrix, starts: npt.NDArray[np.int64]) -> CountMatrix:
@@ -193,34 +182,32 @@ class StepBatch:
         order = np.concatenate(groups)
         starts = np.zeros(len(groups), dtype=np.int64)
         np.cumsum(lengths[:-1], out=starts[1:])
-        group_of = np.repeat(np.arange(len(groups)), lengths)  # the group of each row of `order`
         st = self.stats[order]
         total = np.add.reduceat(st, starts, axis=0)
-        mean, m2 = _grouped_moments(st[:, _MOMENT_COUNT_COLUMNS], st[:, _MEAN], st[:, _M2], starts, group_of)
+        fields = moments.merge_runs(moments.Moments(st[:, _MOMENT_COUNT_COLUMNS], st[:, _MEAN], st[:, _M2]), starts)
         recent = self.recent[order]
-        recent_mean, recent_m2 = _grouped_moments(recent[:, :1], recent[:, 1:2], recent[:, 2:3], starts, group_of)
+        prompt = moments.merge_runs(moments.Moments(recent[:, :1], recent[:, 1:2], recent[:, 2:3]), starts)
         step_count = np.add.reduceat(self.step_count[order], starts).tolist()
         sketches = [_sparse_rows(_group_counts(counts[order], starts), offset) for counts, offset in (
             (self.latency_counts, self.latency_offset), (self.ttft_counts, self.ttft_offset),
             (self.tpot_counts, self.tpot_offset))]
         cuda: list[dict[str, int]] = [{} for _ in groups]
         if self.step_cuda_errors:
-            for position, row in enumerate(order.tolist()):
+            for group, row in zip(np.repeat(np.arange(len(groups)), lengths).tolist(), order.tolist(), strict=True):
                 for error, n in self.step_cuda_errors.get(row, {}).items():
-                    into = cuda[int(group_of[position])]
-                    into[error] = into.get(error, 0) + n
+                    cuda[group][error] = cuda[group].get(error, 0) + n
         ints = np.rint(total).astype(np.int64)
         models = [self.keys[int(g[0])][0] for g in groups]
         return [
             WindowSummary(
                 model=model, replica=None, window_end=self.window_end, length_s=self.length_s,
                 relative_accuracy=self.relative_accuracy, count=int(ints[g, _COUNT]), errors=int(ints[g, _ERRORS]),
-                completion_tokens=int(ints[g, _COMPLETION]), mean=mean[g], m2=m2[g],
+                completion_tokens=int(ints[g, _COMPLETION]), mean=fields.mean[g], m2=fields.m2[g],
                 optional_count=ints[g, _OPT_N].copy(), optional_sum=total[g, _OPT_SUM].copy(),
                 latency=sketches[0][g], ttft=sketches[1][g], step_count=step_count[g], step_cuda_errors=cuda[g],
                 replicas=int(lengths[g]), batch_count=int(ints[g, _BATCH_N]), fill_count=int(ints[g, _FILL_N]),
                 derived_count=int(ints[g, _DERIVED_N]), tpot=sketches[2][g], recent_count=int(recent_n),
-                recent_prompt_mean=float(recent_mean[g, 0]), recent_prompt_m2=float(recent_m2[g, 0]))
+                recent_prompt_mean=float(prompt.mean[g, 0]), recent_prompt_m2=float(prompt.m2[g, 0]))
             for g, (model, recent_n) in enumerate(zip(models, np.add.reduceat(
                 np.rint(recent[:, 0]).astype(np.int64), starts).tolist(), strict=True))
         ]
