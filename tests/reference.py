@@ -86,6 +86,9 @@ def reference_features(events: Sequence[Mapping[str, Any]], model: str, replica:
     completion = column("completion_tokens")
     p50, p95, p99 = _exact_quantiles(latency, [0.5, 0.95, 0.99])
     ttft_p50, ttft_p99 = _exact_quantiles(column("ttft_ms"), [0.5, 0.99])
+    # TTFT per prompt token: the geometric mean over the events with both positive
+    per_token = [math.log(float(e["ttft_ms"]) / int(e["prompt_tokens"])) for e in window
+                 if e.get("ttft_ms") is not None and float(e["ttft_ms"]) > 0 and int(e["prompt_tokens"]) > 0]
     n = len(window)
     if replica is None and replicas is None:
         replicas = len({e["replica"] for e in window})
@@ -113,6 +116,7 @@ def reference_features(events: Sequence[Mapping[str, Any]], model: str, replica:
         error_rate=sum(e.get("status", "ok") == "error" for e in window) / n if n else None,
         queue_length_mean=_mean(column("queue_length")),
         kv_cache_hit_rate_mean=_mean(column("kv_cache_hit_rate")),
+        ttft_per_prompt_token=math.exp(sum(per_token) / len(per_token)) if per_token else None,
         step_count=len(newest),
         step_cuda_errors=dict(Counter(str(e["cuda_error"]) for e in newest
                                       if e.get("cuda_error") is not None)),

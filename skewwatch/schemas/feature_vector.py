@@ -59,9 +59,13 @@ class FeatureVector:
     tpot_p50: float | None = None  # ms per output token; None when no event had completion tokens
     tpot_p99: float | None = None
     tpot_max: float | None = None  # the slowest event's (one slowed request shows here first)
-    # contract v1.3 (optional, additive): with P50 and P99, how many of the window's requests are
+    # contract v1.5 (optional, additive): with P50 and P99, how many of the window's requests are
     # slow proves itself (at least a tenth of them are at or above P90: the long tail's exceedance test)
     tpot_p90: float | None = None
+    # contract v1.6 (optional, additive): each event's ttft_ms / prompt_tokens (events with both > 0),
+    # their geometric mean. Prefill grows with the prompt, so a window's TTFT moves with the prompts
+    # it happened to serve; per prompt token it does not, and a replica slow to start shows at any mix
+    ttft_per_prompt_token: float | None = None  # ms per prompt token; None when no event had both
     # the window's newest RECENT_S (20 s, 4 steps) only: prompt-length moments for rules that must
     # not wait for the 60 s window to fill. None on vectors that do not carry them (per-model ones)
     recent_count: int | None = None  # requests finished in the last RECENT_S of the window

@@ -90,7 +90,7 @@ def test_scores_are_the_same_after_a_kill_9(kafka_settings: Settings, tmp_path: 
         asyncio.run(produce(straight.kafka.bootstrap or "", straight.topics.requests, messages))
         expected = learned_alerts(straight)
     slow = [a for a in expected if a["replica"] == SLOW]
-    assert slow[0]["state"] == "open" and slow[0]["evidence"]["feature"] == "ttft_p50"
+    assert slow[0]["state"] == "open" and slow[0]["evidence"]["feature"] == "ttft_per_prompt_token"
     assert T0 + FAULT_AT <= slow[0]["ts"] <= T0 + FAULT_AT + 30.0
     assert all(a["ts"] > T0 + KILL_AFTER + 10.0 for a in expected)  # none before the kill: all to compare
 

@@ -111,10 +111,10 @@ def _engine(end: float, queue: int, frag: float = 0.1) -> TelemetrySample:
 
 def _learned(pattern: list[bool]) -> list[Inputs]:
     # 50 warm-up steps (the scorer's default warmup and grace are 40 samples) at the replica's usual
-    # TTFT (cycling over a small range), then each step at 5x that (holds) or back at it (does not)
+    # TTFT per prompt token (cycling over a small range), then each step at 5x that (holds) or back at it (does not)
     warm = 50
     steps = [False] * warm + pattern
-    return [(base_fv(T0 + STEP * i, ttft_p50=1000.0 if holds else 200.0 + 10.0 * (i % 3)), None)
+    return [(base_fv(T0 + STEP * i, ttft_per_prompt_token=1.0 if holds else 0.2 + 0.01 * (i % 3)), None)
             for i, holds in enumerate(steps)]
 
 

@@ -25,7 +25,9 @@ FAST = {"cadence_steps": 1, "warmup": 40, "grace": 40, "memory": 120}  # samples
 def replica_fv(replica: str, end: float, rng: random.Random, ttft: float = 200.0, tps: float = 400.0,
                count: int = 120) -> FeatureVector:
     return FeatureVector(model="m", replica=replica, window_start=end - 60, window_end=end, count=count,
-                         ttft_p50=ttft * rng.uniform(0.95, 1.05), latency_p50=2000.0 * rng.uniform(0.95, 1.05),
+                         ttft_p50=ttft * rng.uniform(0.95, 1.05),
+                         ttft_per_prompt_token=ttft / 1500.0 * rng.uniform(0.95, 1.05),
+                         latency_p50=2000.0 * rng.uniform(0.95, 1.05),
                          tpot_p50=20.0 * rng.uniform(0.95, 1.05), tokens_per_s=tps * rng.uniform(0.95, 1.05),
                          completion_tokens_mean=200.0 * rng.uniform(0.95, 1.05),
                          prompt_tokens_mean=1500.0 * rng.uniform(0.95, 1.05))
@@ -67,7 +69,7 @@ def test_one_replica_unlike_its_pool_alerts_a_pool_wide_change_does_not() -> Non
         return replica_fv(replica, end, rng, ttft=1800.0 if replica == "r2" else 600.0, tps=1200.0)
 
     alerts = run(detector, 10, one_slow, start=110)
-    assert [(a.replica, a.state, a.evidence["feature"]) for a in alerts] == [("r2", "open", "ttft_p50")]
+    assert [(a.replica, a.state, a.evidence["feature"]) for a in alerts] == [("r2", "open", "ttft_per_prompt_token")]
     assert alerts[0].evidence["ratio"] > 2.0 and alerts[0].ts == T0 + STEP * 115  # persistence 6
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import numpy as np
@@ -142,3 +143,26 @@ def test_summaries_of_other_windows_or_settings_are_refused() -> None:
         merge_model_features("m", 110.0, m105, SETTINGS)
     with pytest.raises(ValueError, match="relative_accuracy"):
         merge_model_features("m", 105.0, m105, WindowSettings(sketch_relative_accuracy=0.02))
+
+
+def test_a_summary_from_a_worker_before_ttft_per_prompt_token_merges() -> None:
+    """A summary without the contract v1.6 field (an older stage 1 during an upgrade): it decodes with
+    the field not reported, and the model's value comes from the summaries that have it."""
+    windows = PartitionWindows(SETTINGS)
+    windows.apply(RequestColumns.from_rows([event(100.0, ttft_ms=40.0),
+                                            event(101.0, replica="r2", ttft_ms=10.0, prompt_tokens=10)]))
+    windows.advance_watermark(105.0)
+    [a, b] = [s.summary for s in windows.close_steps()]
+    old = a.to_dict()
+    for name in ("optional_count", "optional_sum"):
+        del old[name]["log_ttft_per_prompt_token"]
+    older = WindowSummary.from_dict(orjson.loads(orjson.dumps(old)))
+    assert older.features().ttft_per_prompt_token is None and older.features().ttft_p50 == a.features().ttft_p50
+    merged = merge_model_features("m", 105.0, [older, b], SETTINGS)
+    assert merged.count == 2 and merged.ttft_per_prompt_token == pytest.approx(1.0)  # b's 10 ms / 10 tokens
+    assert merge_model_features("m", 105.0, [a, b], SETTINGS).ttft_per_prompt_token == pytest.approx(
+        math.sqrt(0.4 * 1.0))
+    bad = a.to_dict()
+    del bad["optional_count"]["queue_length"]  # a field every version sends is still required
+    with pytest.raises(ValueError):
+        WindowSummary.from_dict(bad)

@@ -186,13 +186,51 @@ def test_a_corrupt_snapshot_is_refused() -> None:
     slots_at = len(body) - 4 * header["entries"]  # the slots (uint16) come before the counts (uint16)
     body[slots_at:slots_at + 2] = struct.pack("<H", 60_000)  # out of range
     bad = [data[:-5], b"SWW3" + b"garbage", rebuilt({**header, "buckets": header["buckets"] + 1}),
-           rebuilt({**header, "entries": header["entries"] - 1}), rebuilt({**header, "v": 5}),
-           rebuilt({**header, "v": 3}), rebuilt(header, raw[4 + header_len:-2]), rebuilt(header, bytes(body)),
+           rebuilt({**header, "entries": header["entries"] - 1}), rebuilt({**header, "v": 6}),
+           rebuilt({**header, "v": 3}), rebuilt({**header, "v": 4}), rebuilt(header, raw[4 + header_len:-2]),
+           rebuilt(header, bytes(body)),
            b"SWW3" + zlib.compress(b"\x00\x00"), rebuilt({**header, "late_total": "x"})]
     for blob in bad:
         with pytest.raises(ValueError):
             PartitionWindows.restore(blob, SETTINGS)
     assert PartitionWindows.restore(rebuilt(header), SETTINGS).snapshot() == data
+
+
+def test_a_snapshot_of_the_previous_version_is_read() -> None:
+    """A v4 snapshot (a worker before TTFT per prompt token) restores: its buckets have every other
+    statistic, the new field counts only the events that come after."""
+    import dataclasses
+    import struct
+    import zlib
+
+    from skewwatch.pipeline.window.summary import _OPT_N, _OPT_SUM, _STATS_LEN
+
+    windows = PartitionWindows(SETTINGS)
+    windows.apply(RequestColumns.from_rows([event(100.0, ttft_ms=30.0), event(101.0, ttft_ms=50.0, prompt_tokens=10)]))
+    data = windows.snapshot()
+    raw = zlib.decompress(data[4:])
+    (header_len,) = struct.unpack_from("<I", raw)
+    header = orjson.loads(raw[4:4 + header_len])
+    n = header["buckets"]
+    at = 4 + header_len + 4 * n + 8 * n  # the bucket rows, column by column, after the keys and ids
+    columns = [raw[at + 8 * n * c:at + 8 * n * (c + 1)] for c in range(_STATS_LEN)]
+    v4 = [c for i, c in enumerate(columns) if i not in (_OPT_N.stop - 1, _OPT_SUM.stop - 1)]
+    text = orjson.dumps({**header, "v": 4})
+    old = b"SWW3" + zlib.compress(struct.pack("<I", len(text)) + text + raw[4 + header_len:at] + b"".join(v4)
+                                  + raw[at + 8 * n * _STATS_LEN:], 1)
+    vectors = []
+    for restored, per_token in ((PartitionWindows.restore(data, SETTINGS), math.sqrt(0.3 * 5.0)),
+                                (PartitionWindows.restore(old, SETTINGS), None)):
+        restored.advance_watermark(105.0)
+        [step] = restored.close_steps()
+        vectors.append(step.features)
+        assert step.features.ttft_per_prompt_token == pytest.approx(per_token)
+    assert dataclasses.replace(vectors[0], ttft_per_prompt_token=None) == vectors[1]  # the rest is all there
+    # after the v4 buckets, new events count: 20 ms over 100 prompt tokens
+    restored.apply(RequestColumns.from_rows([event(106.0, ttft_ms=20.0)]))
+    restored.advance_watermark(110.0)
+    [step] = restored.close_steps()
+    assert step.features.count == 3 and step.features.ttft_per_prompt_token == pytest.approx(0.2)
 
 
 def test_the_exported_state_rebuilds_the_same_windows() -> None:

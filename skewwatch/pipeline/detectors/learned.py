@@ -44,14 +44,14 @@ replica outside a step) judges the vector's own values (log), with no pool to re
 >>> det = LearnedDetector(LearnedConfig(cadence_steps=1, warmup=20, grace=10, memory=60))
 >>> def fv(end, ttft):
 ...     return FeatureVector(model="m", replica="r1", window_start=end - 60, window_end=end, count=100,
-...                          ttft_p50=ttft, latency_p50=900.0, tokens_per_s=50.0)
+...                          ttft_p50=ttft, ttft_per_prompt_token=ttft / 1000, latency_p50=900.0, tokens_per_s=50.0)
 >>> opened = []
 >>> for i in range(60):
 ...     opened += det.update(fv(5.0 * i, 200.0 + 10 * (i % 3)), None, now=5.0 * i).alerts
 >>> for i in range(60, 66):
 ...     opened += det.update(fv(5.0 * i, 800.0), None, now=5.0 * i).alerts
 >>> [(a.state, a.severity, a.evidence["feature"]) for a in opened]
-[('open', <Severity.INFO: 'INFO'>, 'ttft_p50')]
+[('open', <Severity.INFO: 'INFO'>, 'ttft_per_prompt_token')]
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ STEP_S = 5.0  # the windows' step: a model's turn is counted in steps of event t
 FIELDS = frozenset({
     "latency_p50", "latency_p95", "latency_p99", "latency_mean", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
     "batch_size_mean", "prompt_tokens_mean", "completion_tokens_mean", "queue_length_mean",
-    "kv_cache_hit_rate_mean", "batch_fill_mean", "error_rate", "tokens_per_s", "rps",
+    "kv_cache_hit_rate_mean", "batch_fill_mean", "error_rate", "tokens_per_s", "rps", "ttft_per_prompt_token",
 })
 
 __all__ = ["LearnedConfig", "LearnedDetector", "make_scorer"]
@@ -94,8 +94,11 @@ class LearnedConfig(DetectorConfig, frozen=True):
     section = "detectors.learned"
 
     # TTFT, time per output token and output length make up a request's latency (latency_p50 would
-    # repeat them), tokens/s is the replica's throughput; each feature costs a column per step
-    features: tuple[str, ...] = ("ttft_p50", "tpot_p50", "tokens_per_s", "completion_tokens_mean")
+    # repeat them), tokens/s is the replica's throughput; each feature costs a column per step. TTFT
+    # per prompt token rather than the window's TTFT: prefill grows with the prompt, and where prompts
+    # differ tenfold (long-context traffic, a few requests a window) the window's TTFT swings by more
+    # than a drift to 2x, while per prompt token it holds still
+    features: tuple[str, ...] = ("ttft_per_prompt_token", "tpot_p50", "tokens_per_s", "completion_tokens_mean")
     # the scorer's level (0..1) that must also be reached; 0: off. The level is the likelihood of the
     # step's most novel (feature, time scale): on a bursty replica the short scales are often novel, and
     # it then hid a slow drift that only the long scale showed (the pool's range below does its work)

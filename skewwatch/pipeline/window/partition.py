@@ -57,7 +57,7 @@ from skewwatch.pipeline.window.summary import (
     _OPT_N,
     _OPT_SUM,
     _STATS_LEN,
-    OPTIONAL_FIELDS,
+    optional_values,
     tpot_accuracy,
 )
 from skewwatch.schemas.feature_vector import RECENT_S
@@ -365,8 +365,7 @@ class PartitionWindows:
         stats[:, _ERRORS] = np.bincount(g, weights=cols.is_error, minlength=n_groups)
         stats[:, _COMPLETION] = np.bincount(g, weights=cols.completion_tokens, minlength=n_groups)
         self._batch_moments(cols, g, n_groups, stats)
-        for j, name in enumerate(OPTIONAL_FIELDS):
-            x = getattr(cols, name)
+        for j, x in enumerate(optional_values(cols)):
             reported = ~np.isnan(x)
             stats[:, _OPT_N.start + j] = np.bincount(g[reported], minlength=n_groups)
             stats[:, _OPT_SUM.start + j] = np.bincount(g[reported], weights=x[reported], minlength=n_groups)

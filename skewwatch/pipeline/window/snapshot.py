@@ -32,10 +32,12 @@ import numpy as np
 import orjson
 
 from skewwatch.pipeline.window.partition_state import PartitionState
-from skewwatch.pipeline.window.summary import _STATS_LEN
+from skewwatch.pipeline.window.summary import _OPT_N, _OPT_SUM, _STATS_LEN
 
 SNAPSHOT_FORMAT = "skewwatch.partition-windows"
-SNAPSHOT_VERSION = 4  # the only version read: the latency, TTFT and TPOT sketches in one slot space
+SNAPSHOT_VERSION = 5  # the latency, TTFT and TPOT sketches in one slot space; the bucket rows of summary.py
+# v4 is also read: its bucket rows lack the last optional field (TTFT per prompt token), read as not reported
+_V4_STATS_LEN = _STATS_LEN - 2
 _SNAPSHOT_MAGIC = b"SWW3"
 _HEADER = struct.Struct("<I")
 _SNAPSHOT_MAX_BYTES = 512 << 20  # refuse to inflate past this (a corrupt or hostile record)
@@ -102,14 +104,16 @@ def _decode(data: bytes) -> PartitionState:
     doc: dict[str, Any] = orjson.loads(raw[_HEADER.size:at])
     if doc.get("format") != SNAPSHOT_FORMAT:
         raise ValueError(f"not a {SNAPSHOT_FORMAT} snapshot")
-    if doc.get("v") != SNAPSHOT_VERSION:
-        raise ValueError(f"unsupported {SNAPSHOT_FORMAT} snapshot version {doc.get('v')!r} "
-                         f"(this worker reads v{SNAPSHOT_VERSION})")
+    version = doc.get("v")
+    if version not in (4, SNAPSHOT_VERSION):
+        raise ValueError(f"unsupported {SNAPSHOT_FORMAT} snapshot version {version!r} "
+                         f"(this worker reads v4 and v{SNAPSHOT_VERSION})")
+    width = _STATS_LEN if version == SNAPSHOT_VERSION else _V4_STATS_LEN
     n, total = int(doc["buckets"]), int(doc["entries"])
     if n < 0 or total < 0:
         raise ValueError("negative bucket or entry count")
     count_type = "<i4" if doc["wide_counts"] else "<u2"
-    layout = [("<i4", n), ("<i8", n), ("<f8", n * _STATS_LEN), ("<i4", n), ("<u2", total), (count_type, total)]
+    layout = [("<i4", n), ("<i8", n), ("<f8", n * width), ("<i4", n), ("<u2", total), (count_type, total)]
     if len(raw) - at != sum(np.dtype(dtype).itemsize * size for dtype, size in layout):
         raise ValueError("snapshot arrays do not match their header")
     arrays = []
@@ -122,7 +126,10 @@ def _decode(data: bytes) -> PartitionState:
         raise ValueError("negative sketch length")
     if int(lengths.sum()) != total:
         raise ValueError("sketch lengths do not add up to the entries")
-    stats = np.ascontiguousarray(stats_t.reshape(_STATS_LEN, n).T).astype(np.float64)
+    stats = np.ascontiguousarray(stats_t.reshape(width, n).T).astype(np.float64)
+    if width != _STATS_LEN:  # v4: the last optional field's count and sum, 0 (not reported)
+        # before v4's first optional sum and before its first batch count (indices in the v4 row)
+        stats = np.insert(stats, [_OPT_N.stop - 1, _OPT_SUM.stop - 2], 0.0, axis=1)
     sketch = np.stack([slots.astype(np.int32), counts.astype(np.int32)]) if total else np.zeros((2, 0), np.int32)
     watermark, closed_through = doc["watermark"], doc["closed_through"]
     return PartitionState(

@@ -26,6 +26,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, overload
@@ -261,6 +262,10 @@ class StepBatch:
             "error_rate": _or_none(error_rate, has_events),
             "queue_length_mean": _or_none(optional_mean[:, 1], optional_known[:, 1]),
             "kv_cache_hit_rate_mean": _or_none(optional_mean[:, 2], optional_known[:, 2]),
+            # math.exp as WindowSummary.features does: the two paths give the same floats
+            "ttft_per_prompt_token": [math.exp(v) if k else None
+                                      for v, k in zip(optional_mean[:, 3].tolist(), optional_known[:, 3].tolist(),
+                                                      strict=True)],
             "tpot_p50": _or_none(self.tpot_q[:, 0], tpot_known[:, 0]),
             "tpot_p90": _or_none(self.tpot_q[:, 1], tpot_known[:, 1]),
             "tpot_p99": _or_none(self.tpot_q[:, 2], tpot_known[:, 2]),

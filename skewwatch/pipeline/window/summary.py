@@ -6,8 +6,8 @@ numbers for many rows at once and the tests hold the two bit-identical).
 >>> from skewwatch.pipeline.sketch import EMPTY_SPARSE
 >>> s = WindowSummary(model="m", replica="r1", window_end=60.0, length_s=60.0, relative_accuracy=0.01,
 ...                   count=2, errors=0, completion_tokens=40, mean=np.array([200.0, 10, 20, 4, 0.25]),
-...                   m2=np.array([20000.0, 0, 0, 0, 0]), optional_count=np.zeros(3, np.int64),
-...                   optional_sum=np.zeros(3), latency=EMPTY_SPARSE, ttft=EMPTY_SPARSE, step_count=2,
+...                   m2=np.array([20000.0, 0, 0, 0, 0]), optional_count=np.zeros(4, np.int64),
+...                   optional_sum=np.zeros(4), latency=EMPTY_SPARSE, ttft=EMPTY_SPARSE, step_count=2,
 ...                   step_cuda_errors={}, batch_count=2, fill_count=2)
 >>> fv = s.features()
 >>> fv.latency_mean, fv.batch_size_std, fv.tokens_per_s
@@ -37,7 +37,10 @@ MOMENT_FIELDS: tuple[str, ...] = (
 )
 _EVENT_MOMENTS = 3  # MOMENT_FIELDS[:3] are counted by _COUNT
 # Optional fields (NaN = not reported): kept as (reported count, sum), so missing never reads as 0.
-OPTIONAL_FIELDS: tuple[str, ...] = ("ttft_ms", "queue_length", "kv_cache_hit_rate")
+# The last is derived per event: log(ttft_ms / prompt_tokens), over the events with both > 0 (its
+# mean is the log of the geometric mean TTFT per prompt token: see ``optional_values``).
+OPTIONAL_FIELDS: tuple[str, ...] = ("ttft_ms", "queue_length", "kv_cache_hit_rate", "log_ttft_per_prompt_token")
+_ADDED_OPTIONAL = frozenset({"log_ttft_per_prompt_token"})  # contract v1.6: absent from older summaries
 _M, _O = len(MOMENT_FIELDS), len(OPTIONAL_FIELDS)
 # All numbers of a bucket live in ONE float64 row: one numpy object per bucket instead of several
 # (each array costs ~100 bytes of header and memory per replica matters); counts are exact in
@@ -59,6 +62,32 @@ SUMMARY_VERSION = 1
 # The TPOT sketch is coarser than the latency one: its rules compare ratios of 1.5x and more, and
 # 5 % bins keep its memory per replica at a fraction of the latency sketch's.
 TPOT_RELATIVE_ACCURACY = 0.05
+
+
+def optional_values(columns: Any) -> list[FloatArray]:
+    """Each OPTIONAL_FIELDS' value per event of ``columns`` (request columns), NaN where not reported.
+
+    ``log_ttft_per_prompt_token``: a request's time to its first token grows with its prompt
+    (prefill), so a window's TTFT moves with the mix of prompt lengths it happened to serve; per
+    prompt token it does not, and a replica whose first tokens come later shows at any mix. Its log,
+    so that the window's mean is the geometric mean (one very short prompt cannot dominate it).
+
+    >>> from types import SimpleNamespace
+    >>> cols = SimpleNamespace(ttft_ms=np.array([200.0, np.nan, 0.0]), queue_length=np.array([1.0, 2.0, 3.0]),
+    ...                        kv_cache_hit_rate=np.array([0.5, np.nan, 0.5]), prompt_tokens=np.array([100, 50, 10]))
+    >>> [round(float(v), 3) for v in optional_values(cols)[3]]
+    [0.693, nan, nan]
+    """
+    ttft = columns.ttft_ms
+    prompt = columns.prompt_tokens
+    per_token = np.full(len(ttft), np.nan)
+    usable = (ttft > 0.0) & (prompt > 0)  # NaN compares False: not reported
+    per_token[usable] = np.log(ttft[usable] / prompt[usable])
+    return [ttft, columns.queue_length, columns.kv_cache_hit_rate, per_token]
+
+
+def _exp(value: float | None) -> float | None:
+    return None if value is None else math.exp(value)
 
 
 def tpot_accuracy(relative_accuracy: float) -> float:
@@ -172,6 +201,7 @@ class WindowSummary:
             error_rate=self.errors / n if n else None,
             queue_length_mean=optional_mean["queue_length"],
             kv_cache_hit_rate_mean=optional_mean["kv_cache_hit_rate"],
+            ttft_per_prompt_token=_exp(optional_mean["log_ttft_per_prompt_token"]),
             step_count=self.step_count,
             step_cuda_errors=dict(self.step_cuda_errors),
             replicas=self.replicas,
@@ -234,7 +264,9 @@ class WindowSummary:
                 return arr.astype(np.int32)
 
             def per_field(name: str, names: tuple[str, ...], dtype: type) -> npt.NDArray[Any]:
-                return np.array([data[name][f] for f in names], dtype=dtype)
+                values = data[name]  # a field newer than the sending worker is absent: not reported
+                return np.array([values[f] if f in values or f not in _ADDED_OPTIONAL else 0 for f in names],
+                                dtype=dtype)
 
             replicas = data.get("replicas")
             count = int(data["count"])
