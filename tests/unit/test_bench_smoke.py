@@ -76,3 +76,21 @@ def test_throughput_ceiling_on_a_tiny_dataset(kafka_bootstrap: str, tmp_path: Pa
         out = run_child(spec, timeout_s=120)
         assert "error" not in out, out
         assert out["events"] == data.events and out["seconds"] > 0 and out["peak_rss_bytes"] > 0
+
+
+def test_separability_sees_the_drift_per_prompt_token() -> None:
+    """bench/separability on one run: the drifted replica's TTFT per prompt token moves further than
+    any healthy replica's (the statistic the learned detector judges); the numbers come from a
+    seeded simulation, so this is the harness working, not a measurement."""
+    spec = importlib.util.spec_from_file_location("bench_separability", REPO / "bench" / "separability.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from bench.scenarios import Scenario
+    from skewwatch.sim.shapes import make_shape
+
+    result = module.t_statistics(Scenario.learned(make_shape("conv@0.1x"), 1))
+    per_token = result["ttft_per_prompt_token (mean log)"]
+    [drift] = per_token["drift"]
+    assert len(per_token["null"]) >= 10 and drift > max(abs(t) for t in per_token["null"])
+    assert set(result) == set(module.STATISTICS)
