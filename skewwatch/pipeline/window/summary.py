@@ -26,6 +26,7 @@ import numpy.typing as npt
 from skewwatch.pipeline import moments
 from skewwatch.pipeline.sketch import EMPTY_SPARSE, SparseCounts, log_bins
 from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.requests.columns import RequestColumns
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -64,7 +65,7 @@ SUMMARY_VERSION = 1
 TPOT_RELATIVE_ACCURACY = 0.05
 
 
-def optional_values(columns: Any) -> list[FloatArray]:
+def optional_values(columns: RequestColumns) -> list[FloatArray]:
     """Each OPTIONAL_FIELDS' value per event of ``columns`` (request columns), NaN where not reported.
 
     ``log_ttft_per_prompt_token``: a request's time to its first token grows with its prompt
@@ -72,9 +73,10 @@ def optional_values(columns: Any) -> list[FloatArray]:
     prompt token it does not, and a replica whose first tokens come later shows at any mix. Its log,
     so that the window's mean is the geometric mean (one very short prompt cannot dominate it).
 
-    >>> from types import SimpleNamespace
-    >>> cols = SimpleNamespace(ttft_ms=np.array([200.0, np.nan, 0.0]), queue_length=np.array([1.0, 2.0, 3.0]),
-    ...                        kv_cache_hit_rate=np.array([0.5, np.nan, 0.5]), prompt_tokens=np.array([100, 50, 10]))
+    >>> event = {"request_id": "a", "ts": 1.0, "model": "m", "replica": "r1", "latency_ms": 900.0,
+    ...          "completion_tokens": 20}
+    >>> cols = RequestColumns.from_rows([{**event, "prompt_tokens": 100, "ttft_ms": 200.0},
+    ...                                  {**event, "prompt_tokens": 50}, {**event, "prompt_tokens": 0, "ttft_ms": 5.0}])
     >>> [round(float(v), 3) for v in optional_values(cols)[3]]
     [0.693, nan, nan]
     """
