@@ -29,6 +29,10 @@ configuration file (whatever the worker's defaults are), ``seed`` = ``bench/prof
 ``code@1x`` with seeds 1 and 2 (``--fit-shapes``, ``--fit-seeds``). Everything else (mooncake, every
 0.1x and 3x shape, seeds 3+) is HOLDOUT. The JSON and the printed tables keep them apart.
 
+**Pool size** (``--pool-size``, default 4 replicas per pool): the same runs with larger pools, every
+pool at the same rate per replica (nothing was chosen on them: all of it is a holdout in kind, the
+split names only say which shape and seed it is).
+
 **Targets** (✗ marks a miss): per detector recall >= 0.95 (learned: >= 0.9), precision >= 0.95, median
 delay <= persistence + 10 s (learned: none; its faults unfold over minutes); <= 1 false alert per clean
 pool-hour over all detectors; the learned detector firing on a rule's fault is not a false alert (the
@@ -139,8 +143,8 @@ class LoadMeter:
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
-        self.clean = {scenario.replica(p, i) for p in scenario.clean for i in range(REPLICAS)}
-        self.low_rate = ({scenario.replica(LOW_RATE_POOL, i) for i in range(REPLICAS)} if scenario.low_rate
+        self.clean = {scenario.replica(p, i) for p in scenario.clean for i in range(scenario.replicas)}
+        self.low_rate = ({scenario.replica(LOW_RATE_POOL, i) for i in range(scenario.replicas)} if scenario.low_rate
                          else set())
         self.end = START_TS + scenario.run_s
         self.last_ts = START_TS  # the newest request event time seen
@@ -589,9 +593,9 @@ def scenarios_of(args: argparse.Namespace) -> list[Scenario]:
         for live in lives:
             for shape, seed in pairs:
                 if family == "learned":
-                    made.append(Scenario.learned(make_shape(shape), seed, live))
+                    made.append(Scenario.learned(make_shape(shape), seed, live, replicas=args.pool_size))
                 else:
-                    made.append(Scenario(make_shape(shape), seed, live))
+                    made.append(Scenario(make_shape(shape), seed, live, replicas=args.pool_size))
     return made
 
 
@@ -625,6 +629,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="rules: the rules' runs (faults at 2 min, ~7 min each); learned: the learned "
                              "detector's runs (its two faults and the rules', at 20 min, ~37 min each); "
                              "default both (--quick: rules)")
+    parser.add_argument("--pool-size", type=int, default=REPLICAS,
+                        help=f"replicas per pool (default {REPLICAS}; larger: the same faults in larger pools)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="fast mode: scenarios simulated in parallel processes (default 1)")
     parser.add_argument("--keep-episodes", action="store_true",

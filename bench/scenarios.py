@@ -1,13 +1,13 @@
 """The detection-quality scenario: one run of labelled fault pools and clean pools on one traffic shape.
 
 One *run* = one shape (:mod:`skewwatch.sim.shapes`) x one seed. It holds independent model pools
-of ``REPLICAS`` replicas each, every pool replaying the shape's trace at the shape's rate per
+of ``replicas`` replicas each (``REPLICAS`` unless set), every pool replaying the shape's trace at the shape's rate per
 replica from its own offset (the pipeline keeps models apart, so this is a dozen scenarios per
 simulation instead of one):
 
 - one pool per replica fault kind (``long_tail``, ``slow_replica``, ``batch_collapse``,
   ``context_burst``, ``gpu_fault``, ``kv_pressure``, ``replica_silence``), the fault on replica
-  ``seed % REPLICAS`` of the pool from ``FAULT_AT_S``, with the faults' relative defaults
+  ``seed % replicas`` of the pool from ``FAULT_AT_S``, with the faults' relative defaults
   (:mod:`skewwatch.sim.faults`);
 - ``quiet_pool``: every replica of the pool receives nothing for ``QUIET_FOR_S`` (its engines
   idle, their telemetry going on) while the other pools keep event time moving;
@@ -28,6 +28,9 @@ looks like.
 [('replica_silence', 'r25', 'replica_silence'), ('quiet_pool', None, 'quiet_pool')]
 >>> Scenario(SHAPES["mooncake@0.1x"], seed=1).fault_for_s > 1200
 True
+>>> big = Scenario.learned(SHAPES["conv@1x"], seed=1, replicas=32)
+>>> big.name, big.replica("throughput_drop", big.faulty_index), big.fleet_config().replicas
+('conv@1x/seed=1/learned/pool=32', 'r33', 32)
 """
 
 from __future__ import annotations
@@ -81,9 +84,10 @@ class Scenario:
     quiet_for_s: float = QUIET_FOR_S
     fault_at_s: float = FAULT_AT_S
     family: str = ""  # "" (the rules' runs) or "learned"
+    replicas: int = REPLICAS  # per pool (larger pools: how the detectors do on pools nobody tuned for)
 
     @classmethod
-    def learned(cls, shape: Shape, seed: int, live_signals: bool = True) -> Scenario:
+    def learned(cls, shape: Shape, seed: int, live_signals: bool = True, replicas: int = REPLICAS) -> Scenario:
         """The learned detector's run: its two faults and every rule's, from LEARNED_FAULT_AT_S (after
         its warm-up) for LEARNED_FAULT_FOR_S, the clean pools (no quiet pool: it is the rules' case).
 
@@ -93,16 +97,18 @@ class Scenario:
         ('conv@1x/seed=2/learned', ['ttft_drift', 'throughput_drop', 'long_tail'], 2220.0)
         """
         return cls(shape, seed, live_signals, replica_faults=(*LEARNED_FAULTS, *REPLICA_FAULTS), quiet=False,
-                   min_fault_s=LEARNED_FAULT_FOR_S, fault_at_s=LEARNED_FAULT_AT_S, family="learned")
+                   min_fault_s=LEARNED_FAULT_FOR_S, fault_at_s=LEARNED_FAULT_AT_S, family="learned",
+                   replicas=replicas)
 
     @property
     def name(self) -> str:
         return (f"{self.shape.name}/seed={self.seed}" + ("" if self.live_signals else "/no-live")
-                + (f"/{self.family}" if self.family else ""))
+                + (f"/{self.family}" if self.family else "")
+                + ("" if self.replicas == REPLICAS else f"/pool={self.replicas}"))
 
     @property
     def faulty_index(self) -> int:
-        return self.seed % REPLICAS
+        return self.seed % self.replicas
 
     @property
     def fault_for_s(self) -> float:
@@ -127,7 +133,7 @@ class Scenario:
         return [*self.clean, *([LOW_RATE_POOL] if self.low_rate else [])]
 
     def replica(self, pool: str, index: int) -> str:
-        return f"r{self.pools().index(pool) * REPLICAS + index}"
+        return f"r{self.pools().index(pool) * self.replicas + index}"
 
     def injections(self) -> tuple[Injection, ...]:
         faults = [Injection(kind, self.replica(kind, self.faulty_index), self.fault_at_s, self.fault_for_s)
@@ -141,10 +147,10 @@ class Scenario:
 
     def model_rates(self) -> tuple[float, ...]:
         rate = self.shape.rate_per_replica
-        return tuple(REPLICAS * (LOW_RATE if pool == LOW_RATE_POOL else rate) for pool in self.pools())
+        return tuple(self.replicas * (LOW_RATE if pool == LOW_RATE_POOL else rate) for pool in self.pools())
 
     def fleet_config(self) -> FleetConfig:
-        return self.shape.fleet_config(models=tuple(self.pools()), replicas=REPLICAS, policy="round_robin",
+        return self.shape.fleet_config(models=tuple(self.pools()), replicas=self.replicas, policy="round_robin",
                                        model_rates=self.model_rates(), seed=self.seed,
                                        injections=self.injections(), live_signals=self.live_signals)
 
