@@ -117,6 +117,31 @@ def test_few_requests_per_window_need_more_samples_to_open(count: int) -> None:
     assert alerts[0].evidence["requests"] >= 20.0
 
 
+@pytest.mark.parametrize(("empty", "opens"), [((2,), True), ((2, 3, 4, 5, 6, 7), False)])
+def test_a_window_without_requests_pauses_the_run(empty: tuple[int, ...], opens: bool) -> None:
+    """r1 serves 10 requests a window (each sample adds 10 x 5 / 60 new ones: 24 samples to span
+    min_requests) and some windows none: the decider forgets it there (and ends an open alert). A
+    window without evidence is none against the run, which waits (one empty window in three: it
+    opens); a pause longer than clear_steps (4) samples' time starts the run over (six in nine: it
+    never spans 20 requests)."""
+    detector = LearnedDetector(LearnedConfig(**FAST))
+    alerts: list[Alert] = []
+    for i in range(160):
+        rng = random.Random(i)
+        end = T0 + STEP * i
+        quiet = i >= 80 and i % (3 if len(empty) == 1 else 9) in empty
+        vectors = [replica_fv(f"r{k}", end, rng, count=0 if k == 1 and quiet else 10,
+                              ttft=900.0 if k == 1 and i >= 80 else 200.0) for k in range(4)]
+        if quiet:
+            detector.forget("m/r1")
+        detector.update_step(StepColumns(vectors, [None] * 4), end, alerts, [])
+    opened = [a for a in alerts if a.state == "open"]
+    assert [a.replica for a in opened[:1]] == (["r1"] if opens else [])
+    assert all(a.evidence["requests"] >= 20.0 for a in opened)
+    # an alert the decider ended for an empty window reopens on new evidence (a new run), not at once
+    assert all(b.ts - a.ts >= STEP * 12 for a, b in zip(opened, opened[1:], strict=False))
+
+
 @pytest.mark.parametrize("pool_range", [True, False])
 def test_a_level_the_pool_has_been_at_is_not_novel(pool_range: bool) -> None:
     """r0 takes turns at 1.5x the pool's TTFT (its normal); r1 then moves to 1.4x for a while: new for
@@ -211,7 +236,7 @@ def test_forget_ends_the_alert_and_keeps_what_was_learned() -> None:
     detector.forget("m/r1")
     detector.forget("m/nobody")
     assert detector.open_alerts() == {}
-    assert detector.state_dict()["keys"]["m/r1"] == {"s": learned, "t": T0 + STEP * 89}
+    assert detector.state_dict()["keys"]["m/r1"] == {"s": learned, "t": T0 + STEP * 89}  # its run starts over
 
     def without_r1(i: int, replica: str, end: float, rng: random.Random) -> FeatureVector:
         return replica_fv(replica, end, rng, count=0 if replica == "r1" else 120)

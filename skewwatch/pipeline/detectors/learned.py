@@ -24,7 +24,9 @@ least ``min_novelty`` of the range; with ``threshold`` > 0 the scorer's level (t
 the step's novelty, 0..1) must also reach it (river's ``ThresholdFilter`` semantics). The alert
 opens after ``persistence`` holding samples in a row that span ``min_requests`` distinct requests
 (windows overlap: each sample after the first adds the part of its window newer than the previous
-sample), so a replica with few requests a window needs more samples; it resolves after
+sample), so a replica with few requests a window needs more samples. A sample that does not hold
+ends the run; a window without one (no request: no evidence either way) does not, for up to
+``clear_steps`` samples' time. It resolves after
 ``clear_steps`` that do not hold (hysteresis as every detector has, counted in samples). Nothing
 holds before a replica has given ``warmup`` samples (and each feature ``grace``): no alert on a
 replica it does not know yet. A run of ``adapt`` holding samples is a lasting change: the replica's
@@ -187,16 +189,22 @@ class LearnedDetector(Detector):
 
     def forget(self, key: str) -> None:
         """The decider's "no evidence here" (a window without a request, or a replica released): the
-        key's alert and hysteresis go, what its scorer learned stays. A replica with a quiet minute is
-        still the same replica, and a learned normal would take `warmup` samples to come back; a key
-        not sampled for `memory` samples' time is dropped (its ranges would have forgotten it all)."""
+        key's alert goes (the decider resolves it), what its scorer learned stays, and so does a run of
+        holding samples that has not opened an alert yet, which waits (see ``_judge``). A replica with
+        a quiet minute is still the same replica: a learned normal would take `warmup` samples to come
+        back, and on a replica with a request or two a minute a run cut by every empty window never
+        spans `min_requests`. The run of an alert that was open starts over: the alert reopens on new
+        evidence, not on what opened it. A key not sampled for `memory` samples' time is dropped (its
+        ranges would have forgotten it)."""
         self._opened.pop(key, None)
         row = self._row.get(key)
         if row is None:
             return
-        self._hits[row] = self._misses[row] = 0
+        if self._open[row]:
+            self._hits[row] = 0
+            self._held[row] = 0.0
+        self._misses[row] = 0
         self._open[row] = False
-        self._held[row] = 0.0
 
     def _drop_stale(self, now: float) -> None:
         """Drop the rows not sampled for `memory` samples' time (`cadence_steps` steps each)."""
@@ -316,6 +324,10 @@ class LearnedDetector(Detector):
                 # else the share of the window that is newer than the row's previous sample
                 span = max(fv.window_end - fv.window_start, STEP_S)
                 since = now - float(previous[j])
+                if since > cfg.clear_steps * cfg.cadence_steps * STEP_S:
+                    # a run waits through windows without evidence, for as long as an open alert
+                    # waits for samples that do not hold (`clear_steps`); after longer it starts over
+                    self._hits[row] = 0
                 fresh = fv.count if self._hits[row] == 0 or not since < span else fv.count * since / span
                 self._held[row] = fresh if self._hits[row] == 0 else self._held[row] + fresh
                 self._hits[row] += 1
@@ -328,8 +340,9 @@ class LearnedDetector(Detector):
                 self._opened[key] = evidence
                 alerts.append(self._alert(fv, now, "open", self._message(fv, evidence), evidence))
                 continue
-            self._hits[row] = 0
-            self._held[row] = 0.0
+            if sampled[i]:  # a sample that does not hold ends the run; without one, no evidence either way
+                self._hits[row] = 0
+                self._held[row] = 0.0
             if not self._open[row]:
                 continue
             self._misses[row] += 1
