@@ -71,9 +71,12 @@ def reference_features(events: Sequence[Mapping[str, Any]], model: str, replica:
     newest = [e for e in window if bucket(e) == last_bucket]
     recent_buckets = min(max(round(RECENT_S / step), 1), last_bucket - first_bucket + 1)
     recent_prompt = [float(e["prompt_tokens"]) for e in window if bucket(e) > last_bucket - recent_buckets]
-    # time per output token: decode time (latency - ttft, or latency) / completion tokens
-    tpot = [max(float(e["latency_ms"]) - float(e.get("ttft_ms") or 0.0), 0.0) / int(e["completion_tokens"])
-            for e in window if int(e["completion_tokens"]) > 0]
+    # time per output token: decode time / the tokens after the first, (latency - ttft) / (completion - 1)
+    # (none for a one-token output); without a ttft, latency / completion tokens
+    tpot = [max(float(e["latency_ms"]) - float(e["ttft_ms"]), 0.0) / (int(e["completion_tokens"]) - 1)
+            if e.get("ttft_ms") is not None else float(e["latency_ms"]) / int(e["completion_tokens"])
+            for e in window
+            if int(e["completion_tokens"]) > (1 if e.get("ttft_ms") is not None else 0)]
     tpot_p50, tpot_p90, tpot_p99, tpot_max = _exact_quantiles(tpot, [0.5, 0.9, 0.99, 1.0])
 
     def column(name: str) -> list[float]:

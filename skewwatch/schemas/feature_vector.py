@@ -53,10 +53,11 @@ class FeatureVector:
     batch_count: int = 0  # events in the window with a batch size, reported or derived
     batch_derived_count: int = 0  # of which the worker derived from telemetry (running_requests)
     # contract v1.2 (optional, additive): time per output token, per event (latency_ms - ttft_ms) /
-    # completion_tokens, or latency_ms / completion_tokens without ttft_ms; events with no completion
-    # tokens are left out. A slowed decode shows here on the first short request that finishes,
-    # where end-to-end latency (dominated by output length) shows it a minute later.
-    tpot_p50: float | None = None  # ms per output token; None when no event had completion tokens
+    # (completion_tokens - 1), the tokens after the first (v1.7), or latency_ms / completion_tokens
+    # without ttft_ms; events with no token after the first are left out. A slowed decode shows here
+    # on the first short request that finishes, where end-to-end latency (dominated by output
+    # length) shows it a minute later.
+    tpot_p50: float | None = None  # ms per output token; None when no event had one
     tpot_p99: float | None = None
     tpot_max: float | None = None  # the slowest event's (one slowed request shows here first)
     # contract v1.5 (optional, additive): with P50 and P99, how many of the window's requests are

@@ -551,23 +551,26 @@ def test_property_steps_match_reference(seed: int, n: int, chunk: int, span: flo
 
 
 def test_tpot_and_recent_prompt_features() -> None:
-    """TPOT per event = (latency - ttft) / completion tokens (latency / tokens without ttft); events
-    without completion tokens have none. recent_* cover the newest 20 s of the window only."""
+    """TPOT per event = (latency - ttft) / (completion tokens - 1): the tokens after the first, which
+    comes at the TTFT (latency / tokens without ttft); events without completion tokens, and those
+    with one token and a ttft, have none. recent_* cover the newest 20 s of the window only."""
     windows = PartitionWindows(SETTINGS)
     windows.apply(RequestColumns.from_rows([
-        event(1001.0, latency_ms=1100.0, ttft_ms=100.0, completion_tokens=100, prompt_tokens=10),  # 10 ms/token
+        event(1001.0, latency_ms=1090.0, ttft_ms=100.0, completion_tokens=100, prompt_tokens=10),  # 10 ms/token
         event(1002.0, latency_ms=500.0, completion_tokens=10, prompt_tokens=10),  # no ttft: 50 ms/token
         event(1003.0, latency_ms=50.0, completion_tokens=0, prompt_tokens=10),  # no TPOT at all
-        event(1050.0, latency_ms=5000.0, ttft_ms=200.0, completion_tokens=16, prompt_tokens=3000),  # 300
-        event(1051.0, latency_ms=300.0, ttft_ms=100.0, completion_tokens=20, prompt_tokens=1000),  # 10
+        # one token, at its TTFT: no decode step (counting every token, it read 2,900 ms/token)
+        event(1004.0, latency_ms=3000.0, ttft_ms=100.0, completion_tokens=1, prompt_tokens=10),
+        event(1050.0, latency_ms=5000.0, ttft_ms=200.0, completion_tokens=17, prompt_tokens=3000),  # 300
+        event(1051.0, latency_ms=290.0, ttft_ms=100.0, completion_tokens=20, prompt_tokens=1000),  # 10
     ]))
     windows.advance_watermark(1060.0)
     fv = by_key(windows.close_steps())[("m", "r1")][1055.0]
-    assert fv.count == 5
+    assert fv.count == 6
     assert fv.tpot_p50 == pytest.approx(10.0, rel=0.05) and fv.tpot_p99 == pytest.approx(50.0, rel=0.05)
     assert fv.tpot_max == pytest.approx(300.0, rel=0.05)
     assert (fv.recent_count, fv.recent_prompt_tokens_mean, fv.recent_prompt_tokens_var) == (2, 2000.0, 1e6)
-    assert fv.prompt_tokens_mean == 806.0  # the whole window still holds the three short prompts
+    assert fv.prompt_tokens_mean == pytest.approx(4040 / 6)  # the whole window still holds the four short prompts
     empty = by_key(windows.close_steps())  # nothing new closed
     assert empty == {}
     windows.advance_watermark(1120.0)

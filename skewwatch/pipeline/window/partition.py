@@ -428,15 +428,19 @@ class PartitionWindows:
     def _group_sketches(self, cols: RequestColumns, g: npt.NDArray[np.intp]
                         ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Per group, the combined latency + TTFT + TPOT sketch entries (group, slot, count), from one
-        np.unique. TPOT = (latency - TTFT) / completion tokens, latency / completion tokens without a
-        TTFT; events without completion tokens have none."""
+        np.unique. TPOT = (latency - TTFT) / (completion tokens - 1): the first token comes at the
+        TTFT, and each token after it takes one decode step (an event with one token has none);
+        without a TTFT, latency / completion tokens (the first token cannot be told apart)."""
         n_slots = self.bins.n_slots
         ttft = cols.ttft_ms
         has_ttft = ~np.isnan(ttft)
-        has_tpot = cols.completion_tokens > 0
+        completion = cols.completion_tokens
+        # dividing by every token instead made a 2-token output's TPOT half its decode step: where
+        # outputs are short, the window's TPOT then moved with the lengths it served, not the engine
+        has_tpot = np.where(has_ttft, completion > 1, completion > 0)
         # decode time; a TTFT above the latency (clock skew) reads as 0, not negative
         decode_ms = np.maximum(cols.latency_ms[has_tpot] - np.where(has_ttft[has_tpot], ttft[has_tpot], 0.0), 0.0)
-        tpot = decode_ms / cols.completion_tokens[has_tpot]
+        tpot = decode_ms / (completion[has_tpot] - has_ttft[has_tpot])
         slots = np.concatenate([self.bins.index(cols.latency_ms), self.bins.index(ttft[has_ttft]) + n_slots,
                                 self.tpot_bins.index(tpot) + 2 * n_slots])
         owner = np.concatenate([g, g[has_ttft], g[has_tpot]]).astype(np.int64)
