@@ -1,22 +1,23 @@
-"""``bench/separability.py``: how far a replica's TTFT drift stands out, per window statistic.
+"""``bench/separability.py``: how far a faulty replica stands out, per window statistic.
 
-Before a detector can find the learned family's ``ttft_drift``, the statistic it judges must move
-further on the drifted replica than healthy replicas move by themselves. This measures that on the
-simulator's per-request rows, with no detector in the loop, for a few window statistics a worker
-could keep (``STATISTICS``):
+Before a detector can find the learned family's ``ttft_drift`` or ``throughput_drop``, the statistic
+it judges must move further on the faulty replica than healthy replicas move by themselves. This
+measures that on the simulator's per-request rows, with no detector in the loop, for a few window
+statistics a worker could keep (``STATISTICS``, each for the fault it is meant to show):
 
 1. each scenario of ``bench/quality.py --family learned`` (shape, seed) is simulated; for every
-   replica of the fault pool and of the clean pools, each 1 min window's statistic (non-overlapping
+   replica of the fault's pool and of the clean pools, each 1 min window's statistic (non-overlapping
    windows) as a log ratio to the pool's median replica in that window;
 2. per replica, the shift of its mean over the fault's last 10 min against its mean over the 15 min
    before the fault, in units of its own spread before the fault over the root of the windows
    compared (a t-statistic; an oracle that knows when the fault was);
-3. the drifted replica's statistic against the same statistic of every healthy replica of the
-   run's fault pool and clean pools (the null: how far a replica with nothing wrong moves).
+3. the faulty replica's statistic (signed: in the direction the fault moves it) against the same
+   statistic of every healthy replica of the run's fault pool and clean pools (the null, ``|t|``:
+   how far a replica with nothing wrong moves).
 
-A run whose drifted replica lies inside the null's range (``|t|`` at most the null's largest) is one
-no rule on that statistic can find without false alerts on that shape. Prints a table per statistic
-and shape and writes JSON (``--out``).
+A run whose faulty replica lies inside the null's range (its ``t`` at most the null's largest
+``|t|``) is one no rule on that statistic can find without false alerts on that shape. Prints a
+table per statistic and shape and writes JSON (``--out``).
 """
 
 from __future__ import annotations
@@ -45,47 +46,66 @@ WINDOW_S = 60.0
 BEFORE_S = 900.0  # the 15 min before the fault
 LAST_S = 600.0  # the fault's last 10 min (its 2x plateau and the end of its ramp)
 
-# name -> (per-request value from the rows, how a window summarises the values)
-STATISTICS: dict[str, tuple[Callable[[dict[str, Floats]], Floats], Callable[[Floats], float]]] = {
-    "ttft_p50 (window median TTFT)": (lambda r: np.log(r["ttft"]), lambda v: float(np.median(v))),
-    "ttft_per_prompt_token (mean log)": (lambda r: np.log(r["ttft"] / r["prompt"]), lambda v: float(np.mean(v))),
-    "median of TTFT / prompt": (lambda r: np.log(r["ttft"] / r["prompt"]), lambda v: float(np.median(v))),
+# name -> (the fault it shows, the direction the fault moves it, per-request value from the rows,
+# how a window summarises the values)
+STATISTICS: dict[str, tuple[str, float, Callable[[dict[str, Floats]], Floats], Callable[[Floats], float]]] = {
+    "ttft_p50 (window median TTFT)": (
+        "ttft_drift", 1.0, lambda r: np.log(r["ttft"]), lambda v: float(np.median(v))),
+    "ttft_per_prompt_token (mean log)": (
+        "ttft_drift", 1.0, lambda r: np.log(r["ttft"] / r["prompt"]), lambda v: float(np.mean(v))),
+    "median of TTFT / prompt": (
+        "ttft_drift", 1.0, lambda r: np.log(r["ttft"] / r["prompt"]), lambda v: float(np.median(v))),
+    "tpot_p50 (window median time per output token after the first)": (
+        "throughput_drop", 1.0, lambda r: np.log(r["tpot"]), lambda v: float(np.median(v))),
+    "median of (latency - TTFT) / output tokens (the first token counted too)": (
+        "throughput_drop", 1.0, lambda r: np.log(r["tpot_all"]), lambda v: float(np.median(v))),
+    "completion_tokens_mean (window mean output length)": (
+        "throughput_drop", -1.0, lambda r: np.log(r["completion"]), lambda v: float(np.log(np.mean(np.exp(v))))),
 }
 
 
 def rows_of(scenario: Scenario) -> dict[str, Any]:
-    """The run's finished requests without errors: time from start, pool, replica, TTFT, prompt."""
+    """The run's finished requests without errors, with a first token: time from start, pool,
+    replica, TTFT, prompt, output length, time per output token after the first (NaN for a one-token
+    output: it has none) and with the first counted too."""
     _sim, chunks, _meter = simulate(scenario)
     parts: dict[str, list[Any]] = defaultdict(list)
     for chunk in chunks:
         r = chunk.requests
-        keep = ~r.is_error & (r.ttft_ms > 0) & (r.prompt_tokens > 0)
+        keep = (~r.is_error & (r.ttft_ms > 0) & (r.prompt_tokens > 0) & (r.completion_tokens > 0)
+                & (r.latency_ms > r.ttft_ms))
+        decode = r.latency_ms[keep] - r.ttft_ms[keep]
+        tokens = r.completion_tokens[keep].astype(np.float64)
         parts["t"].append(r.ts[keep] - START_TS)
         parts["model"].append(r.model[keep])
         parts["replica"].append(r.replica[keep])
         parts["ttft"].append(r.ttft_ms[keep])
         parts["prompt"].append(r.prompt_tokens[keep].astype(np.float64))
+        parts["completion"].append(tokens)
+        parts["tpot"].append(np.where(tokens > 1, decode / np.maximum(tokens - 1, 1), np.nan))
+        parts["tpot_all"].append(decode / tokens)
     return {k: np.concatenate(v) for k, v in parts.items()}
 
 
 def t_statistics(scenario: Scenario) -> dict[str, dict[str, list[float]]]:
-    """Per statistic: the drifted replica's t and the healthy replicas' (the null)."""
+    """Per statistic: the faulty replica's t (signed: positive where the fault moves it) and the
+    healthy replicas' (the null)."""
     rows = rows_of(scenario)
-    drifted = scenario.replica("ttft_drift", scenario.faulty_index)
     at, until = LEARNED_FAULT_AT_S, LEARNED_FAULT_AT_S + LEARNED_FAULT_FOR_S
     ends = np.arange(WINDOW_S, until + WINDOW_S, WINDOW_S)
     before = (ends > at - BEFORE_S) & (ends <= at)
     last = (ends > until - LAST_S) & (ends <= until)
     out: dict[str, dict[str, list[float]]] = {name: {"drift": [], "null": []} for name in STATISTICS}
-    for pool in ("ttft_drift", *scenario.clean):
-        mine = rows["model"] == pool
-        replicas = sorted(set(rows["replica"][mine].tolist()))
-        window = np.searchsorted(ends, rows["t"][mine], side="right")  # the window each request ends in
-        for name, (value, summarise) in STATISTICS.items():
+    for name, (fault, sign, value, summarise) in STATISTICS.items():
+        faulty = scenario.replica(fault, scenario.faulty_index)
+        for pool in (fault, *scenario.clean):
+            mine = rows["model"] == pool
+            replicas = sorted(set(rows["replica"][mine].tolist()))
+            window = np.searchsorted(ends, rows["t"][mine], side="right")  # the window each request ends in
             values = value({k: v[mine] for k, v in rows.items()})
             table = np.full((len(replicas), len(ends)), np.nan)
             for i, replica in enumerate(replicas):
-                own = rows["replica"][mine] == replica
+                own = (rows["replica"][mine] == replica) & np.isfinite(values)
                 for w in np.unique(window[own]).tolist():
                     if w < len(ends):
                         table[i, w] = summarise(values[own & (window == w)])
@@ -96,7 +116,10 @@ def t_statistics(scenario: Scenario) -> dict[str, dict[str, list[float]]]:
                 if len(a) < 5 or len(b) < 3 or a.std() == 0.0:
                     continue  # too few windows to say anything
                 t = float((b.mean() - a.mean()) / (a.std() / np.sqrt(len(b))))
-                out[name]["drift" if (pool, replica) == ("ttft_drift", drifted) else "null"].append(t)
+                if (pool, replica) == (fault, faulty):
+                    out[name]["drift"].append(sign * t)
+                else:
+                    out[name]["null"].append(t)
     return out
 
 
@@ -113,15 +136,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = list(pool.map(t_statistics, scenarios))
     report: dict[str, Any] = {"machine": machine_info(), "statistics": {}}
     for name in STATISTICS:
-        print(f"\n{name}\n{'shape':<15} {'drifted replica t (per seed)':<32} {'null: p95':>9} {'max':>6} "
-              f"{'inside':>7}")
+        print(f"\n{name} ({STATISTICS[name][0]})\n{'shape':<15} {'faulty replica t (per seed)':<32} "
+              f"{'null: p95':>9} {'max':>6} {'inside':>7}")
         per_shape: dict[str, Any] = {}
         for shape in shapes:
             mine = [r[name] for s, r in zip(scenarios, results, strict=True) if s.shape.name == shape]
             drift = [t for r in mine for t in r["drift"]]
             null = np.abs([t for r in mine for t in r["null"]])
             top = float(null.max()) if len(null) else float("nan")
-            inside = sum(t <= top for t in drift)  # a drift moves TTFT up: t > 0
+            inside = sum(t <= top for t in drift)  # t is signed: > 0 where the fault moves it
             per_shape[shape] = {"drift": [round(t, 2) for t in drift], "null_max": round(top, 2),
                                 "null_p95": round(float(np.percentile(null, 95)), 2), "null_n": len(null),
                                 "inside": inside}
@@ -130,7 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         total = sum(v["inside"] for v in per_shape.values())
         runs = sum(len(v["drift"]) for v in per_shape.values())
         print(f"{'all':<15} {'':<32} {'':>9} {'':>6} {total:>4}/{runs}")
-        report["statistics"][name] = {"shapes": per_shape, "inside": total, "runs": runs}
+        report["statistics"][name] = {"fault": STATISTICS[name][0], "shapes": per_shape, "inside": total,
+                                      "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print(f"\nwrote {args.out}")
