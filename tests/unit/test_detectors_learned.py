@@ -117,6 +117,21 @@ def test_few_requests_per_window_need_more_samples_to_open(count: int) -> None:
     assert alerts[0].evidence["requests"] >= 20.0
 
 
+def test_a_change_is_reported_before_it_becomes_the_new_normal() -> None:
+    """At 3 requests a window each sample adds 3 x 5 / 60 requests: spanning min_requests (20) takes
+    ~70 holding samples, more than `adapt` (40). The change is not learned as the new normal before
+    its alert has opened (else it never would)."""
+    detector = LearnedDetector(LearnedConfig(**FAST))
+
+    def story(i: int, replica: str, end: float, rng: random.Random) -> FeatureVector:
+        return replica_fv(replica, end, rng, count=3, ttft=900.0 if replica == "r1" and i >= 80 else 200.0)
+
+    alerts = run(detector, 200, story)
+    opened = [a for a in alerts if a.state == "open"]
+    assert [a.replica for a in opened[:1]] == ["r1"]
+    assert opened[0].ts > T0 + STEP * (80 + 40) and opened[0].evidence["requests"] >= 20.0
+
+
 @pytest.mark.parametrize(("empty", "opens"), [((2,), True), ((2, 3, 4, 5, 6, 7), False)])
 def test_a_window_without_requests_pauses_the_run(empty: tuple[int, ...], opens: bool) -> None:
     """r1 serves 10 requests a window (each sample adds 10 x 5 / 60 new ones: 24 samples to span

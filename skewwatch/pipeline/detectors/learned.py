@@ -29,8 +29,8 @@ ends the run; a window without one (no request: no evidence either way) does not
 ``clear_steps`` samples' time. It resolves after
 ``clear_steps`` that do not hold (hysteresis as every detector has, counted in samples). Nothing
 holds before a replica has given ``warmup`` samples (and each feature ``grace``): no alert on a
-replica it does not know yet. A run of ``adapt`` holding samples is a lasting change: the replica's
-scorer starts over (its warm-up again). The alert is INFO and carries no action: it says *which*
+replica it does not know yet. A run of ``adapt`` holding samples, once its alert is open, is a
+lasting change: the replica's scorer starts over (its warm-up again). The alert is INFO and carries no action: it says *which*
 feature is unlike the replica's past and the pool's by how much, for a person to look at.
 
 **What it costs.** The scorers of a model's replicas are updated together, as numpy columns, once
@@ -124,7 +124,7 @@ class LearnedConfig(DetectorConfig, frozen=True):
     fading: Annotated[float, Meta(gt=0, lt=1)] = 0.01  # the likelihood's memory: ~100 samples (25 min)
     settle: Count = 4  # a scale of k samples counts after settle x k (the 6 min mean after 24 min)
     span_floor: NonNegative = 0.2  # a range narrower than this (log ratio: +-10 %) counts as this wide
-    adapt: Count = 40  # holding samples (10 min) after which a lasting change is the new normal: learned afresh
+    adapt: Count = 40  # holding samples (10 min), the alert open, after which a lasting change is the new normal
     persistence: Count = 6  # holding samples (90 s) before the alert opens: a queue's swing is shorter
     clear_steps: Count = 4  # samples (1 min) that do not hold before it resolves
 
@@ -293,9 +293,12 @@ class LearnedDetector(Detector):
             if cfg.threshold > 0.0:
                 holding &= batch.level >= cfg.threshold
             # an anomaly is not learned as the replica's normal: it stays novel (and the alert open) while
-            # it lasts and leaves no trace once over. One that holds `adapt` samples in a row is a lasting
-            # change: the replica's scorer starts over from it (its warm-up again; the alert resolves)
-            lasting = holding & (self._hits[rows] + 1 >= cfg.adapt)
+            # it lasts and leaves no trace once over. One that holds `adapt` samples in a row, its alert
+            # open, is a lasting change: the replica's scorer starts over from it (its warm-up again; the
+            # alert resolves). Not before the alert opened: on a replica with a request or two a window
+            # the run spans `min_requests` only after more than `adapt` samples, and a change learned as
+            # normal before it was reported would never be
+            lasting = holding & self._open[rows] & (self._hits[rows] + 1 >= cfg.adapt)
             self._bank.commit(batch, hold_out=holding)
             self._bank.reset_rows(rows[lasting])
             holds[where] = holding
