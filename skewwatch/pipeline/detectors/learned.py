@@ -30,8 +30,9 @@ ends the run; a window without one (no request: no evidence either way) does not
 ``clear_steps`` that do not hold (hysteresis as every detector has, counted in samples). Nothing
 holds before a replica has given ``warmup`` samples (and each feature ``grace``): no alert on a
 replica it does not know yet. A run of ``adapt`` holding samples, once its alert is open, is a
-lasting change: the replica's scorer starts over (its warm-up again). The alert is INFO and carries no action: it says *which*
-feature is unlike the replica's past and the pool's by how much, for a person to look at.
+lasting change: the replica's scorer starts over (its warm-up again). The alert is INFO and carries
+no action: it says *which* feature is unlike the replica's past and the pool's by how much, for a
+person to look at.
 
 **What it costs.** The scorers of a model's replicas are updated together, as numpy columns, once
 every ``cadence_steps`` steps (models take turns: a model's turn is fixed by its name, so every
