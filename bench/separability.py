@@ -47,7 +47,7 @@ BEFORE_S = 900.0  # the 15 min before the fault
 LAST_S = 600.0  # the fault's last 10 min (its 2x plateau and the end of its ramp)
 
 # name -> (the fault it shows, the direction the fault moves it, per-request value from the rows,
-# how a window summarises the values)
+# how a window summarises the values, as a log)
 STATISTICS: dict[str, tuple[str, float, Callable[[dict[str, Floats]], Floats], Callable[[Floats], float]]] = {
     "ttft_p50 (window median TTFT)": (
         "ttft_drift", 1.0, lambda r: np.log(r["ttft"]), lambda v: float(np.median(v))),
@@ -60,7 +60,7 @@ STATISTICS: dict[str, tuple[str, float, Callable[[dict[str, Floats]], Floats], C
     "median of (latency - TTFT) / output tokens (the first token counted too)": (
         "throughput_drop", 1.0, lambda r: np.log(r["tpot_all"]), lambda v: float(np.median(v))),
     "completion_tokens_mean (window mean output length)": (
-        "throughput_drop", -1.0, lambda r: np.log(r["completion"]), lambda v: float(np.log(np.mean(np.exp(v))))),
+        "throughput_drop", -1.0, lambda r: r["completion"], lambda v: float(np.log(np.mean(v)))),
 }
 
 
