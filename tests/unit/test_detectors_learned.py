@@ -157,6 +157,29 @@ def test_a_window_without_requests_pauses_the_run(empty: tuple[int, ...], opens:
     assert all(b.ts - a.ts >= STEP * 12 for a, b in zip(opened, opened[1:], strict=False))
 
 
+@pytest.mark.parametrize(("silent", "opens"), [((2,), True), ((2, 3, 4, 5, 6, 7), False)])
+def test_a_sample_without_the_runs_feature_pauses_the_run(silent: tuple[int, ...], opens: bool) -> None:
+    """r1's decode slows 2x (TPOT) at 10 requests a window (24 samples to span min_requests), and in
+    some windows it has no TPOT at all (every output one token long): such a sample says nothing
+    about the feature the run holds on, and the run waits as for an empty window (one in three: it
+    opens; six in nine, longer than clear_steps samples' time: it never does). Ending the run there
+    (the other features are as usual) would never let it span 20 requests."""
+    detector = LearnedDetector(LearnedConfig(**FAST))
+    alerts: list[Alert] = []
+    for i in range(160):
+        rng = random.Random(i)
+        end = T0 + STEP * i
+        vectors = [replica_fv(f"r{k}", end, rng, count=10) for k in range(4)]
+        if i >= 80:
+            none = i % (3 if len(silent) == 1 else 9) in silent
+            tpot = vectors[1].tpot_p50
+            vectors[1].tpot_p50 = None if none else 2.0 * (tpot or 0.0)
+        detector.update_step(StepColumns(vectors, [None] * 4), end, alerts, [])
+    opened = [a for a in alerts if a.state == "open"]
+    assert [(a.replica, a.evidence["feature"]) for a in opened[:1]] == ([("r1", "tpot_p50")] if opens else [])
+    assert all(a.evidence["requests"] >= 20.0 for a in opened)
+
+
 @pytest.mark.parametrize("pool_range", [True, False])
 def test_a_level_the_pool_has_been_at_is_not_novel(pool_range: bool) -> None:
     """r0 takes turns at 1.5x the pool's TTFT (its normal); r1 then moves to 1.4x for a while: new for

@@ -25,8 +25,8 @@ the step's novelty, 0..1) must also reach it (river's ``ThresholdFilter`` semant
 opens after ``persistence`` holding samples in a row that span ``min_requests`` distinct requests
 (windows overlap: each sample after the first adds the part of its window newer than the previous
 sample), so a replica with few requests a window needs more samples. A sample that does not hold
-ends the run; a window without one (no request: no evidence either way) does not, for up to
-``clear_steps`` samples' time. It resolves after
+ends the run; a window without one (no request: no evidence either way) does not, nor a sample
+without a value for the feature the run holds on, for up to ``clear_steps`` samples' time. It resolves after
 ``clear_steps`` that do not hold (hysteresis as every detector has, counted in samples). Nothing
 holds before a replica has given ``warmup`` samples (and each feature ``grace``): no alert on a
 replica it does not know yet. A run of ``adapt`` holding samples, once its alert is open, is a
@@ -163,6 +163,7 @@ class LearnedDetector(Detector):
         self._misses = np.zeros(0, dtype=np.int64)
         self._open = np.zeros(0, dtype=bool)
         self._held = np.zeros(0)  # requests the row's current run of holding samples spans
+        self._feature = np.zeros(0, dtype=np.int64)  # the feature the run last held on (-1: no run)
         self._last = np.zeros(0)  # event time of the row's last sample (NaN: none yet)
         self._opened: dict[str, dict[str, Any]] = {}  # key -> evidence of the step that opened its alert
 
@@ -185,6 +186,7 @@ class LearnedDetector(Detector):
             self._misses = np.concatenate((self._misses, np.zeros(grow, dtype=np.int64)))
             self._open = np.concatenate((self._open, np.zeros(grow, dtype=bool)))
             self._held = np.concatenate((self._held, np.zeros(grow)))
+            self._feature = np.concatenate((self._feature, np.full(grow, -1, dtype=np.int64)))
             self._last = np.concatenate((self._last, np.full(grow, np.nan)))
         return np.fromiter((row[key] for key in keys), np.int64, len(keys))
 
@@ -204,6 +206,7 @@ class LearnedDetector(Detector):
         if self._open[row]:
             self._hits[row] = 0
             self._held[row] = 0.0
+            self._feature[row] = -1
         self._misses[row] = 0
         self._open[row] = False
 
@@ -219,7 +222,7 @@ class LearnedDetector(Detector):
         self._bank.drop_rows(stale)
         self._keys = [key for key, k in zip(self._keys, keep.tolist(), strict=True) if k]
         self._row = {key: row for row, key in enumerate(self._keys)}
-        for name in ("_hits", "_misses", "_open", "_held", "_last"):
+        for name in ("_hits", "_misses", "_open", "_held", "_feature", "_last"):
             setattr(self, name, getattr(self, name)[keep])
         for key in [key for key in self._opened if key not in self._row]:
             del self._opened[key]
@@ -305,7 +308,16 @@ class LearnedDetector(Detector):
             holds[where] = holding
             level = batch.level
             previous = self._last[rows]
-            self._last[rows] = now
+            # a sample without a value for the feature its run holds on (a window whose outputs are all
+            # one token long has no TPOT) is no evidence about it either way: for the run it is as a
+            # window without requests (it waits, and its wait counts from the run's last evidence)
+            feature = self._feature[rows]
+            silent = ~holding & (feature >= 0)
+            if silent.any():
+                silent[silent] = np.isnan(x[where[silent], feature[silent]])
+                sampled = sampled.copy()
+                sampled[where[silent]] = False
+            self._last[rows] = np.where(silent, previous, now)
         # hysteresis: only rows that hold, count towards opening or are open change anything
         if len(keys) == len(self._keys) and keys == self._keys:
             known = np.arange(len(keys), dtype=np.int64)
@@ -322,6 +334,7 @@ class LearnedDetector(Detector):
             key = keys[i]
             fv = vectors[i]
             if holds[i]:
+                assert novelty is not None and level is not None  # a row holds only when scored
                 self._misses[row] = 0
                 j = position[i]
                 # the requests this sample adds to the run: its whole window on the run's first sample,
@@ -335,10 +348,10 @@ class LearnedDetector(Detector):
                 fresh = fv.count if self._hits[row] == 0 or not since < span else fv.count * since / span
                 self._held[row] = fresh if self._hits[row] == 0 else self._held[row] + fresh
                 self._hits[row] += 1
+                self._feature[row] = int(np.argmax(novelty[j]))
                 if self._open[row] or self._hits[row] < cfg.persistence or self._held[row] < cfg.min_requests:
                     continue
                 self._open[row] = True
-                assert novelty is not None and level is not None
                 evidence = self._evidence(novelty[j], float(level[j]), x[i], int(self._bank.n[row]),
                                           float(self._held[row]))
                 self._opened[key] = evidence
@@ -347,6 +360,7 @@ class LearnedDetector(Detector):
             if sampled[i]:  # a sample that does not hold ends the run; without one, no evidence either way
                 self._hits[row] = 0
                 self._held[row] = 0.0
+                self._feature[row] = -1
             if not self._open[row]:
                 continue
             self._misses[row] += 1
@@ -400,7 +414,7 @@ class LearnedDetector(Detector):
             entry: dict[str, Any] = {"s": base64.b64encode(packed[row].tobytes()).decode("ascii")}
             if self._hits[row] or self._misses[row] or self._open[row]:
                 entry["h"] = [int(self._hits[row]), int(self._misses[row]), bool(self._open[row]),
-                              float(self._held[row])]
+                              float(self._held[row]), int(self._feature[row])]
             if math.isfinite(self._last[row]):
                 entry["t"] = float(self._last[row])
             if key in self._opened:
@@ -427,9 +441,11 @@ class LearnedDetector(Detector):
             data = np.stack([np.frombuffer(base64.b64decode(packed[i]), dtype=np.float64) for i in have])
             fresh._bank.unpack_rows(rows[have], data)
         for key, row, entry in zip(keys, rows.tolist(), entries.values(), strict=True):
-            hits, misses, is_open, *held = entry.get("h", [0, 0, False])  # (a state without `held`: 0)
+            # (a state without `held` or the run's feature: 0 and none)
+            hits, misses, is_open, *run = entry.get("h", [0, 0, False])
             fresh._hits[row], fresh._misses[row], fresh._open[row] = int(hits), int(misses), bool(is_open)
-            fresh._held[row] = float(held[0]) if held else 0.0
+            fresh._held[row] = float(run[0]) if run else 0.0
+            fresh._feature[row] = int(run[1]) if len(run) > 1 else -1
             fresh._last[row] = float(entry["t"]) if entry.get("t") is not None else math.nan
             if "opened" in entry:
                 fresh._opened[key] = dict(entry["opened"])
