@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import statistics
 from typing import Any
@@ -180,6 +181,44 @@ def test_a_sample_without_the_runs_feature_pauses_the_run(silent: tuple[int, ...
     assert all(a.evidence["requests"] >= 20.0 for a in opened)
 
 
+def noisy_fv(replica: str, end: float, rng: random.Random, level: float) -> FeatureVector:
+    """A replica of 3 requests a window: its TTFT per prompt token swings by a factor of e^0.4 from
+    one window to the next (the window's requests differ); the rest is steady."""
+    return FeatureVector(model="m", replica=replica, window_start=end - 60, window_end=end, count=3,
+                         ttft_per_prompt_token=0.2 * level * math.exp(rng.gauss(0.0, 0.4)),
+                         tpot_p50=20.0 * rng.uniform(0.97, 1.03), tokens_per_s=50.0 * rng.uniform(0.9, 1.1),
+                         completion_tokens_mean=200.0 * rng.uniform(0.9, 1.1))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 4])
+@pytest.mark.parametrize("shift_z", [4.0, 0.0])
+def test_a_level_shift_within_the_ranges_is_found_by_the_shift_test(seed: int, shift_z: float) -> None:
+    """r1's TTFT doubles at step 450 on a replica whose windows swing by e^0.4: every window after it
+    lies within the ranges single windows spanned before, and the range test never holds. The mean
+    of its last ten windows (one a minute, sharing no request) is four standard errors and more
+    above its own past: the shift test opens the alert, naming it; with the test off, nothing. A
+    healthy pool the same (no change) raises nothing either way."""
+    def run_pool(change: float) -> list[Alert]:
+        detector = LearnedDetector(LearnedConfig(**FAST, shift_z=shift_z))
+        alerts: list[Alert] = []
+        for i in range(700):
+            end = T0 + STEP * i
+            # a window's requests change once a minute (its value holds between)
+            vectors = [noisy_fv(f"r{k}", end, random.Random(seed * 7919 + (i // 12) * 10 + k),
+                                change if k == 1 and i >= 450 else 1.0) for k in range(4)]
+            detector.update_step(StepColumns(vectors, [None] * 4), end, alerts, [])
+        return [a for a in alerts if a.state == "open"]
+
+    opened = run_pool(2.0)
+    if shift_z:
+        assert [(a.replica, a.evidence["feature"]) for a in opened[:1]] == [("r1", "ttft_per_prompt_token")]
+        assert opened[0].ts > T0 + STEP * 450 and opened[0].evidence["shift_z"] >= shift_z
+        assert "standard errors from its own past" in opened[0].message
+    else:
+        assert opened == []
+    assert run_pool(1.0) == []
+
+
 @pytest.mark.parametrize("pool_range", [True, False])
 def test_a_level_the_pool_has_been_at_is_not_novel(pool_range: bool) -> None:
     """r0 takes turns at 1.5x the pool's TTFT (its normal); r1 then moves to 1.4x for a while: new for
@@ -270,11 +309,12 @@ def test_forget_ends_the_alert_and_keeps_what_was_learned() -> None:
 
     run(detector, 90, story)
     assert detector.open_alerts() == {"m/r1": "INFO"}
-    learned = detector.state_dict()["keys"]["m/r1"]["s"]
+    before = detector.state_dict()["keys"]["m/r1"]
     detector.forget("m/r1")
     detector.forget("m/nobody")
     assert detector.open_alerts() == {}
-    assert detector.state_dict()["keys"]["m/r1"] == {"s": learned, "t": T0 + STEP * 89}  # its run starts over
+    learned = {"s": before["s"], "z": before["z"], "t": T0 + STEP * 89}
+    assert detector.state_dict()["keys"]["m/r1"] == learned  # what it learned stays, its run starts over
 
     def without_r1(i: int, replica: str, end: float, rng: random.Random) -> FeatureVector:
         return replica_fv(replica, end, rng, count=0 if replica == "r1" else 120)

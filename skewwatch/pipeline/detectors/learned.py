@@ -73,6 +73,7 @@ from skewwatch.config_section import Count, NonNegative, NonNegativeInt, Unit
 from skewwatch.pipeline.detectors.alerts import Action, Alert, DetectorOutput, Severity
 from skewwatch.pipeline.detectors.base import Detector
 from skewwatch.pipeline.detectors.novelty import NoveltyBank, NoveltyParams, make_scorer
+from skewwatch.pipeline.detectors.shift import ShiftBank, ShiftParams
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import DetectorConfig
 from skewwatch.schemas.feature_vector import FeatureVector
@@ -128,6 +129,13 @@ class LearnedConfig(DetectorConfig, frozen=True):
     adapt: Count = 40  # holding samples (10 min), the alert open, after which a lasting change is the new normal
     persistence: Count = 6  # holding samples (90 s) before the alert opens: a queue's swing is shorter
     clear_steps: Count = 4  # samples (1 min) that do not hold before it resolves
+    # the shift test (0: off): a sample also holds when the mean of the replica's last `shift_window`
+    # disjoint windows lies this many standard errors from its own past. A level that moved by a few
+    # times the noise of a mean, on a replica of few requests a window, stays inside the ranges above
+    # (their extremes are those of single noisy windows) for as long as it lasts
+    shift_z: NonNegative = 4.0
+    shift_window: Annotated[int, Meta(ge=2)] = 10  # disjoint windows (10 min of 60 s windows)
+    shift_min: NonNegative = 0.2  # and by at least this much (log ratio: +22 % / -18 %), however sure
 
     def __post_init__(self) -> None:
         self._require(len(self.features) > 0, "features", "must name at least one field")
@@ -137,6 +145,13 @@ class LearnedConfig(DetectorConfig, frozen=True):
         self._require(len(set(self.features)) == len(self.features), "features", "must not repeat a field")
         self._require(len(self.scales) > 0, "scales", "must name at least one scale")
         self._require(self.memory >= self.blocks, "memory", f"must be >= blocks ({self.blocks})")
+
+    def shift_params(self) -> ShiftParams:
+        """The shift test's lengths: the recent windows, at least half of them with a value, against
+        at least as many of the past (an hour of them remembered)."""
+        return ShiftParams(window=self.shift_window, min_recent=(self.shift_window + 1) // 2,
+                           min_past=self.shift_window, memory=max(60, self.shift_window),
+                           min_effect=self.shift_min, clip=3.0)
 
     def scorer_params(self) -> NoveltyParams:
         """The novelty scorer's parameters: a level (no onsets), the step's own novelty (short = 1), each
@@ -157,6 +172,7 @@ class LearnedDetector(Detector):
         super().__init__(config)
         self._params = self.config.scorer_params()
         self._bank = NoveltyBank(list(self.config.features), self._params)
+        self._shift = ShiftBank(len(self.config.features), self.config.shift_params())
         self._row: dict[str, int] = {}  # key -> its row in the bank and the hysteresis arrays
         self._keys: list[str] = []  # row -> key
         self._hits = np.zeros(0, dtype=np.int64)  # hysteresis, one entry per row (see base.Hysteresis)
@@ -178,6 +194,7 @@ class LearnedDetector(Detector):
         if new:
             start = len(self._keys)
             self._bank.add_rows(len(new))
+            self._shift.add_rows(len(new))
             for i, key in enumerate(new):
                 self._row[key] = start + i
             self._keys.extend(new)
@@ -220,6 +237,7 @@ class LearnedDetector(Detector):
         keep = np.ones(len(self._keys), dtype=bool)
         keep[stale] = False
         self._bank.drop_rows(stale)
+        self._shift.drop_rows(stale)
         self._keys = [key for key, k in zip(self._keys, keep.tolist(), strict=True) if k]
         self._row = {key: row for row, key in enumerate(self._keys)}
         for name in ("_hits", "_misses", "_open", "_held", "_feature", "_last"):
@@ -277,11 +295,11 @@ class LearnedDetector(Detector):
         also lie outside the range the pool's replicas spanned (``pool_range``). When one replica
         moves, the median moves a little with it and its peers' ratios move the other way, steadily
         (in a pool of four, by a fifth of the spread between replicas): on a feature, only the pool's
-        most novel replica can hold."""
+        most novel replica can hold. So on the shift test: only the replica furthest from its own past."""
         cfg = self.config
         where = np.flatnonzero(sampled)
         holds = np.zeros(len(keys), dtype=bool)
-        novelty = level = None
+        novelty = level = shifted = chosen = None
         previous = np.zeros(0)
         if len(where):
             rows = self._rows_for([keys[i] for i in where.tolist()])
@@ -293,9 +311,29 @@ class LearnedDetector(Detector):
                 novelty = np.where(novelty >= novelty.max(axis=0), novelty, 0.0)
             # material (outside its range, and the pool's, by min_novelty of it), known (warm-up) and,
             # with a threshold, unusual for this replica (the scorer's level)
-            holding = (novelty.max(axis=1) >= cfg.min_novelty) & (self._bank.n[rows] >= cfg.warmup)
+            holding = novelty.max(axis=1) >= cfg.min_novelty
             if cfg.threshold > 0.0:
                 holding &= batch.level >= cfg.threshold
+            chosen = np.argmax(novelty, axis=1)  # the feature a holding sample holds on
+            shifted = np.zeros_like(novelty)
+            if cfg.shift_z > 0.0:
+                # the shift test: the replica's last disjoint windows against its own past (a replica whose
+                # run or alert is under way does not learn what it shows as its past)
+                spans = np.fromiter((max(vectors[i].window_end - vectors[i].window_start, STEP_S)
+                                     for i in where.tolist()), np.float64, len(where))
+                quarantine = self._open[rows] | (self._hits[rows] > 0)
+                # a replica's first minutes (until its longest mean has settled) are its start, not its
+                # past: in a pool that has just started, queues and batches are still filling
+                ready = self._bank.n[rows] >= max(cfg.scales)
+                if ready.any():
+                    shifted[ready] = np.abs(self._shift.observe(rows[ready], x[where][ready], now, spans[ready],
+                                                                quarantine[ready]))
+                if pool and len(where) > 1:
+                    shifted = np.where(shifted >= shifted.max(axis=0), shifted, 0.0)
+                by_shift = ~holding & (shifted.max(axis=1) >= cfg.shift_z)
+                chosen = np.where(by_shift, np.argmax(shifted, axis=1), chosen)
+                holding |= by_shift
+            holding &= self._bank.n[rows] >= cfg.warmup
             # an anomaly is not learned as the replica's normal: it stays novel (and the alert open) while
             # it lasts and leaves no trace once over. One that holds `adapt` samples in a row, its alert
             # open, is a lasting change: the replica's scorer starts over from it (its warm-up again; the
@@ -305,6 +343,7 @@ class LearnedDetector(Detector):
             lasting = holding & self._open[rows] & (self._hits[rows] + 1 >= cfg.adapt)
             self._bank.commit(batch, hold_out=holding)
             self._bank.reset_rows(rows[lasting])
+            self._shift.reset_rows(rows[lasting])
             holds[where] = holding
             level = batch.level
             previous = self._last[rows]
@@ -334,7 +373,8 @@ class LearnedDetector(Detector):
             key = keys[i]
             fv = vectors[i]
             if holds[i]:
-                assert novelty is not None and level is not None  # a row holds only when scored
+                # a row holds only when scored
+                assert novelty is not None and level is not None and shifted is not None and chosen is not None
                 self._misses[row] = 0
                 j = position[i]
                 # the requests this sample adds to the run: its whole window on the run's first sample,
@@ -348,12 +388,12 @@ class LearnedDetector(Detector):
                 fresh = fv.count if self._hits[row] == 0 or not since < span else fv.count * since / span
                 self._held[row] = fresh if self._hits[row] == 0 else self._held[row] + fresh
                 self._hits[row] += 1
-                self._feature[row] = int(np.argmax(novelty[j]))
+                self._feature[row] = int(chosen[j])
                 if self._open[row] or self._hits[row] < cfg.persistence or self._held[row] < cfg.min_requests:
                     continue
                 self._open[row] = True
-                evidence = self._evidence(novelty[j], float(level[j]), x[i], int(self._bank.n[row]),
-                                          float(self._held[row]))
+                evidence = self._evidence(int(chosen[j]), novelty[j], shifted[j], float(level[j]), x[i],
+                                          int(self._bank.n[row]), float(self._held[row]))
                 self._opened[key] = evidence
                 alerts.append(self._alert(fv, now, "open", self._message(fv, evidence), evidence))
                 continue
@@ -388,17 +428,23 @@ class LearnedDetector(Detector):
         np.divide(outside, span, out=e, where=(span > 0.0) & (outside > 0.0) & (span < np.inf))
         return np.asarray(e.max(axis=2))
 
-    def _evidence(self, novelty: npt.NDArray[np.float64], level: float, x: npt.NDArray[np.float64],
-                  samples: int, requests: float) -> dict[str, Any]:
-        f = int(np.argmax(novelty))
+    def _evidence(self, f: int, novelty: npt.NDArray[np.float64], shifted: npt.NDArray[np.float64], level: float,
+                  x: npt.NDArray[np.float64], samples: int, requests: float) -> dict[str, Any]:
         log_ratio = float(x[f])
         return {"feature": self.config.features[f], "ratio": round(math.exp(log_ratio), 4),
-                "novelty": round(float(novelty[f]), 4), "score": round(level, 4), "samples": samples,
-                "requests": round(requests, 1)}
+                "novelty": round(float(novelty[f]), 4), "shift_z": round(float(shifted[f]), 2),
+                "score": round(level, 4), "samples": samples, "requests": round(requests, 1)}
 
     def _message(self, fv: FeatureVector, evidence: Mapping[str, Any]) -> str:
-        return (f"{fv.key}: {evidence['feature']} at {evidence['ratio']:.2f}x the pool, outside its range of the "
-                f"last {self.config.memory} samples by {evidence['novelty']:.2f} of that range "
+        why = []
+        if evidence["novelty"] >= self.config.min_novelty:
+            why.append(f"outside its range of the last {self.config.memory} samples by {evidence['novelty']:.2f} "
+                       "of that range")
+        if self.config.shift_z > 0.0 and evidence.get("shift_z", 0.0) >= self.config.shift_z:
+            why.append(f"its last {self.config.shift_window} windows {evidence['shift_z']:.1f} standard errors "
+                       "from its own past")
+        return (f"{fv.key}: {evidence['feature']} at {evidence['ratio']:.2f}x the pool, "
+                f"{' and '.join(why) or 'unlike its own past'} "
                 f"(score {evidence['score']:.2f})")
 
     def _alert(self, fv: FeatureVector, now: float, state: str, message: str, evidence: dict[str, Any]) -> Alert:
@@ -409,9 +455,11 @@ class LearnedDetector(Detector):
 
     def state_dict(self) -> dict[str, Any]:
         packed = self._bank.pack_rows()
+        shift = self._shift.pack_rows()
         keys = {}
         for key, row in self._row.items():
-            entry: dict[str, Any] = {"s": base64.b64encode(packed[row].tobytes()).decode("ascii")}
+            entry: dict[str, Any] = {"s": base64.b64encode(packed[row].tobytes()).decode("ascii"),
+                                     "z": base64.b64encode(shift[row].tobytes()).decode("ascii")}
             if self._hits[row] or self._misses[row] or self._open[row]:
                 entry["h"] = [int(self._hits[row]), int(self._misses[row]), bool(self._open[row]),
                               float(self._held[row]), int(self._feature[row])]
@@ -423,16 +471,23 @@ class LearnedDetector(Detector):
         return {"v": STATE_VERSION, "detector": self.name, "layout": self._layout(), "keys": keys}
 
     def _layout(self) -> list[Any]:
-        return [list(self.config.features), self._params.key()]
+        return [list(self.config.features), self._params.key(), self._shift.params.key()]
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         if state.get("v") != STATE_VERSION or state.get("detector") != self.name:
             raise ValueError(f"{self.name}: cannot load state {state.get('detector')!r} v{state.get('v')!r}")
         fresh = LearnedDetector(self.config)
         entries = state.get("keys", {})
-        if state.get("layout") != self._layout():
-            # learned with other features or lengths: the scorers start over (the alerts' state is kept)
-            entries = {key: {k: v for k, v in entry.items() if k != "s"} for key, entry in entries.items()}
+        layout, mine = state.get("layout"), self._layout()
+        # learned with other features or lengths: the scorers start over (the alerts' state is kept); a
+        # state of a version without the shift test keeps its scorers, the shift tests start over
+        stale = set()
+        if not isinstance(layout, list) or layout[:2] != mine[:2]:
+            stale = {"s", "z"}
+        elif layout != mine:
+            stale = {"z"}
+        if stale:
+            entries = {key: {k: v for k, v in entry.items() if k not in stale} for key, entry in entries.items()}
         keys = list(entries)
         rows = fresh._rows_for(keys)
         packed = [entry.get("s") for entry in entries.values()]
@@ -440,6 +495,11 @@ class LearnedDetector(Detector):
             have = [i for i, p in enumerate(packed) if p is not None]
             data = np.stack([np.frombuffer(base64.b64decode(packed[i]), dtype=np.float64) for i in have])
             fresh._bank.unpack_rows(rows[have], data)
+        shifts = [entry.get("z") for entry in entries.values()]
+        if any(z is not None for z in shifts):
+            have = [i for i, z in enumerate(shifts) if z is not None]
+            data = np.stack([np.frombuffer(base64.b64decode(shifts[i]), dtype=np.float64) for i in have])
+            fresh._shift.unpack_rows(rows[have], data)
         for key, row, entry in zip(keys, rows.tolist(), entries.values(), strict=True):
             # (a state without `held` or the run's feature: 0 and none)
             hits, misses, is_open, *run = entry.get("h", [0, 0, False])
