@@ -21,7 +21,13 @@ scorer's, at some time scale) and outside the union of the ranges the pool's rep
 that scale (``pool_range``: in a healthy pool replicas take turns above and below the median, and
 one replica's own hour is too little evidence to call a level new that a peer has been at), by at
 least ``min_novelty`` of the range; with ``threshold`` > 0 the scorer's level (the likelihood of
-the step's novelty, 0..1) must also reach it (river's ``ThresholdFilter`` semantics). The alert
+the step's novelty, 0..1) must also reach it (river's ``ThresholdFilter`` semantics). It also
+holds on the shift test (:mod:`skewwatch.pipeline.detectors.shift`, ``shift_z`` > 0): the mean of
+the replica's last ``shift_window`` windows that share no request lies ``shift_z`` standard errors
+or more from the mean of its own past, by ``shift_min`` or more, for the pool's furthest replica on
+that feature. The range test sees a new extreme at once; the shift test sees a level that moved by
+a few times the noise of a mean, which on a replica of few requests a window stays inside ranges
+whose extremes are single noisy windows. The alert
 opens after ``persistence`` holding samples in a row that span ``min_requests`` distinct requests
 (windows overlap: each sample after the first adds the part of its window newer than the previous
 sample), so a replica with few requests a window needs more samples. A sample that does not hold
@@ -30,7 +36,7 @@ without a value for the feature the run holds on, for up to ``clear_steps`` samp
 ``clear_steps`` that do not hold (hysteresis as every detector has, counted in samples). Nothing
 holds before a replica has given ``warmup`` samples (and each feature ``grace``): no alert on a
 replica it does not know yet. A run of ``adapt`` holding samples, once its alert is open, is a
-lasting change: the replica's scorer starts over (its warm-up again). The alert is INFO and carries
+lasting change: the replica's scorer and shift test start over (its warm-up again). The alert is INFO and carries
 no action: it says *which* feature is unlike the replica's past and the pool's by how much, for a
 person to look at.
 

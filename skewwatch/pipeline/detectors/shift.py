@@ -15,6 +15,9 @@ their own.) The past is an exponentially weighted mean and variance (weight ``1 
 recent ring, unless the caller quarantines it (a stream whose anomaly is under way does not learn
 it as its past). Nothing is scored before ``min_past`` values of the past and ``min_recent`` recent
 ones; a spread below ``sd_floor`` counts as that (a past that never moved is not infinitely sure).
+A recent value counts at most ``clip`` standard deviations from the past's mean (one window of a
+heavy-tailed stream, a single huge request, does not make a shift), and a difference of means
+below ``min_effect`` scores 0 however sure it is (a real change of a few percent is no news).
 
 Many independent streams are the rows of a few numpy arrays, observed a batch of rows at once; the
 whole state packs into one float64 vector per row (:meth:`ShiftBank.pack_rows`).
