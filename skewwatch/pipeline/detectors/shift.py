@@ -9,8 +9,8 @@ different from the mean of everything older than them, by ``z`` standard errors?
 
     z = (mean(recent) - mean(past)) / (sd(past) * sqrt(1 / n_recent + 1 / n_past))
 
-(Welch's statistic with the past's spread standing for both: the recent few are too few to estimate
-their own.) The past is an exponentially weighted mean and variance (weight ``1 / memory`` once
+(a two-sample z statistic, the past's spread standing for both: the recent few are too few to
+estimate their own.) The past is an exponentially weighted mean and variance (weight ``1 / memory`` once
 ``memory`` values are in, so it follows the stream over hours); a value joins it when it leaves the
 recent ring, unless the caller quarantines it (a stream whose anomaly is under way does not learn
 it as its past). Nothing is scored before ``min_past`` values of the past and ``min_recent`` recent
@@ -53,7 +53,7 @@ class ShiftParams:
     window: int = 10  # recent values (disjoint windows): 10 min of 60 s windows
     min_recent: int = 5  # recent values with a number before a z is given
     min_past: int = 10  # past values before a z is given
-    memory: int = 60  # the past's weight never falls below 1 / memory (60 windows: an hour)
+    memory: int = 60  # a new value's weight in the past never falls below 1 / memory (60 windows: an hour)
     sd_floor: float = 0.05  # the past's spread counts as at least this (log ratio: 5 %)
     min_effect: float = 0.0  # a difference of means smaller than this scores 0, however sure
     clip: float = 3.0  # a recent value counts at most this many sd from the past's mean (0: as it is)
@@ -177,7 +177,7 @@ class ShiftBank:
     # --- state
 
     def pack_rows(self) -> Floats:
-        """Every row's state as one float64 vector (rows x :meth:`width`)."""
+        """Every row's state as one float64 vector: rows x (features x (window + 4) + 2)."""
         n, f, w = len(self), self.features, self.params.window
         return np.concatenate((self.ring.reshape(n, f * w), self.head[:, None].astype(np.float64),
                                self.past.reshape(n, f * 3), self.taken[:, None], self.z), axis=1)
