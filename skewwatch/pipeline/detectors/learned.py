@@ -74,6 +74,7 @@ from typing import Annotated, Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 from msgspec import Meta
+from scipy.special import ndtr, ndtri
 
 from skewwatch.config_section import Count, NonNegative, NonNegativeInt, Unit
 from skewwatch.pipeline.detectors.alerts import Action, Alert, DetectorOutput, Severity
@@ -138,8 +139,10 @@ class LearnedConfig(DetectorConfig, frozen=True):
     # the shift test (0: off): a sample also holds when the mean of the replica's last `shift_window`
     # disjoint windows lies this many standard errors from its own past. A level that moved by a few
     # times the noise of a mean, on a replica of few requests a window, stays inside the ranges above
-    # (their extremes are those of single noisy windows) for as long as it lasts
-    shift_z: NonNegative = 4.0
+    # (their extremes are those of single noisy windows) for as long as it lasts. The bar is one
+    # replica's; the furthest of a pool's n replicas must pass the bar whose Gaussian tail is 1/n of
+    # this one's (4.0 of four, 4.5 of 32), so that a pool's false alerts do not grow with its size
+    shift_z: NonNegative = 3.66
     shift_window: Annotated[int, Meta(ge=2)] = 10  # disjoint windows (10 min of 60 s windows)
     shift_min: NonNegative = 0.2  # and by at least this much (log ratio: +22 % / -18 %), however sure
 
@@ -336,7 +339,7 @@ class LearnedDetector(Detector):
                                                                 quarantine[ready]))
                 if pool and len(where) > 1:
                     shifted = np.where(shifted >= shifted.max(axis=0), shifted, 0.0)
-                by_shift = ~holding & (shifted.max(axis=1) >= cfg.shift_z)
+                by_shift = ~holding & (shifted.max(axis=1) >= _pool_bar(cfg.shift_z, len(keys) if pool else 1))
                 chosen = np.where(by_shift, np.argmax(shifted, axis=1), chosen)
                 holding |= by_shift
             holding &= self._bank.n[rows] >= cfg.warmup
@@ -519,6 +522,19 @@ class LearnedDetector(Detector):
 
     def open_alerts(self) -> dict[str, Severity]:
         return {key: Severity.INFO for key, row in self._row.items() if self._open[row]}
+
+
+def _pool_bar(z: float, replicas: int) -> float:
+    """The bar for the furthest of ``replicas`` streams, each judged at ``z``: the one whose Gaussian
+    tail is ``1 / replicas`` of ``z``'s (Bonferroni: the pool's chance of a false alert stays that of
+    one stream at ``z``, whatever its size).
+
+    >>> [round(_pool_bar(3.66, n), 2) for n in (1, 4, 32)]
+    [3.66, 4.0, 4.47]
+    """
+    if replicas <= 1:
+        return z
+    return float(-ndtri(ndtr(-z) / replicas))
 
 
 def _median(values: npt.NDArray[np.float64], counts: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
