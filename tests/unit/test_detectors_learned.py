@@ -214,6 +214,7 @@ def test_a_level_shift_within_the_ranges_is_found_by_the_shift_test(seed: int, s
     if shift_z:
         assert [(a.replica, a.evidence["feature"]) for a in opened[:1]] == [("r1", "ttft_per_prompt_token")]
         assert opened[0].ts > T0 + STEP * 450 and opened[0].evidence["shift_z"] >= 4.0
+        assert "shift" in str(opened[0].evidence["tests"]).split("+")
         assert "standard errors from its own past" in opened[0].message
     else:
         assert opened == []

@@ -310,6 +310,7 @@ class LearnedDetector(Detector):
         holds = np.zeros(len(keys), dtype=bool)
         novelty = level = shifted = chosen = None
         previous = np.zeros(0)
+        bar = _pool_bar(cfg.shift_z, len(keys) if pool else 1) if cfg.shift_z > 0.0 else math.inf
         if len(where):
             rows = self._rows_for([keys[i] for i in where.tolist()])
             batch = self._bank.evaluate(rows, x[where])
@@ -339,7 +340,7 @@ class LearnedDetector(Detector):
                                                                 quarantine[ready]))
                 if pool and len(where) > 1:
                     shifted = np.where(shifted >= shifted.max(axis=0), shifted, 0.0)
-                by_shift = ~holding & (shifted.max(axis=1) >= _pool_bar(cfg.shift_z, len(keys) if pool else 1))
+                by_shift = ~holding & (shifted.max(axis=1) >= bar)
                 chosen = np.where(by_shift, np.argmax(shifted, axis=1), chosen)
                 holding |= by_shift
             holding &= self._bank.n[rows] >= cfg.warmup
@@ -401,7 +402,7 @@ class LearnedDetector(Detector):
                 if self._open[row] or self._hits[row] < cfg.persistence or self._held[row] < cfg.min_requests:
                     continue
                 self._open[row] = True
-                evidence = self._evidence(int(chosen[j]), novelty[j], shifted[j], float(level[j]), x[i],
+                evidence = self._evidence(int(chosen[j]), novelty[j], shifted[j], bar, float(level[j]), x[i],
                                           int(self._bank.n[row]), float(self._held[row]))
                 self._opened[key] = evidence
                 alerts.append(self._alert(fv, now, "open", self._message(fv, evidence), evidence))
@@ -437,19 +438,23 @@ class LearnedDetector(Detector):
         np.divide(outside, span, out=e, where=(span > 0.0) & (outside > 0.0) & (span < np.inf))
         return np.asarray(e.max(axis=2))
 
-    def _evidence(self, f: int, novelty: npt.NDArray[np.float64], shifted: npt.NDArray[np.float64], level: float,
-                  x: npt.NDArray[np.float64], samples: int, requests: float) -> dict[str, Any]:
+    def _evidence(self, f: int, novelty: npt.NDArray[np.float64], shifted: npt.NDArray[np.float64], bar: float,
+                  level: float, x: npt.NDArray[np.float64], samples: int, requests: float) -> dict[str, Any]:
         log_ratio = float(x[f])
-        return {"feature": self.config.features[f], "ratio": round(math.exp(log_ratio), 4),
+        cfg = self.config
+        ranged = float(novelty[f]) >= cfg.min_novelty and (cfg.threshold <= 0.0 or level >= cfg.threshold)
+        held = "+".join(name for name, ok in (("range", ranged), ("shift", float(shifted[f]) >= bar)) if ok)
+        return {"feature": cfg.features[f], "ratio": round(math.exp(log_ratio), 4),
                 "novelty": round(float(novelty[f]), 4), "shift_z": round(float(shifted[f]), 2),
-                "score": round(level, 4), "samples": samples, "requests": round(requests, 1)}
+                "score": round(level, 4), "samples": samples, "requests": round(requests, 1), "tests": held}
 
     def _message(self, fv: FeatureVector, evidence: Mapping[str, Any]) -> str:
         why = []
-        if evidence["novelty"] >= self.config.min_novelty:
+        tests = str(evidence.get("tests", "range")).split("+")  # (a version without the shift test: range)
+        if "range" in tests:
             why.append(f"outside its range of the last {self.config.memory} samples by {evidence['novelty']:.2f} "
                        "of that range")
-        if self.config.shift_z > 0.0 and evidence.get("shift_z", 0.0) >= self.config.shift_z:
+        if "shift" in tests:
             why.append(f"its last {self.config.shift_window} windows {evidence['shift_z']:.1f} standard errors "
                        "from its own past")
         return (f"{fv.key}: {evidence['feature']} at {evidence['ratio']:.2f}x the pool, "
