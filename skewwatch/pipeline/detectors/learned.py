@@ -504,16 +504,12 @@ class LearnedDetector(Detector):
             entries = {key: {k: v for k, v in entry.items() if k not in stale} for key, entry in entries.items()}
         keys = list(entries)
         rows = fresh._rows_for(keys)
-        packed = [entry.get("s") for entry in entries.values()]
-        if any(p is not None for p in packed):
+        for name, bank in (("s", fresh._bank), ("z", fresh._shift)):  # each bank's packed rows, base64
+            packed = [entry.get(name) for entry in entries.values()]
             have = [i for i, p in enumerate(packed) if p is not None]
-            data = np.stack([np.frombuffer(base64.b64decode(packed[i]), dtype=np.float64) for i in have])
-            fresh._bank.unpack_rows(rows[have], data)
-        shifts = [entry.get("z") for entry in entries.values()]
-        if any(z is not None for z in shifts):
-            have = [i for i, z in enumerate(shifts) if z is not None]
-            data = np.stack([np.frombuffer(base64.b64decode(shifts[i]), dtype=np.float64) for i in have])
-            fresh._shift.unpack_rows(rows[have], data)
+            if have:
+                data = np.stack([np.frombuffer(base64.b64decode(packed[i]), dtype=np.float64) for i in have])
+                bank.unpack_rows(rows[have], data)
         for key, row, entry in zip(keys, rows.tolist(), entries.values(), strict=True):
             # (a state without `held` or the run's feature: 0 and none)
             hits, misses, is_open, *run = entry.get("h", [0, 0, False])

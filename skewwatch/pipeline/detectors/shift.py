@@ -76,12 +76,7 @@ class ShiftBank:
     def __init__(self, features: int, params: ShiftParams | None = None) -> None:
         self.params = params or ShiftParams()
         self.features = features
-        w = self.params.window
-        self.ring = np.full((0, features, w), np.nan)  # the recent values (NaN: none)
-        self.head = np.zeros(0, dtype=np.int64)  # the slot the next value goes to
-        self.past = np.zeros((0, features, 3))  # the past's weight (values), mean, variance
-        self.taken = np.full(0, np.nan)  # when the row's last value was taken (NaN: never)
-        self.z = np.zeros((0, features))  # the last statistic (0: none)
+        self._alloc(0)
 
     _ARRAYS = ("ring", "head", "past", "taken", "z")
 
@@ -91,19 +86,24 @@ class ShiftBank:
     def add_rows(self, n: int) -> Ints:
         """``n`` fresh rows; their indices."""
         start = len(self)
-        fresh = ShiftBank(self.features, self.params)
-        fresh._grow(n)
+        fresh = self._fresh(n)
         for name in self._ARRAYS:
             setattr(self, name, np.concatenate((getattr(self, name), getattr(fresh, name))))
         return np.arange(start, start + n, dtype=np.int64)
 
-    def _grow(self, n: int) -> None:
-        w = self.params.window
-        self.ring = np.full((n, self.features, w), np.nan)
-        self.head = np.zeros(n, dtype=np.int64)
-        self.past = np.zeros((n, self.features, 3))
-        self.taken = np.full(n, np.nan)
-        self.z = np.zeros((n, self.features))
+    def _alloc(self, n: int) -> None:
+        """``n`` fresh rows, and nothing else."""
+        f, w = self.features, self.params.window
+        self.ring = np.full((n, f, w), np.nan)  # the recent values (NaN: none)
+        self.head = np.zeros(n, dtype=np.int64)  # the slot the next value goes to
+        self.past = np.zeros((n, f, 3))  # the past's weight (values), mean, variance
+        self.taken = np.full(n, np.nan)  # when the row's last value was taken (NaN: never)
+        self.z = np.zeros((n, f))  # the last statistic (0: none)
+
+    def _fresh(self, n: int) -> ShiftBank:
+        fresh = ShiftBank(self.features, self.params)
+        fresh._alloc(n)
+        return fresh
 
     def drop_rows(self, rows: Ints) -> None:
         keep = np.ones(len(self), dtype=bool)
@@ -115,11 +115,9 @@ class ShiftBank:
         """Forget what ``rows`` learned (a lasting change is their new normal)."""
         if not len(rows):
             return
-        self.ring[rows] = np.nan
-        self.head[rows] = 0
-        self.past[rows] = 0.0
-        self.taken[rows] = np.nan
-        self.z[rows] = 0.0
+        fresh = self._fresh(1)
+        for name in self._ARRAYS:
+            getattr(self, name)[rows] = getattr(fresh, name)[0]
 
     def observe(self, rows: Ints, x: Floats, now: float, span: Floats,
                 quarantine: npt.NDArray[np.bool_] | None = None) -> Floats:
