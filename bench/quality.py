@@ -10,6 +10,8 @@ pool). What the pipeline publishes (alerts, routing corrections) is scored again
 learned detector's (:meth:`~bench.scenarios.Scenario.learned`: its two faults, ``ttft_drift`` and
 ``throughput_drop``, and every rule's fault, from 20 min, once it has learned the replicas; ~37 min
 each, so they also give the clean pools most of their hours). A shape's tables count both.
+``--learned-fault-at MINUTES`` starts the learned runs' faults later: how much of a replica's history
+the learned detector needs before a fault, on the same traffic.
 
 **Modes.**
 
@@ -88,7 +90,15 @@ from bench.common import (  # noqa: E402
     profile_settings,
     read_topics,
 )
-from bench.scenarios import LOW_RATE_POOL, QUIET_POOL, REPLICAS, START_TS, Scenario  # noqa: E402
+from bench.scenarios import (  # noqa: E402
+    LEARNED_FAULT_AT_S,
+    LOW_RATE_POOL,
+    QUIET_POOL,
+    REPLICAS,
+    START_TS,
+    WARMUP_S,
+    Scenario,
+)
 from bench.scoring import (  # noqa: E402
     DETECTOR_OF,
     DETECTORS,
@@ -593,7 +603,8 @@ def scenarios_of(args: argparse.Namespace) -> list[Scenario]:
         for live in lives:
             for shape, seed in pairs:
                 if family == "learned":
-                    made.append(Scenario.learned(make_shape(shape), seed, live, replicas=args.pool_size))
+                    made.append(Scenario.learned(make_shape(shape), seed, live, replicas=args.pool_size,
+                                                 fault_at_s=60.0 * args.learned_fault_at))
                 else:
                     made.append(Scenario(make_shape(shape), seed, live, replicas=args.pool_size))
     return made
@@ -631,6 +642,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "default both (--quick: rules)")
     parser.add_argument("--pool-size", type=int, default=REPLICAS,
                         help=f"replicas per pool (default {REPLICAS}; larger: the same faults in larger pools)")
+    parser.add_argument("--learned-fault-at", type=float, default=LEARNED_FAULT_AT_S / 60.0, metavar="MINUTES",
+                        help=f"the learned runs' faults start after this many minutes (default "
+                             f"{LEARNED_FAULT_AT_S / 60.0:g}; later: more history on every replica before them)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="fast mode: scenarios simulated in parallel processes (default 1)")
     parser.add_argument("--keep-episodes", action="store_true",
@@ -646,6 +660,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     if len(set(names)) != len(names):
         parser.error(f"profile names must differ: {names}")
+    if not 60.0 * args.learned_fault_at > WARMUP_S:
+        parser.error(f"--learned-fault-at: must be after the unscored first {WARMUP_S:g} s, "
+                     f"got {args.learned_fault_at:g} min")
     began = time.monotonic()
     runs: list[Run] = []
     failures: list[str] = []
@@ -713,6 +730,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "runs": {r.key: r.split for r in runs}},
         "setup": {"profiles": dict(zip(names, profiles, strict=True)), "seeds": args.seeds, "quick": args.quick,
                   "live_signals": args.live_signals, "detector_of": DETECTOR_OF,
+                  "pool_size": args.pool_size, "learned_fault_at_min": args.learned_fault_at,
                   "shapes": {s: make_shape(s).describe() for s in shape_order},
                   "targets": {"recall": RECALL_TARGET, "precision": RECALL_TARGET, "delay": "persistence + 10 s",
                               "false_per_clean_pool_hour": FALSE_PER_HOUR_TARGET, "healthy_zero": 0,

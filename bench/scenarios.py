@@ -87,24 +87,31 @@ class Scenario:
     replicas: int = REPLICAS  # per pool (larger pools: how the detectors do on pools nobody tuned for)
 
     @classmethod
-    def learned(cls, shape: Shape, seed: int, live_signals: bool = True, replicas: int = REPLICAS) -> Scenario:
-        """The learned detector's run: its two faults and every rule's, from LEARNED_FAULT_AT_S (after
-        its warm-up) for LEARNED_FAULT_FOR_S, the clean pools (no quiet pool: it is the rules' case).
+    def learned(cls, shape: Shape, seed: int, live_signals: bool = True, replicas: int = REPLICAS,
+                fault_at_s: float = LEARNED_FAULT_AT_S) -> Scenario:
+        """The learned detector's run: its two faults and every rule's, from ``fault_at_s`` (after its
+        warm-up; LEARNED_FAULT_AT_S by default, later: the replicas have more history before their
+        faults) for LEARNED_FAULT_FOR_S, the clean pools (no quiet pool: it is the rules' case).
 
         >>> from skewwatch.sim.shapes import SHAPES
         >>> s = Scenario.learned(SHAPES["conv@1x"], seed=2)
         >>> s.name, s.pools()[:3], s.run_s
         ('conv@1x/seed=2/learned', ['ttft_drift', 'throughput_drop', 'long_tail'], 2220.0)
+        >>> later = Scenario.learned(SHAPES["conv@1x"], seed=2, fault_at_s=2400.0)
+        >>> later.name, later.run_s
+        ('conv@1x/seed=2/learned/at=2400s', 3420.0)
         """
         return cls(shape, seed, live_signals, replica_faults=(*LEARNED_FAULTS, *REPLICA_FAULTS), quiet=False,
-                   min_fault_s=LEARNED_FAULT_FOR_S, fault_at_s=LEARNED_FAULT_AT_S, family="learned",
+                   min_fault_s=LEARNED_FAULT_FOR_S, fault_at_s=fault_at_s, family="learned",
                    replicas=replicas)
 
     @property
     def name(self) -> str:
         return (f"{self.shape.name}/seed={self.seed}" + ("" if self.live_signals else "/no-live")
                 + (f"/{self.family}" if self.family else "")
-                + ("" if self.replicas == REPLICAS else f"/pool={self.replicas}"))
+                + ("" if self.replicas == REPLICAS else f"/pool={self.replicas}")
+                + ("" if self.family != "learned" or self.fault_at_s == LEARNED_FAULT_AT_S
+                   else f"/at={self.fault_at_s:g}s"))
 
     @property
     def faulty_index(self) -> int:

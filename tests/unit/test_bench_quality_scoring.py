@@ -359,3 +359,21 @@ def test_routing_runs_both_traces_in_process() -> None:
     assert result["scenario"]["trace"] == "mooncake"
     assert all(r["requests"] > 50 and r["dropped"] == 0 for r in rows.values())
     assert set(result["target"]) == {"dynamic_least_request (in-process)"}
+
+
+def test_learned_faults_can_start_later_on_the_same_traffic() -> None:
+    """``--learned-fault-at``: the learned runs' labels move, the rules' runs do not; a start inside the
+    unscored first minute is refused."""
+    from argparse import Namespace
+
+    args = Namespace(live_signals="on", family="both", quick=False, shape=["conv@1x"], seeds=[1],
+                     pool_size=scenarios.REPLICAS, learned_fault_at=40.0)
+    rules, learned = quality.scenarios_of(args)
+    assert rules.family == "" and rules.fault_at_s == scenarios.FAULT_AT_S
+    assert learned.family == "learned" and learned.name.endswith("/at=2400s")
+    starts = {label["start"] - scenarios.START_TS for label in learned.labels(scenarios.START_TS)}
+    assert starts == {2400.0}
+    default = scenarios.Scenario.learned(SHAPES["conv@1x"], 1)
+    assert learned.run_s - default.run_s == 2400.0 - scenarios.LEARNED_FAULT_AT_S
+    with pytest.raises(SystemExit):
+        quality.main(["--family", "learned", "--learned-fault-at", "1"])
