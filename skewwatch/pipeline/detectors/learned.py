@@ -313,7 +313,8 @@ class LearnedDetector(Detector):
         bar = _pool_bar(cfg.shift_z, len(keys) if pool else 1) if cfg.shift_z > 0.0 else math.inf
         if len(where):
             rows = self._rows_for([keys[i] for i in where.tolist()])
-            batch = self._bank.evaluate(rows, x[where])
+            xs = x[where]
+            batch = self._bank.evaluate(rows, xs)
             novelty = batch.novelty
             if pool and len(where) > 1:
                 if cfg.pool_range:
@@ -336,7 +337,7 @@ class LearnedDetector(Detector):
                 # past: in a pool that has just started, queues and batches are still filling
                 ready = self._bank.n[rows] >= max(cfg.scales)
                 if ready.any():
-                    shifted[ready] = np.abs(self._shift.observe(rows[ready], x[where][ready], now, spans[ready],
+                    shifted[ready] = np.abs(self._shift.observe(rows[ready], xs[ready], now, spans[ready],
                                                                 quarantine[ready]))
                 if pool and len(where) > 1:
                     shifted = np.where(shifted >= shifted.max(axis=0), shifted, 0.0)

@@ -69,6 +69,8 @@ import numpy.typing as npt
 from river import base
 from scipy.special import erfc
 
+from skewwatch.pipeline.detectors import row_arrays
+
 STATE_VERSION = 1
 
 _LOG_EPS = math.log(1e-10)  # the likelihood's log scale: p = 1e-10 scores 1 (NAB's HTM uses the same)
@@ -349,25 +351,13 @@ class NoveltyBank:
     # --- state
 
     def pack_rows(self) -> Floats:
-        """Every row's whole state as one float64 vector per row (the arrays' values, flattened in a
-        fixed order for these features and parameters; integers are exact in float64)."""
-        rows = len(self)
-        arrays = [getattr(self, name) for name in self._ROW_ARRAYS]
-        return np.concatenate([a.reshape(rows, int(np.prod(a.shape[1:], dtype=np.int64))).astype(np.float64)
-                               for a in arrays], axis=1)
+        """Every row's whole state as one float64 vector per row (:func:`~.row_arrays.pack`, in a
+        fixed order for these features and parameters)."""
+        return row_arrays.pack(self, self._ROW_ARRAYS)
 
     def unpack_rows(self, rows: Ints, data: Floats) -> None:
         """Restore rows from :meth:`pack_rows` vectors (of a bank with these features and parameters)."""
-        start = 0
-        for name in self._ROW_ARRAYS:
-            array = getattr(self, name)
-            width = int(np.prod(array.shape[1:], dtype=np.int64))
-            if data.shape[1] < start + width:
-                raise ValueError(f"novelty state: {data.shape[1]} numbers per row, the layout needs more")
-            array[rows] = data[:, start:start + width].reshape((len(rows), *array.shape[1:])).astype(array.dtype)
-            start += width
-        if data.shape[1] != start:
-            raise ValueError(f"novelty state: {data.shape[1]} numbers per row, the layout has {start}")
+        row_arrays.unpack(self, self._ROW_ARRAYS, rows, data, "novelty")
 
     def row_state(self, row: int) -> dict[str, Any]:
         """One row's whole state as plain JSON data (None for the infinities and NaN of "not yet")."""

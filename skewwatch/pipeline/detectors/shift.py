@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from skewwatch.pipeline.detectors import row_arrays
+
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 
@@ -176,20 +178,8 @@ class ShiftBank:
 
     def pack_rows(self) -> Floats:
         """Every row's state as one float64 vector: rows x (features x (window + 4) + 2)."""
-        n, f, w = len(self), self.features, self.params.window
-        return np.concatenate((self.ring.reshape(n, f * w), self.head[:, None].astype(np.float64),
-                               self.past.reshape(n, f * 3), self.taken[:, None], self.z), axis=1)
+        return row_arrays.pack(self, self._ARRAYS)
 
     def unpack_rows(self, rows: Ints, data: Floats) -> None:
         """Load packed rows (:meth:`pack_rows`) into ``rows``."""
-        f, w = self.features, self.params.window
-        i = 0
-        self.ring[rows] = data[:, i:i + f * w].reshape(-1, f, w)
-        i += f * w
-        self.head[rows] = data[:, i].astype(np.int64)
-        i += 1
-        self.past[rows] = data[:, i:i + f * 3].reshape(-1, f, 3)
-        i += f * 3
-        self.taken[rows] = data[:, i]
-        i += 1
-        self.z[rows] = data[:, i:i + f]
+        row_arrays.unpack(self, self._ARRAYS, rows, data, "shift test")
