@@ -383,6 +383,9 @@ MODULES = [
     "skewwatch.pipeline.detectors.context_burst",
     "skewwatch.pipeline.detectors.kv_pressure",
     "skewwatch.pipeline.detectors.gpu_health",
+    "skewwatch.pipeline.detectors.row_arrays",
+    "skewwatch.pipeline.detectors.shift",
+    "skewwatch.pipeline.detectors.learned",
 ]
 
 
