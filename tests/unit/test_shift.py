@@ -1,4 +1,5 @@
-"""The shift test's bank: disjoint windows, quarantine, a material and robust difference, its state."""
+"""The shift test's bank: disjoint windows, weighed in requests, quarantine, a material and robust difference,
+its state."""
 
 from __future__ import annotations
 
@@ -61,14 +62,46 @@ def test_a_shift_must_be_material_and_not_one_window() -> None:
     assert feed(unclipped, alternating(30) + [30.0, -0.3, 0.3, -0.3])[0, 0] > 40.0  # one window decides
 
 
+def feed_weighted(bank: ShiftBank, values: list[float], weights: list[float], start: float = 0.0) -> np.ndarray:
+    rows = np.array([0])
+    z = np.zeros((1, 1))
+    for t, (v, w) in enumerate(zip(values, weights, strict=True)):
+        z = bank.observe(rows, np.array([[v]]), now=start + 60.0 * t, span=SPAN, weight=np.array([w]))
+    return z
+
+
+def test_a_window_weighs_its_requests() -> None:
+    """Past windows of 1 and 9 requests in turn (typical: 5). A recent window of 9 requests at a
+    new level outweighs three of one request at the old: the mean moves further than by one window
+    in four, and the standard error is of 5 + 3 requests, not 4 windows."""
+    past = alternating(30, swing=0.1)
+    past_weights = [1.0 if t % 2 else 9.0 for t in range(30)]
+    weighted, by_window = fresh(), fresh()
+    z_weighted = feed_weighted(weighted, past + [0.5, 0.0, 0.0, 0.0], past_weights + [9.0, 1.0, 1.0, 1.0])
+    z_window = feed(by_window, past + [0.5, 0.0, 0.0, 0.0])
+    assert z_weighted[0, 0] > 1.5 * z_window[0, 0] > 0.0
+    assert weighted.past[0, 0, 1] == pytest.approx(sum(past_weights))  # the 30 that left the recent four
+
+
+def test_a_recent_window_counts_at_most_the_past_typical_window() -> None:
+    """A replica suddenly sent 500 times its usual requests is no surer of its new level than one
+    window of its past would be: the same z as with its usual two requests."""
+    values = alternating(30) + [0.4, 0.4]
+    usual, surge = fresh(), fresh()
+    z_usual = feed_weighted(usual, values, [2.0] * 32)
+    z_surge = feed_weighted(surge, values, [2.0] * 31 + [1000.0])
+    assert z_surge[0, 0] == pytest.approx(z_usual[0, 0]) and z_usual[0, 0] > 0.0
+
+
 def test_state_packs_and_continues_identically() -> None:
     a = fresh()
     feed(a, alternating(25))
+    feed_weighted(a, alternating(3), [3.0, 1.0, 7.0], start=60.0 * 25)
     b = ShiftBank(1, a.params)
     rows = b.add_rows(1)
     b.unpack_rows(rows, a.pack_rows())
     tail = alternating(10, level=0.5)
-    assert feed(a, tail, start=60.0 * 25)[0, 0] == feed(b, tail, start=60.0 * 25)[0, 0] > 0.0
+    assert feed(a, tail, start=60.0 * 28)[0, 0] == feed(b, tail, start=60.0 * 28)[0, 0] > 0.0
 
 
 def test_rows_are_independent_and_reset() -> None:

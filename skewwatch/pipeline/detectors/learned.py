@@ -337,8 +337,10 @@ class LearnedDetector(Detector):
                 # past: in a pool that has just started, queues and batches are still filling
                 ready = self._bank.n[rows] >= max(cfg.scales)
                 if ready.any():
+                    # each window weighs its requests: one of twenty is twenty times the evidence of one
+                    requests = np.fromiter((vectors[i].count for i in where.tolist()), np.float64, len(where))
                     shifted[ready] = np.abs(self._shift.observe(rows[ready], xs[ready], now, spans[ready],
-                                                                quarantine[ready]))
+                                                                quarantine[ready], requests[ready]))
                 if pool and len(where) > 1:
                     shifted = np.where(shifted >= shifted.max(axis=0), shifted, 0.0)
                 by_shift = ~holding & (shifted.max(axis=1) >= bar)

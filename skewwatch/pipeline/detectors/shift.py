@@ -7,17 +7,26 @@ as it lasts. :class:`ShiftBank` asks the other question, with the evidence count
 the last ``window`` values, taken from windows that share no request (one value per window length),
 different from the mean of everything older than them, by ``z`` standard errors?
 
-    z = (mean(recent) - mean(past)) / (sd(past) * sqrt(1 / n_recent + 1 / n_past))
+A window's value is a mean over its requests, so a window of twenty requests carries twenty times
+the evidence of a window of one: each value comes with its window's requests as its weight, and the
+test is on requests, not windows (no weight: each window counts as one)::
 
-(a two-sample z statistic, the past's spread standing for both: the recent few are too few to
-estimate their own.) The past is an exponentially weighted mean and variance (weight ``1 / memory`` once
-``memory`` values are in, so it follows the stream over hours); a value joins it when it leaves the
-recent ring, unless the caller quarantines it (a stream whose anomaly is under way does not learn
-it as its past). Nothing is scored before ``min_past`` values of the past and ``min_recent`` recent
-ones; a spread below ``sd_floor`` counts as that (a past that never moved is not infinitely sure).
-A recent value counts at most ``clip`` standard deviations from the past's mean (one window of a
-heavy-tailed stream, a single huge request, does not make a shift), and a difference of means
-below ``min_effect`` scores 0 however sure it is (a real change of a few percent is no news).
+    z = (mean_w(recent) - mean_w(past)) / (sd * sqrt(1 / requests(recent) + 1 / requests(past)))
+
+where ``sd`` is one request's spread, estimated from the past's windows (``sum w (x - mean)^2 / (k -
+1)`` over its ``k`` windows: a spread between windows beyond what their requests explain, a queue
+that moves a whole window, is in it too). A recent window counts at most as many requests as the
+past's typical window (its mean): a replica that is suddenly sent more traffic is no surer of its
+level than its past was per window, and a busy minute's requests are not independent of each other.
+The past is an exponentially weighted mean and spread (weight ``1 / memory`` per window once
+``memory`` windows are in, so it follows the stream over hours); a value joins it when it leaves
+the recent ring, unless the caller quarantines it (a stream whose anomaly is under way does not
+learn it as its past). Nothing is scored before ``min_past`` windows of the past and ``min_recent``
+recent ones; a spread below ``sd_floor`` counts as that (a past that never moved is not infinitely
+sure). A recent value counts at most ``clip`` of its own standard errors (``sd / sqrt(w)``) from
+the past's mean (one window of a heavy-tailed stream, a single huge request, does not make a shift),
+and a difference of means below ``min_effect`` scores 0 however sure it is (a real change of a few
+percent is no news).
 
 Many independent streams are the rows of a few numpy arrays, observed a batch of rows at once; the
 whole state packs into one float64 vector per row (:meth:`ShiftBank.pack_rows`).
@@ -25,12 +34,22 @@ whole state packs into one float64 vector per row (:meth:`ShiftBank.pack_rows`).
 >>> import numpy as np
 >>> bank = ShiftBank(features=1, params=ShiftParams(window=4, min_recent=2, min_past=8, memory=50))
 >>> rows = bank.add_rows(1)
->>> def window(t, level):  # one value a minute: the level, +-0.3 in turn
-...     return bank.observe(rows, np.array([[level + (0.3 if t % 2 else -0.3)]]), now=60.0 * t,
-...                         span=np.array([60.0]))
+>>> def window(t, level, requests=1.0):  # one value a minute: the level, +-0.3 / sqrt(requests) in turn
+...     swing = 0.3 / requests ** 0.5
+...     return bank.observe(rows, np.array([[level + (swing if t % 2 else -swing)]]), now=60.0 * t,
+...                         span=np.array([60.0]), weight=np.array([requests]))
 >>> [round(float(window(t, 0.0)[0, 0]), 1) for t in range(40)][-3:]
-[-0.0, 0.1, -0.0]
+[0.0, 0.1, 0.0]
 >>> [round(float(window(t, 0.6)[0, 0]), 1) for t in range(40, 44)]  # the level moves by two sd
+[1.0, 1.9, 2.9, 3.8]
+
+Four times the requests in every window: each value is half as noisy, and a move of half the size
+is as sure:
+
+>>> bank = ShiftBank(features=1, params=ShiftParams(window=4, min_recent=2, min_past=8, memory=50))
+>>> rows = bank.add_rows(1)
+>>> _ = [window(t, 0.0, requests=4.0) for t in range(40)]
+>>> [round(float(window(t, 0.3, requests=4.0)[0, 0]), 1) for t in range(40, 44)]
 [1.0, 1.9, 2.9, 3.8]
 """
 
@@ -56,9 +75,9 @@ class ShiftParams:
     min_recent: int = 5  # recent values with a number before a z is given
     min_past: int = 10  # past values before a z is given
     memory: int = 60  # a new value's weight in the past never falls below 1 / memory (60 windows: an hour)
-    sd_floor: float = 0.05  # the past's spread counts as at least this (log ratio: 5 %)
+    sd_floor: float = 0.05  # one request's spread counts as at least this (log ratio: 5 %)
     min_effect: float = 0.0  # a difference of means smaller than this scores 0, however sure
-    clip: float = 3.0  # a recent value counts at most this many sd from the past's mean (0: as it is)
+    clip: float = 3.0  # a recent value counts at most this many of its standard errors from the past's mean (0: off)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_recent <= self.window:
@@ -68,8 +87,8 @@ class ShiftParams:
             raise ValueError("need min_past >= 2, memory >= min_past, sd_floor > 0, min_effect >= 0, clip >= 0")
 
     def key(self) -> list[Any]:
-        """What a saved state must have been kept with."""
-        return [self.window, self.memory]
+        """What a saved state must have been kept with (``"requests"``: its past is weighed in requests)."""
+        return [self.window, self.memory, "requests"]
 
 
 class ShiftBank:
@@ -80,7 +99,7 @@ class ShiftBank:
         self.features = features
         self._alloc(0)
 
-    _ARRAYS = ("ring", "head", "past", "taken", "z")
+    _ARRAYS = ("ring", "weight", "head", "past", "taken", "z")
 
     def __len__(self) -> int:
         return len(self.head)
@@ -97,8 +116,9 @@ class ShiftBank:
         """``n`` fresh rows, and nothing else."""
         f, w = self.features, self.params.window
         self.ring = np.full((n, f, w), np.nan)  # the recent values (NaN: none)
+        self.weight = np.zeros((n, w))  # each recent value's requests
         self.head = np.zeros(n, dtype=np.int64)  # the slot the next value goes to
-        self.past = np.zeros((n, f, 3))  # the past's weight (values), mean, variance
+        self.past = np.zeros((n, f, 4))  # the past's windows, requests, mean, and sum of w (x - mean)^2
         self.taken = np.full(n, np.nan)  # when the row's last value was taken (NaN: never)
         self.z = np.zeros((n, f))  # the last statistic (0: none)
 
@@ -122,11 +142,12 @@ class ShiftBank:
             getattr(self, name)[rows] = getattr(fresh, name)[0]
 
     def observe(self, rows: Ints, x: Floats, now: float, span: Floats,
-                quarantine: npt.NDArray[np.bool_] | None = None) -> Floats:
+                quarantine: npt.NDArray[np.bool_] | None = None, weight: Floats | None = None) -> Floats:
         """Each row's statistic per feature after this sample (``x``: rows x features, NaN: none).
 
         A row takes the sample only once ``span`` (its window's length) has passed since the last it
-        took, so no two values share a request; otherwise its last statistic stands. The value that
+        took, so no two values share a request; otherwise its last statistic stands. ``weight``: each
+        row's requests in its window (at least one counts; none given: one each). The value that
         leaves the recent ring joins the past, unless the row is in ``quarantine``."""
         p = self.params
         last = self.taken[rows]
@@ -134,50 +155,60 @@ class ShiftBank:
         if take.any():
             r, xs = rows[take], x[take]
             slot = self.head[r]
-            leaving = self.ring[r, :, slot]  # (t, F): the oldest recent value
-            joins = np.isfinite(leaving)
+            joins = np.isfinite(self.ring[r, :, slot])  # (t, F): the oldest recent value
             if quarantine is not None:
                 joins &= ~quarantine[take][:, None]
-            self._learn_past(r, leaving, joins)
+            self._learn_past(r, self.ring[r, :, slot], self.weight[r, slot], joins)
             self.ring[r, :, slot] = xs
+            self.weight[r, slot] = 1.0 if weight is None else np.maximum(weight[take], 1.0)
             self.head[r] = (slot + 1) % p.window
             self.taken[r] = now
             self.z[r] = self._statistic(r)
         return self.z[rows]
 
-    def _learn_past(self, rows: Ints, values: Floats, joins: npt.NDArray[np.bool_]) -> None:
+    def _learn_past(self, rows: Ints, values: Floats, weight: Floats, joins: npt.NDArray[np.bool_]) -> None:
+        """A weighted mean and sum of squares, updated one window at a time (West's update), the older
+        windows fading by ``1 - 1 / memory`` once ``memory`` are in."""
         past = self.past[rows]
-        weight = past[:, :, 0] + joins
-        a = np.where(joins, 1.0 / np.maximum(np.minimum(weight, self.params.memory), 1.0), 0.0)
-        d = np.where(joins, values - past[:, :, 1], 0.0)
-        past[:, :, 1] += a * d
-        past[:, :, 2] = (1.0 - a) * (past[:, :, 2] + a * d * d)
-        past[:, :, 0] = weight
+        fade = np.where(joins & (past[:, :, 0] >= self.params.memory), 1.0 - 1.0 / self.params.memory, 1.0)
+        past[:, :, 0] *= fade
+        past[:, :, 1] *= fade
+        past[:, :, 3] *= fade
+        w = np.where(joins, weight[:, None], 0.0)
+        past[:, :, 0] += joins
+        past[:, :, 1] += w
+        d = np.where(joins, values - past[:, :, 2], 0.0)
+        past[:, :, 2] += np.divide(w * d, past[:, :, 1], out=np.zeros_like(d), where=joins)
+        past[:, :, 3] += w * d * np.where(joins, values - past[:, :, 2], 0.0)
         self.past[rows] = past
 
     def _statistic(self, rows: Ints) -> Floats:
         p = self.params
         ring = self.ring[rows]
-        n_recent = np.isfinite(ring).sum(axis=2)
         past = self.past[rows]
-        n_past = np.minimum(past[:, :, 0], p.memory)  # the weighted past's effective count
-        sd = np.maximum(np.sqrt(np.maximum(past[:, :, 2], 0.0)), p.sd_floor)
+        windows, requests, mean = past[:, :, 0], past[:, :, 1], past[:, :, 2]
+        sd = np.maximum(np.sqrt(np.maximum(past[:, :, 3], 0.0) / np.maximum(windows - 1.0, 1.0)), p.sd_floor)
+        # a recent window counts at most the past's typical window's requests (at least one)
+        typical = np.maximum(np.divide(requests, windows, out=np.ones_like(requests), where=windows > 0.0), 1.0)
+        w = np.where(np.isfinite(ring), np.minimum(self.weight[rows][:, None, :], typical[:, :, None]), 0.0)
+        n_recent = (w > 0.0).sum(axis=2)
+        values = np.where(w > 0.0, ring, 0.0)
         if p.clip > 0.0:
-            lo = (past[:, :, 1] - p.clip * sd)[:, :, None]
-            ring = np.clip(ring, lo, lo + 2.0 * p.clip * sd[:, :, None])
-        with np.errstate(invalid="ignore", divide="ignore"):
-            recent = np.nansum(ring, axis=2) / n_recent
-        diff = recent - past[:, :, 1]
-        ok = (n_recent >= p.min_recent) & (n_past >= p.min_past) & (np.abs(diff) >= p.min_effect)
-        z = np.zeros_like(recent)
-        se = sd * np.sqrt(1.0 / np.maximum(n_recent, 1) + 1.0 / np.maximum(n_past, 1.0))
+            bound = p.clip * sd[:, :, None] / np.sqrt(np.maximum(w, 1.0))
+            values = np.clip(values, mean[:, :, None] - bound, mean[:, :, None] + bound)
+        in_recent = w.sum(axis=2)
+        diff = np.divide((w * values).sum(axis=2), in_recent, out=np.zeros_like(in_recent), where=in_recent > 0.0) \
+            - mean
+        ok = (n_recent >= p.min_recent) & (windows >= p.min_past) & (np.abs(diff) >= p.min_effect)
+        z = np.zeros_like(diff)
+        se = sd * np.sqrt(1.0 / np.maximum(in_recent, 1.0) + 1.0 / np.maximum(requests, 1.0))
         np.divide(diff, se, out=z, where=ok)
         return z
 
     # --- state
 
     def pack_rows(self) -> Floats:
-        """Every row's state as one float64 vector: rows x (features x (window + 4) + 2)."""
+        """Every row's state as one float64 vector: rows x (features x (window + 4) + window + 2)."""
         return row_arrays.pack(self, self._ARRAYS)
 
     def unpack_rows(self, rows: Ints, data: Floats) -> None:
