@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import random
 import statistics
 from typing import Any
 
+import numpy as np
 import pytest
 
 from skewwatch.config_section import ConfigError
@@ -298,6 +300,26 @@ def test_state_of_other_features_restarts_the_scorers_and_keeps_the_alerts() -> 
     other.load_state(detector.state_dict())
     assert other.open_alerts() == {"m/r1": "INFO"}
     assert all(int(other._bank.n[row]) == 0 for row in other._row.values())
+
+
+def test_a_shift_test_of_another_layout_starts_over_and_the_scorers_are_kept() -> None:
+    """A checkpoint whose shift tests weighed each window as one (their key without "requests", a
+    row of 58 numbers): the scorers and the alerts restore, the shift tests start fresh."""
+    detector = LearnedDetector(LearnedConfig(**FAST))
+
+    def story(i: int, replica: str, end: float, rng: random.Random) -> FeatureVector:
+        return replica_fv(replica, end, rng, ttft=900.0 if replica == "r1" and i >= 82 else 200.0)
+
+    run(detector, 90, story)
+    state = detector.state_dict()
+    state["layout"][2] = [10, 60]
+    for entry in state["keys"].values():
+        entry["z"] = base64.b64encode(np.zeros(58).tobytes()).decode("ascii")
+    restored = LearnedDetector(LearnedConfig(**FAST))
+    restored.load_state(state)
+    assert restored.open_alerts() == {"m/r1": "INFO"}
+    assert all(int(restored._bank.n[row]) > 0 for row in restored._row.values())
+    assert not restored._shift.past.any() and len(restored._shift) == len(restored._row)
 
 
 def test_forget_ends_the_alert_and_keeps_what_was_learned() -> None:
