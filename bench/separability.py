@@ -13,7 +13,11 @@ statistics a worker could keep (``STATISTICS``, each for the fault it is meant t
    compared (a t-statistic; an oracle that knows when the fault was);
 3. the faulty replica's statistic (signed: in the direction the fault moves it) against the same
    statistic of every healthy replica of the run's fault pool and clean pools (the null, ``|t|``:
-   how far a replica with nothing wrong moves).
+   how far a replica with nothing wrong moves);
+4. the same t with each window weighed by its requests, as the learned detector's shift test does
+   (weighted means; one request's spread from the windows before, ``sum n (x - mean)^2 / (k - 1)``;
+   a window of the fault counted at most as the mean window before it), printed as a second table
+   per statistic (``... [by request]``).
 
 A run whose faulty replica lies inside the null's range (its ``t`` at most the null's largest
 ``|t|``) is one no rule on that statistic can find without false alerts on that shape. Prints a
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -45,6 +50,7 @@ Floats = npt.NDArray[np.float64]
 WINDOW_S = 60.0
 BEFORE_S = 900.0  # the 15 min before the fault
 LAST_S = 600.0  # the fault's last 10 min (its 2x plateau and the end of its ramp)
+BY_REQUEST = " [by request]"  # the name of a statistic's t with each window weighed by its requests
 
 # name -> (the fault it shows, the direction the fault moves it, per-request value from the rows,
 # how a window summarises the values, as a log)
@@ -95,7 +101,8 @@ def t_statistics(scenario: Scenario) -> dict[str, dict[str, list[float]]]:
     ends = np.arange(WINDOW_S, until + WINDOW_S, WINDOW_S)
     before = (ends > at - BEFORE_S) & (ends <= at)
     last = (ends > until - LAST_S) & (ends <= until)
-    out: dict[str, dict[str, list[float]]] = {name: {"drift": [], "null": []} for name in STATISTICS}
+    out: dict[str, dict[str, list[float]]] = {
+        name + suffix: {"drift": [], "null": []} for name in STATISTICS for suffix in ("", BY_REQUEST)}
     for name, (fault, sign, value, summarise) in STATISTICS.items():
         faulty = scenario.replica(fault, scenario.faulty_index)
         for pool in (fault, *scenario.clean):
@@ -104,11 +111,13 @@ def t_statistics(scenario: Scenario) -> dict[str, dict[str, list[float]]]:
             window = np.searchsorted(ends, rows["t"][mine], side="right")  # the window each request ends in
             values = value({k: v[mine] for k, v in rows.items()})
             table = np.full((len(replicas), len(ends)), np.nan)
+            requests = np.zeros((len(replicas), len(ends)))
             for i, replica in enumerate(replicas):
                 own = (rows["replica"][mine] == replica) & np.isfinite(values)
                 for w in np.unique(window[own]).tolist():
                     if w < len(ends):
                         table[i, w] = summarise(values[own & (window == w)])
+                        requests[i, w] = np.count_nonzero(own & (window == w))
             ratio = table - np.nanmedian(np.where(np.isfinite(table), table, np.nan), axis=0)
             for i, replica in enumerate(replicas):
                 a, b = ratio[i, before], ratio[i, last]
@@ -116,10 +125,15 @@ def t_statistics(scenario: Scenario) -> dict[str, dict[str, list[float]]]:
                 if len(a) < 5 or len(b) < 3 or a.std() == 0.0:
                     continue  # too few windows to say anything
                 t = float((b.mean() - a.mean()) / (a.std() / np.sqrt(len(b))))
-                if (pool, replica) == (fault, faulty):
-                    out[name]["drift"].append(sign * t)
-                else:
-                    out[name]["null"].append(t)
+                na = requests[i, before][np.isfinite(ratio[i, before])]
+                nb = np.minimum(requests[i, last][np.isfinite(ratio[i, last])], na.mean())
+                ma, mb = float(np.average(a, weights=na)), float(np.average(b, weights=nb))
+                spread = float(np.sqrt(np.sum(na * (a - ma) ** 2) / (len(a) - 1)))
+                t_request = (mb - ma) / (spread / np.sqrt(nb.sum())) if spread > 0.0 else math.nan
+                key = "drift" if (pool, replica) == (fault, faulty) else "null"
+                for suffix, stat in (("", t), (BY_REQUEST, t_request)):
+                    if math.isfinite(stat):
+                        out[name + suffix][key].append(sign * stat if key == "drift" else stat)
     return out
 
 
@@ -135,8 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with ProcessPoolExecutor(args.jobs) as pool:
         results = list(pool.map(t_statistics, scenarios))
     report: dict[str, Any] = {"machine": machine_info(), "statistics": {}}
-    for name in STATISTICS:
-        print(f"\n{name} ({STATISTICS[name][0]})\n{'shape':<15} {'faulty replica t (per seed)':<32} "
+    for name in (name + suffix for name in STATISTICS for suffix in ("", BY_REQUEST)):
+        fault = STATISTICS[name.removesuffix(BY_REQUEST)][0]
+        print(f"\n{name} ({fault})\n{'shape':<15} {'faulty replica t (per seed)':<32} "
               f"{'null: p95':>9} {'max':>6} {'inside':>7}")
         per_shape: dict[str, Any] = {}
         for shape in shapes:
@@ -153,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         total = sum(v["inside"] for v in per_shape.values())
         runs = sum(len(v["drift"]) for v in per_shape.values())
         print(f"{'all':<15} {'':<32} {'':>9} {'':>6} {total:>4}/{runs}")
-        report["statistics"][name] = {"fault": STATISTICS[name][0], "shapes": per_shape, "inside": total,
+        report["statistics"][name] = {"fault": fault, "shapes": per_shape, "inside": total,
                                       "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))

@@ -79,9 +79,9 @@ def test_throughput_ceiling_on_a_tiny_dataset(kafka_bootstrap: str, tmp_path: Pa
 
 
 def test_separability_sees_the_drift_per_prompt_token() -> None:
-    """bench/separability on one run: the drifted replica's TTFT per prompt token, and the replica with
-    shorter outputs' time per output token, move further than any healthy replica's (statistics the
-    learned detector judges); the numbers come from a
+    """bench/separability on one run: the drifted replica's TTFT per prompt token (by window and by
+    request), and the replica with shorter outputs' time per output token, move further than any
+    healthy replica's (statistics the learned detector judges); the numbers come from a
     seeded simulation, so this is the harness working, not a measurement."""
     spec = importlib.util.spec_from_file_location("bench_separability", REPO / "bench" / "separability.py")
     assert spec is not None and spec.loader is not None
@@ -97,4 +97,7 @@ def test_separability_sees_the_drift_per_prompt_token() -> None:
     tpot = result["tpot_p50 (window median time per output token after the first)"]  # throughput_drop's replica
     [slower] = tpot["drift"]
     assert len(tpot["null"]) >= 10 and slower > max(abs(t) for t in tpot["null"])
-    assert set(result) == set(module.STATISTICS)
+    by_request = result["ttft_per_prompt_token (mean log)" + module.BY_REQUEST]
+    [drift] = by_request["drift"]
+    assert len(by_request["null"]) >= 10 and drift > max(abs(t) for t in by_request["null"])
+    assert set(result) == {name + suffix for name in module.STATISTICS for suffix in ("", module.BY_REQUEST)}
