@@ -20,25 +20,25 @@ much evidence it carries is weighed when an alert opens), a feature counts only 
 scorer's, at some time scale) and outside the union of the ranges the pool's replicas spanned at
 that scale (``pool_range``: in a healthy pool replicas take turns above and below the median, and
 one replica's own hour is too little evidence to call a level new that a peer has been at), by at
-least ``min_novelty`` of the range; with ``threshold`` > 0 the scorer's level (the likelihood of
-the step's novelty, 0..1) must also reach it (river's ``ThresholdFilter`` semantics). It also
-holds on the shift test (:mod:`skewwatch.pipeline.detectors.shift`, ``shift_z`` > 0): the mean of
-the replica's last ``shift_window`` windows that share no request lies ``shift_z`` standard errors
-or more from the mean of its own past, by ``shift_min`` or more, for the pool's furthest replica on
-that feature. The range test sees a new extreme at once; the shift test sees a level that moved by
-a few times the noise of a mean, which on a replica of few requests a window stays inside ranges
-whose extremes are single noisy windows. The alert
-opens after ``persistence`` holding samples in a row that span ``min_requests`` distinct requests
-(windows overlap: each sample after the first adds the part of its window newer than the previous
-sample), so a replica with few requests a window needs more samples. A sample that does not hold
-ends the run; a window without one (no request: no evidence either way) does not, nor a sample
-without a value for the feature the run holds on, for up to ``clear_steps`` samples' time. It resolves after
-``clear_steps`` that do not hold (hysteresis as every detector has, counted in samples). Nothing
-holds before a replica has given ``warmup`` samples (and each feature ``grace``): no alert on a
-replica it does not know yet. A run of ``adapt`` holding samples, once its alert is open, is a
-lasting change: the replica's scorer and shift test start over (its warm-up again). The alert is INFO and carries
-no action: it says *which* feature is unlike the replica's past and the pool's by how much, for a
-person to look at.
+least ``min_novelty`` of the range; with ``threshold`` > 0 the scorer's level (the likelihood of the
+step's novelty, 0..1) must also reach it (river's ``ThresholdFilter`` semantics). It also holds on
+the shift test (:mod:`skewwatch.pipeline.detectors.shift`, ``shift_z`` > 0): the mean of the
+replica's last ``shift_window`` windows that share no request lies ``shift_z`` standard errors or
+more from the mean of its own past, by ``shift_min`` or more, for the pool's furthest replica on
+that feature (each window weighed by its requests: a window of twenty is more evidence than one).
+The range test sees a new extreme at once; the shift test sees a level that moved by a few times the
+noise of a mean, which on a replica of few requests a window stays inside ranges whose extremes are
+single noisy windows. The alert opens after ``persistence`` holding samples in a row that span
+``min_requests`` distinct requests (windows overlap: each sample after the first adds the part of
+its window newer than the previous sample), so a replica with few requests a window needs more
+samples. A sample that does not hold ends the run; a window without one (no request: no evidence
+either way) does not, nor a sample without a value for the feature the run holds on, for up to
+``clear_steps`` samples' time. It resolves after ``clear_steps`` that do not hold (hysteresis as
+every detector has, counted in samples). Nothing holds before a replica has given ``warmup`` samples
+(and each feature ``grace``): no alert on a replica it does not know yet. A run of ``adapt`` holding
+samples, once its alert is open, is a lasting change: the replica's scorer and shift test start over
+(its warm-up again). The alert is INFO and carries no action: it says *which* feature is unlike the
+replica's past and the pool's by how much, for a person to look at.
 
 **What it costs.** The scorers of a model's replicas are updated together, as numpy columns, once
 every ``cadence_steps`` steps (models take turns: a model's turn is fixed by its name, so every
@@ -137,11 +137,12 @@ class LearnedConfig(DetectorConfig, frozen=True):
     persistence: Count = 6  # holding samples (90 s) before the alert opens: a queue's swing is shorter
     clear_steps: Count = 4  # samples (1 min) that do not hold before it resolves
     # the shift test (0: off): a sample also holds when the mean of the replica's last `shift_window`
-    # disjoint windows lies this many standard errors from its own past. A level that moved by a few
-    # times the noise of a mean, on a replica of few requests a window, stays inside the ranges above
-    # (their extremes are those of single noisy windows) for as long as it lasts. The bar is one
-    # replica's; the furthest of a pool's n replicas must pass the bar whose Gaussian tail is 1/n of
-    # this one's (4.0 of four, 4.5 of 32), so that a pool's false alerts do not grow with its size
+    # disjoint windows (each weighed by its requests) lies this many standard errors from its own
+    # past. A level that moved by a few times the noise of a mean, on a replica of few requests a
+    # window, stays inside the ranges above (their extremes are those of single noisy windows) for
+    # as long as it lasts. The bar is one replica's; the furthest of a pool's n replicas must pass
+    # the bar whose Gaussian tail is 1/n of this one's (4.0 of four, 4.5 of 32), so that a pool's
+    # false alerts do not grow with its size
     shift_z: NonNegative = 3.66
     shift_window: Annotated[int, Meta(ge=2)] = 10  # disjoint windows (10 min of 60 s windows)
     shift_min: NonNegative = 0.2  # and by at least this much (log ratio: +22 % / -18 %), however sure
