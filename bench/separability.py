@@ -129,7 +129,7 @@ def t_statistics(scenario: Scenario) -> dict[str, dict[str, list[float]]]:
                 nb = np.minimum(requests[i, last][np.isfinite(ratio[i, last])], na.mean())
                 ma, mb = float(np.average(a, weights=na)), float(np.average(b, weights=nb))
                 spread = float(np.sqrt(np.sum(na * (a - ma) ** 2) / (len(a) - 1)))
-                t_request = (mb - ma) / (spread / np.sqrt(nb.sum())) if spread > 0.0 else math.nan
+                t_request = float((mb - ma) / (spread / np.sqrt(nb.sum()))) if spread > 0.0 else math.nan
                 key = "drift" if (pool, replica) == (fault, faulty) else "null"
                 for suffix, stat in (("", t), (BY_REQUEST, t_request)):
                     if math.isfinite(stat):

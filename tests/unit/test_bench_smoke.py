@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import doctest
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -78,26 +79,18 @@ def test_throughput_ceiling_on_a_tiny_dataset(kafka_bootstrap: str, tmp_path: Pa
         assert out["events"] == data.events and out["seconds"] > 0 and out["peak_rss_bytes"] > 0
 
 
-def test_separability_sees_the_drift_per_prompt_token() -> None:
-    """bench/separability on one run: the drifted replica's TTFT per prompt token (by window and by
-    request), and the replica with shorter outputs' time per output token, move further than any
-    healthy replica's (statistics the learned detector judges); the numbers come from a
-    seeded simulation, so this is the harness working, not a measurement."""
-    spec = importlib.util.spec_from_file_location("bench_separability", REPO / "bench" / "separability.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    from bench.scenarios import Scenario
-    from skewwatch.sim.shapes import make_shape
-
-    result = module.t_statistics(Scenario.learned(make_shape("conv@0.1x"), 1))
-    per_token = result["ttft_per_prompt_token (mean log)"]
-    [drift] = per_token["drift"]
-    assert len(per_token["null"]) >= 10 and drift > max(abs(t) for t in per_token["null"])
-    tpot = result["tpot_p50 (window median time per output token after the first)"]  # throughput_drop's replica
-    [slower] = tpot["drift"]
-    assert len(tpot["null"]) >= 10 and slower > max(abs(t) for t in tpot["null"])
-    by_request = result["ttft_per_prompt_token (mean log)" + module.BY_REQUEST]
-    [drift] = by_request["drift"]
-    assert len(by_request["null"]) >= 10 and drift > max(abs(t) for t in by_request["null"])
-    assert set(result) == {name + suffix for name in module.STATISTICS for suffix in ("", module.BY_REQUEST)}
+def test_separability_sees_the_drift_per_prompt_token(tmp_path: Path) -> None:
+    """bench/separability on one run, through its command line to its JSON: the drifted replica's TTFT
+    per prompt token (by window and by request), and the replica with shorter outputs' time per
+    output token, move further than any healthy replica's (statistics the learned detector judges);
+    the numbers come from a seeded simulation, so this is the harness working, not a measurement."""
+    module = importlib.import_module("bench.separability")  # by name: its worker processes import it too
+    out = tmp_path / "separability.json"
+    assert module.main(["--shape", "conv@0.1x", "--seeds", "1", "--out", str(out)]) == 0
+    statistics = json.loads(out.read_text())["statistics"]
+    assert set(statistics) == {name + suffix for name in module.STATISTICS for suffix in ("", module.BY_REQUEST)}
+    for name in ("ttft_per_prompt_token (mean log)", "ttft_per_prompt_token (mean log)" + module.BY_REQUEST,
+                 "tpot_p50 (window median time per output token after the first)"):  # throughput_drop's replica
+        shape = statistics[name]["shapes"]["conv@0.1x"]
+        [moved] = shape["drift"]
+        assert shape["null_n"] >= 10 and moved > shape["null_max"] and shape["inside"] == 0
