@@ -92,6 +92,9 @@ def reference_features(events: Sequence[Mapping[str, Any]], model: str, replica:
     # TTFT per prompt token: the geometric mean over the events with both positive
     per_token = [math.log(float(e["ttft_ms"]) / int(e["prompt_tokens"])) for e in window
                  if e.get("ttft_ms") is not None and float(e["ttft_ms"]) > 0 and int(e["prompt_tokens"]) > 0]
+    # and the geometric mean prompt of those events
+    log_prompt = [math.log(int(e["prompt_tokens"])) for e in window
+                  if e.get("ttft_ms") is not None and float(e["ttft_ms"]) > 0 and int(e["prompt_tokens"]) > 0]
     n = len(window)
     if replica is None and replicas is None:
         replicas = len({e["replica"] for e in window})
@@ -120,6 +123,7 @@ def reference_features(events: Sequence[Mapping[str, Any]], model: str, replica:
         queue_length_mean=_mean(column("queue_length")),
         kv_cache_hit_rate_mean=_mean(column("kv_cache_hit_rate")),
         ttft_per_prompt_token=math.exp(sum(per_token) / len(per_token)) if per_token else None,
+        ttft_prompt_tokens_gmean=math.exp(sum(log_prompt) / len(log_prompt)) if log_prompt else None,
         step_count=len(newest),
         step_cuda_errors=dict(Counter(str(e["cuda_error"]) for e in newest
                                       if e.get("cuda_error") is not None)),

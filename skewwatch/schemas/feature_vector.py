@@ -67,6 +67,10 @@ class FeatureVector:
     # their geometric mean. Prefill grows with the prompt, so a window's TTFT moves with the prompts
     # it happened to serve; per prompt token it does not, and a replica slow to start shows at any mix
     ttft_per_prompt_token: float | None = None  # ms per prompt token; None when no event had both
+    # contract v1.8 (optional, additive): the geometric mean prompt_tokens of the same events. A TTFT
+    # is a step's wait plus prefill, so per prompt token a short prompt takes longer than a long one:
+    # beside it, TTFT per prompt token can be judged at a given prompt length
+    ttft_prompt_tokens_gmean: float | None = None  # tokens; None when ttft_per_prompt_token is
     # the window's newest RECENT_S (20 s, 4 steps) only: prompt-length moments for rules that must
     # not wait for the 60 s window to fill. None on vectors that do not carry them (per-model ones)
     recent_count: int | None = None  # requests finished in the last RECENT_S of the window

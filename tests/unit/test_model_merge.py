@@ -146,8 +146,8 @@ def test_summaries_of_other_windows_or_settings_are_refused() -> None:
 
 
 def test_a_summary_from_a_worker_before_ttft_per_prompt_token_merges() -> None:
-    """A summary without the contract v1.6 field (an older stage 1 during an upgrade): it decodes with
-    the field not reported, and the model's value comes from the summaries that have it."""
+    """A summary without the contract v1.6 and v1.8 fields (an older stage 1 during an upgrade): it
+    decodes with them not reported, and the model's values come from the summaries that have them."""
     windows = PartitionWindows(SETTINGS)
     windows.apply(RequestColumns.from_rows([event(100.0, ttft_ms=40.0),
                                             event(101.0, replica="r2", ttft_ms=10.0, prompt_tokens=10)]))
@@ -156,12 +156,16 @@ def test_a_summary_from_a_worker_before_ttft_per_prompt_token_merges() -> None:
     old = a.to_dict()
     for name in ("optional_count", "optional_sum"):
         del old[name]["log_ttft_per_prompt_token"]
+        del old[name]["log_ttft_prompt_tokens"]
     older = WindowSummary.from_dict(orjson.loads(orjson.dumps(old)))
-    assert older.features().ttft_per_prompt_token is None and older.features().ttft_p50 == a.features().ttft_p50
+    assert older.features().ttft_per_prompt_token is None and older.features().ttft_prompt_tokens_gmean is None
+    assert older.features().ttft_p50 == a.features().ttft_p50
     merged = merge_model_features("m", 105.0, [older, b], SETTINGS)
     assert merged.count == 2 and merged.ttft_per_prompt_token == pytest.approx(1.0)  # b's 10 ms / 10 tokens
-    assert merge_model_features("m", 105.0, [a, b], SETTINGS).ttft_per_prompt_token == pytest.approx(
-        math.sqrt(0.4 * 1.0))
+    assert merged.ttft_prompt_tokens_gmean == pytest.approx(10.0)
+    both = merge_model_features("m", 105.0, [a, b], SETTINGS)
+    assert both.ttft_per_prompt_token == pytest.approx(math.sqrt(0.4 * 1.0))
+    assert both.ttft_prompt_tokens_gmean == pytest.approx(math.sqrt(100 * 10))
     bad = a.to_dict()
     del bad["optional_count"]["queue_length"]  # a field every version sends is still required
     with pytest.raises(ValueError):

@@ -186,9 +186,9 @@ def test_a_corrupt_snapshot_is_refused() -> None:
     slots_at = len(body) - 4 * header["entries"]  # the slots (uint16) come before the counts (uint16)
     body[slots_at:slots_at + 2] = struct.pack("<H", 60_000)  # out of range
     bad = [data[:-5], b"SWW3" + b"garbage", rebuilt({**header, "buckets": header["buckets"] + 1}),
-           rebuilt({**header, "entries": header["entries"] - 1}), rebuilt({**header, "v": 6}),
-           rebuilt({**header, "v": 3}), rebuilt({**header, "v": 4}), rebuilt(header, raw[4 + header_len:-2]),
-           rebuilt(header, bytes(body)),
+           rebuilt({**header, "entries": header["entries"] - 1}), rebuilt({**header, "v": 7}),
+           rebuilt({**header, "v": 3}), rebuilt({**header, "v": 4}), rebuilt({**header, "v": 5}),
+           rebuilt(header, raw[4 + header_len:-2]), rebuilt(header, bytes(body)),
            b"SWW3" + zlib.compress(b"\x00\x00"), rebuilt({**header, "late_total": "x"})]
     for blob in bad:
         with pytest.raises(ValueError):
@@ -196,9 +196,11 @@ def test_a_corrupt_snapshot_is_refused() -> None:
     assert PartitionWindows.restore(rebuilt(header), SETTINGS).snapshot() == data
 
 
-def test_a_snapshot_of_the_previous_version_is_read() -> None:
-    """A v4 snapshot (a worker before TTFT per prompt token) restores: its buckets have every other
-    statistic, the new field counts only the events that come after."""
+@pytest.mark.parametrize("version", [4, 5])
+def test_a_snapshot_of_an_older_version_is_read(version: int) -> None:
+    """A v4 snapshot (a worker before TTFT per prompt token) and a v5 one (before its prompts' mean)
+    restore: their buckets have every other statistic, the fields they lack count only the events
+    that come after."""
     import dataclasses
     import struct
     import zlib
@@ -214,23 +216,29 @@ def test_a_snapshot_of_the_previous_version_is_read() -> None:
     n = header["buckets"]
     at = 4 + header_len + 4 * n + 8 * n  # the bucket rows, column by column, after the keys and ids
     columns = [raw[at + 8 * n * c:at + 8 * n * (c + 1)] for c in range(_STATS_LEN)]
-    v4 = [c for i, c in enumerate(columns) if i not in (_OPT_N.stop - 1, _OPT_SUM.stop - 1)]
-    text = orjson.dumps({**header, "v": 4})
-    old = b"SWW3" + zlib.compress(struct.pack("<I", len(text)) + text + raw[4 + header_len:at] + b"".join(v4)
+    missing = 6 - version  # the newest optional fields the older version lacks
+    lacks = {*range(_OPT_N.stop - missing, _OPT_N.stop), *range(_OPT_SUM.stop - missing, _OPT_SUM.stop)}
+    kept = [c for i, c in enumerate(columns) if i not in lacks]
+    text = orjson.dumps({**header, "v": version})
+    old = b"SWW3" + zlib.compress(struct.pack("<I", len(text)) + text + raw[4 + header_len:at] + b"".join(kept)
                                   + raw[at + 8 * n * _STATS_LEN:], 1)
     vectors = []
-    for restored, per_token in ((PartitionWindows.restore(data, SETTINGS), math.sqrt(0.3 * 5.0)),
-                                (PartitionWindows.restore(old, SETTINGS), None)):
+    per_token, prompts = math.sqrt(0.3 * 5.0), math.sqrt(100 * 10)
+    for restored, expected in ((PartitionWindows.restore(data, SETTINGS), (per_token, prompts)),
+                               (PartitionWindows.restore(old, SETTINGS), (per_token if version == 5 else None, None))):
         restored.advance_watermark(105.0)
         [step] = restored.close_steps()
         vectors.append(step.features)
-        assert step.features.ttft_per_prompt_token == pytest.approx(per_token)
-    assert dataclasses.replace(vectors[0], ttft_per_prompt_token=None) == vectors[1]  # the rest is all there
-    # after the v4 buckets, new events count: 20 ms over 100 prompt tokens
+        assert (step.features.ttft_per_prompt_token, step.features.ttft_prompt_tokens_gmean) == pytest.approx(expected)
+    lost = {"ttft_prompt_tokens_gmean": None, **({"ttft_per_prompt_token": None} if version == 4 else {})}
+    assert dataclasses.replace(vectors[0], **lost) == vectors[1]  # the rest is all there
+    # after the older buckets, new events count: 20 ms over 100 prompt tokens
     restored.apply(RequestColumns.from_rows([event(106.0, ttft_ms=20.0)]))
     restored.advance_watermark(110.0)
     [step] = restored.close_steps()
-    assert step.features.count == 3 and step.features.ttft_per_prompt_token == pytest.approx(0.2)
+    assert step.features.count == 3 and step.features.ttft_prompt_tokens_gmean == pytest.approx(100.0)
+    if version == 4:
+        assert step.features.ttft_per_prompt_token == pytest.approx(0.2)
 
 
 def test_the_exported_state_rebuilds_the_same_windows() -> None:

@@ -80,6 +80,7 @@ from skewwatch.config_section import Count, NonNegative, NonNegativeInt, Unit
 from skewwatch.pipeline.detectors.alerts import Action, Alert, DetectorOutput, Severity
 from skewwatch.pipeline.detectors.base import Detector
 from skewwatch.pipeline.detectors.novelty import NoveltyBank, NoveltyParams, make_scorer
+from skewwatch.pipeline.detectors.prompt_slope import PromptSlope
 from skewwatch.pipeline.detectors.shift import ShiftBank, ShiftParams
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import DetectorConfig
@@ -95,6 +96,9 @@ FIELDS = frozenset({
     "batch_size_mean", "prompt_tokens_mean", "completion_tokens_mean", "queue_length_mean",
     "kv_cache_hit_rate_mean", "batch_fill_mean", "error_rate", "tokens_per_s", "rps", "ttft_per_prompt_token",
 })
+
+PER_TOKEN = "ttft_per_prompt_token"  # the feature judged at the pool's typical prompt (``prompt_slope``)
+PROMPTS = "ttft_prompt_tokens_gmean"  # the prompts it is over (contract v1.8)
 
 __all__ = ["LearnedConfig", "LearnedDetector", "make_scorer"]
 
@@ -146,6 +150,12 @@ class LearnedConfig(DetectorConfig, frozen=True):
     shift_z: NonNegative = 3.66
     shift_window: Annotated[int, Meta(ge=2)] = 10  # disjoint windows (10 min of 60 s windows)
     shift_min: NonNegative = 0.2  # and by at least this much (log ratio: +22 % / -18 %), however sure
+    # TTFT per prompt token judged at the pool's typical prompt (pipeline.detectors.prompt_slope): a
+    # TTFT is prefill plus a wait for a step, so per prompt token a short prompt takes longer, and on a
+    # replica of a request or two a window the prompts it happened to serve were most of the noise.
+    # The pool's slope on log prompt (from each window's ttft_prompt_tokens_gmean, contract v1.8) is
+    # learned over `memory` samples and counts once it holds `min_requests` requests
+    prompt_slope: bool = True
 
     def __post_init__(self) -> None:
         self._require(len(self.features) > 0, "features", "must name at least one field")
@@ -183,6 +193,10 @@ class LearnedDetector(Detector):
         self._params = self.config.scorer_params()
         self._bank = NoveltyBank(list(self.config.features), self._params)
         self._shift = ShiftBank(len(self.config.features), self.config.shift_params())
+        # the feature judged at the pool's typical prompt, and each pool's slope (-1: none)
+        self._per_token = (self.config.features.index(PER_TOKEN)
+                           if self.config.prompt_slope and PER_TOKEN in self.config.features else -1)
+        self._slope = PromptSlope(self.config.memory, self.config.min_requests)
         self._row: dict[str, int] = {}  # key -> its row in the bank and the hysteresis arrays
         self._keys: list[str] = []  # row -> key
         self._hits = np.zeros(0, dtype=np.int64)  # hysteresis, one entry per row (see base.Hysteresis)
@@ -265,7 +279,7 @@ class LearnedDetector(Detector):
         return (round(now / STEP_S) + zlib.crc32(model.encode())) % cadence == 0
 
     def step_fields(self) -> tuple[str, ...]:
-        return ("count", *self.config.features)
+        return ("count", *self.config.features, *((PROMPTS,) if self._per_token >= 0 else ()))
 
     def update_step(self, step: StepColumns, now: float, alerts: list[Alert], actions: list[Action]) -> None:
         if not len(step) or not self._turn(step.vectors[0].model, now):
@@ -277,6 +291,9 @@ class LearnedDetector(Detector):
         with np.errstate(divide="ignore", invalid="ignore"):
             logs = np.log(values)  # <= 0 and NaN (missing) become NaN or -inf: not a number to judge
         logs[~np.isfinite(logs) | ~sampled[:, None]] = np.nan
+        if self._per_token >= 0:
+            logs[:, self._per_token] = self._at_typical_prompt(step.vectors[0].model, logs[:, self._per_token],
+                                                               step.column(PROMPTS), step.column("count"))
         # the pool's typical replica: the median over the replicas with a sample, per feature
         x = np.full_like(logs, np.nan)
         have = np.isfinite(logs).sum(axis=0)
@@ -294,8 +311,21 @@ class LearnedDetector(Detector):
             if value is not None and value > 0.0:
                 x[0, f] = math.log(value)
         sampled = np.array([fv.count >= self.config.min_count and bool(np.isfinite(x).any())])
+        if self._per_token >= 0 and sampled[0]:
+            prompts = fv.ttft_prompt_tokens_gmean
+            x[:, self._per_token] = self._at_typical_prompt(
+                fv.model, x[:, self._per_token], np.array([math.nan if prompts is None else prompts]),
+                np.array([float(fv.count)]))
         self._judge([fv.key], [fv], x, sampled, now, out.alerts)
         return out
+
+    def _at_typical_prompt(self, model: str, logs: npt.NDArray[np.float64], prompts: npt.NDArray[np.float64],
+                           requests: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """The windows' log TTFT per prompt token at the pool's typical prompt (NaN: not sampled)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_prompts = np.log(prompts)
+        log_prompts[~np.isfinite(log_prompts)] = np.nan
+        return self._slope.adjust(model, logs, log_prompts, requests.astype(np.float64))
 
     def _judge(self, keys: Sequence[str], vectors: Sequence[FeatureVector], x: npt.NDArray[np.float64],
                sampled: npt.NDArray[np.bool_], now: float, alerts: list[Alert], pool: bool = False) -> None:
@@ -310,7 +340,7 @@ class LearnedDetector(Detector):
         where = np.flatnonzero(sampled)
         holds = np.zeros(len(keys), dtype=bool)
         novelty = level = shifted = chosen = None
-        previous = np.zeros(0)
+        previous = behind = np.zeros(0)
         bar = _pool_bar(cfg.shift_z, len(keys) if pool else 1) if cfg.shift_z > 0.0 else math.inf
         if len(where):
             rows = self._rows_for([keys[i] for i in where.tolist()])
@@ -328,6 +358,7 @@ class LearnedDetector(Detector):
                 holding &= batch.level >= cfg.threshold
             chosen = np.argmax(novelty, axis=1)  # the feature a holding sample holds on
             shifted = np.zeros_like(novelty)
+            behind = np.zeros(len(where))  # the requests a shift that holds is over (0: none holds)
             if cfg.shift_z > 0.0:
                 # the shift test: the replica's last disjoint windows against its own past (a replica whose
                 # run or alert is under way does not learn what it shows as its past)
@@ -347,6 +378,10 @@ class LearnedDetector(Detector):
                 by_shift = ~holding & (shifted.max(axis=1) >= bar)
                 chosen = np.where(by_shift, np.argmax(shifted, axis=1), chosen)
                 holding |= by_shift
+                # a shift's z is already over its recent windows' requests: they are the run's evidence
+                on = np.flatnonzero(ready & (shifted[np.arange(len(where)), chosen] >= bar))
+                if len(on):
+                    behind[on] = self._shift.recent_requests(rows[on])[np.arange(len(on)), chosen[on]]
             holding &= self._bank.n[rows] >= cfg.warmup
             # an anomaly is not learned as the replica's normal: it stays novel (and the alert open) while
             # it lasts and leaves no trace once over. One that holds `adapt` samples in a row, its alert
@@ -400,7 +435,7 @@ class LearnedDetector(Detector):
                     # waits for samples that do not hold (`clear_steps`); after longer it starts over
                     self._hits[row] = 0
                 fresh = fv.count if self._hits[row] == 0 or not since < span else fv.count * since / span
-                self._held[row] = fresh if self._hits[row] == 0 else self._held[row] + fresh
+                self._held[row] = max(fresh if self._hits[row] == 0 else self._held[row] + fresh, behind[j])
                 self._hits[row] += 1
                 self._feature[row] = int(chosen[j])
                 if self._open[row] or self._hits[row] < cfg.persistence or self._held[row] < cfg.min_requests:
@@ -486,10 +521,13 @@ class LearnedDetector(Detector):
             if key in self._opened:
                 entry["opened"] = dict(self._opened[key])
             keys[key] = entry
-        return {"v": STATE_VERSION, "detector": self.name, "layout": self._layout(), "keys": keys}
+        return {"v": STATE_VERSION, "detector": self.name, "layout": self._layout(), "keys": keys,
+                "prompt_slopes": self._slope.state()}
 
     def _layout(self) -> list[Any]:
-        return [list(self.config.features), self._params.key(), self._shift.params.key()]
+        # TTFT per prompt token at the pool's typical prompt is another feature than as given
+        features = [f"{name}@prompt" if f == self._per_token else name for f, name in enumerate(self.config.features)]
+        return [features, self._params.key(), self._shift.params.key()]
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         if state.get("v") != STATE_VERSION or state.get("detector") != self.name:
@@ -523,6 +561,8 @@ class LearnedDetector(Detector):
             fresh._last[row] = float(entry["t"]) if entry.get("t") is not None else math.nan
             if "opened" in entry:
                 fresh._opened[key] = dict(entry["opened"])
+        if "s" not in stale:  # the pools' slopes, as the scorers that learned with them (none: learned anew)
+            fresh._slope.load(dict(state.get("prompt_slopes", {})))
         self.__dict__.update(fresh.__dict__)
 
     def open_alerts(self) -> dict[str, Severity]:

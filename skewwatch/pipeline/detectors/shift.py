@@ -182,15 +182,27 @@ class ShiftBank:
         past[:, :, 3] += w * d * np.where(joins, values - past[:, :, 2], 0.0)
         self.past[rows] = past
 
+    def _recent_weights(self, rows: Ints) -> Floats:
+        """Each recent value's requests as the statistic counts them (rows x features x window; 0: no
+        value): a recent window counts at most the past's typical window's requests (at least one)."""
+        past = self.past[rows]
+        windows, requests = past[:, :, 0], past[:, :, 1]
+        typical = np.maximum(np.divide(requests, windows, out=np.ones_like(requests), where=windows > 0.0), 1.0)
+        return np.where(np.isfinite(self.ring[rows]),
+                        np.minimum(self.weight[rows][:, None, :], typical[:, :, None]), 0.0)
+
+    def recent_requests(self, rows: Ints) -> Floats:
+        """The requests each row's recent mean is over, per feature, as the statistic counts them: the
+        evidence behind its last z."""
+        return self._recent_weights(rows).sum(axis=2)
+
     def _statistic(self, rows: Ints) -> Floats:
         p = self.params
         ring = self.ring[rows]
         past = self.past[rows]
         windows, requests, mean = past[:, :, 0], past[:, :, 1], past[:, :, 2]
         sd = np.maximum(np.sqrt(np.maximum(past[:, :, 3], 0.0) / np.maximum(windows - 1.0, 1.0)), p.sd_floor)
-        # a recent window counts at most the past's typical window's requests (at least one)
-        typical = np.maximum(np.divide(requests, windows, out=np.ones_like(requests), where=windows > 0.0), 1.0)
-        w = np.where(np.isfinite(ring), np.minimum(self.weight[rows][:, None, :], typical[:, :, None]), 0.0)
+        w = self._recent_weights(rows)
         n_recent = (w > 0.0).sum(axis=2)
         values = np.where(w > 0.0, ring, 0.0)
         if p.clip > 0.0:

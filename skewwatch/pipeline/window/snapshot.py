@@ -2,14 +2,15 @@
 back from Kafka): :func:`decode` validates every array's size; ``PartitionWindows.from_state`` then
 checks what the arrays say (keys, slots, buckets) against the windows' settings.
 
-Format ``skewwatch.partition-windows``, version 4: magic ``b"SWW3"``, then zlib of a 4-byte header
+Format ``skewwatch.partition-windows``, version 6: magic ``b"SWW3"``, then zlib of a 4-byte header
 length, a JSON header (settings, watermark, lateness count, the keys (model, replica, last event ts)
 in first-seen order, bucket and entry counts, CUDA error counts) and every non-empty bucket, sealed or
 open, as raw little-endian columns: its key, id, stats row (column-major) and its combined latency +
 TTFT + TPOT sparse sketch (TTFT at ``n_slots + slot``, TPOT at ``2 * n_slots + slot``; slots as
 uint16, counts as uint16 unless one exceeds it). Sketch totals are not stored: they are by definition
 the sum of the sealed buckets and are rebuilt on restore (smaller, and they cannot disagree with the
-buckets). Any other version or layout is refused.
+buckets). Versions 4 and 5 are also read: their bucket rows lack the newest optional fields, which
+read as not reported. Any other version or layout is refused.
 
 Both directions are whole-array operations over all buckets (no per-key Python besides the key list
 itself); zlib is most of the cost.
@@ -32,12 +33,13 @@ import numpy as np
 import orjson
 
 from skewwatch.pipeline.window.partition_state import PartitionState
-from skewwatch.pipeline.window.summary import _OPT_N, _OPT_SUM, _STATS_LEN
+from skewwatch.pipeline.window.summary import _OPT_N, _STATS_LEN
 
 SNAPSHOT_FORMAT = "skewwatch.partition-windows"
-SNAPSHOT_VERSION = 5  # the latency, TTFT and TPOT sketches in one slot space; the bucket rows of summary.py
-# v4 is also read: its bucket rows lack the last optional field (TTFT per prompt token), read as not reported
-_V4_STATS_LEN = _STATS_LEN - 2
+SNAPSHOT_VERSION = 6  # the latency, TTFT and TPOT sketches in one slot space; the bucket rows of summary.py
+# older versions also read: their bucket rows lack the last optional fields, read as not reported
+# (v4: TTFT per prompt token and its prompts' mean; v5: the prompts' mean)
+_MISSING_OPTIONAL = {4: 2, 5: 1, SNAPSHOT_VERSION: 0}
 _SNAPSHOT_MAGIC = b"SWW3"
 _HEADER = struct.Struct("<I")
 _SNAPSHOT_MAX_BYTES = 512 << 20  # refuse to inflate past this (a corrupt or hostile record)
@@ -105,10 +107,11 @@ def _decode(data: bytes) -> PartitionState:
     if doc.get("format") != SNAPSHOT_FORMAT:
         raise ValueError(f"not a {SNAPSHOT_FORMAT} snapshot")
     version = doc.get("v")
-    if version not in (4, SNAPSHOT_VERSION):
+    if version not in _MISSING_OPTIONAL:
         raise ValueError(f"unsupported {SNAPSHOT_FORMAT} snapshot version {version!r} "
-                         f"(this worker reads v4 and v{SNAPSHOT_VERSION})")
-    width = _STATS_LEN if version == SNAPSHOT_VERSION else _V4_STATS_LEN
+                         f"(this worker reads v{min(_MISSING_OPTIONAL)} to v{SNAPSHOT_VERSION})")
+    missing = _MISSING_OPTIONAL[version]
+    width = _STATS_LEN - 2 * missing
     n, total = int(doc["buckets"]), int(doc["entries"])
     if n < 0 or total < 0:
         raise ValueError("negative bucket or entry count")
@@ -127,9 +130,10 @@ def _decode(data: bytes) -> PartitionState:
     if int(lengths.sum()) != total:
         raise ValueError("sketch lengths do not add up to the entries")
     stats = np.ascontiguousarray(stats_t.reshape(width, n).T).astype(np.float64)
-    if width != _STATS_LEN:  # v4: the last optional field's count and sum, 0 (not reported)
-        # before v4's first optional sum and before its first batch count (indices in the v4 row)
-        stats = np.insert(stats, [_OPT_N.stop - 1, _OPT_SUM.stop - 2], 0.0, axis=1)
+    if missing:  # an older version: the last optional fields' counts and sums, 0 (not reported)
+        # after its last optional count and after its last optional sum (indices in the older row)
+        kept = _OPT_N.stop - _OPT_N.start - missing
+        stats = np.insert(stats, [_OPT_N.start + kept] * missing + [_OPT_N.start + 2 * kept] * missing, 0.0, axis=1)
     sketch = np.stack([slots.astype(np.int32), counts.astype(np.int32)]) if total else np.zeros((2, 0), np.int32)
     watermark, closed_through = doc["watermark"], doc["closed_through"]
     return PartitionState(

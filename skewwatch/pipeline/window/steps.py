@@ -266,6 +266,9 @@ class StepBatch:
             "ttft_per_prompt_token": [math.exp(v) if k else None
                                       for v, k in zip(optional_mean[:, 3].tolist(), optional_known[:, 3].tolist(),
                                                       strict=True)],
+            "ttft_prompt_tokens_gmean": [math.exp(v) if k else None
+                                         for v, k in zip(optional_mean[:, 4].tolist(), optional_known[:, 4].tolist(),
+                                                         strict=True)],
             "tpot_p50": _or_none(self.tpot_q[:, 0], tpot_known[:, 0]),
             "tpot_p90": _or_none(self.tpot_q[:, 1], tpot_known[:, 1]),
             "tpot_p99": _or_none(self.tpot_q[:, 2], tpot_known[:, 2]),

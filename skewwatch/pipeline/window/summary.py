@@ -6,8 +6,8 @@ numbers for many rows at once and the tests hold the two bit-identical).
 >>> from skewwatch.pipeline.sketch import EMPTY_SPARSE
 >>> s = WindowSummary(model="m", replica="r1", window_end=60.0, length_s=60.0, relative_accuracy=0.01,
 ...                   count=2, errors=0, completion_tokens=40, mean=np.array([200.0, 10, 20, 4, 0.25]),
-...                   m2=np.array([20000.0, 0, 0, 0, 0]), optional_count=np.zeros(4, np.int64),
-...                   optional_sum=np.zeros(4), latency=EMPTY_SPARSE, ttft=EMPTY_SPARSE, step_count=2,
+...                   m2=np.array([20000.0, 0, 0, 0, 0]), optional_count=np.zeros(5, np.int64),
+...                   optional_sum=np.zeros(5), latency=EMPTY_SPARSE, ttft=EMPTY_SPARSE, step_count=2,
 ...                   step_cuda_errors={}, batch_count=2, fill_count=2)
 >>> fv = s.features()
 >>> fv.latency_mean, fv.batch_size_std, fv.tokens_per_s
@@ -38,10 +38,13 @@ MOMENT_FIELDS: tuple[str, ...] = (
 )
 _EVENT_MOMENTS = 3  # MOMENT_FIELDS[:3] are counted by _COUNT
 # Optional fields (NaN = not reported): kept as (reported count, sum), so missing never reads as 0.
-# The last is derived per event: log(ttft_ms / prompt_tokens), over the events with both > 0 (its
-# mean is the log of the geometric mean TTFT per prompt token: see ``optional_values``).
-OPTIONAL_FIELDS: tuple[str, ...] = ("ttft_ms", "queue_length", "kv_cache_hit_rate", "log_ttft_per_prompt_token")
-_ADDED_OPTIONAL = frozenset({"log_ttft_per_prompt_token"})  # contract v1.6: absent from older summaries
+# The last two are derived per event, over the events with ttft_ms > 0 and prompt_tokens > 0:
+# log(ttft_ms / prompt_tokens) and log(prompt_tokens) (their means are the logs of the geometric means
+# of TTFT per prompt token and of those events' prompts: see ``optional_values``).
+OPTIONAL_FIELDS: tuple[str, ...] = ("ttft_ms", "queue_length", "kv_cache_hit_rate", "log_ttft_per_prompt_token",
+                                    "log_ttft_prompt_tokens")
+# absent from older summaries (contract v1.6 and v1.8), read as not reported
+_ADDED_OPTIONAL = frozenset({"log_ttft_per_prompt_token", "log_ttft_prompt_tokens"})
 _M, _O = len(MOMENT_FIELDS), len(OPTIONAL_FIELDS)
 # All numbers of a bucket live in ONE float64 row: one numpy object per bucket instead of several
 # (each array costs ~100 bytes of header and memory per replica matters); counts are exact in
@@ -72,6 +75,10 @@ def optional_values(columns: RequestColumns) -> list[FloatArray]:
     (prefill), so a window's TTFT moves with the mix of prompt lengths it happened to serve; per
     prompt token it does not, and a replica whose first tokens come later shows at any mix. Its log,
     so that the window's mean is the geometric mean (one very short prompt cannot dominate it).
+    ``log_ttft_prompt_tokens``: the log prompt of the same events. Prefill is not all of a TTFT (a
+    request also waits for a step of the engine), so per prompt token a short prompt takes longer than
+    a long one; with the prompts' own mean beside it, a reader can judge TTFT per prompt token at a
+    given prompt length (the learned detector does: ``pipeline.detectors.prompt_slope``).
 
     >>> event = {"request_id": "a", "ts": 1.0, "model": "m", "replica": "r1", "latency_ms": 900.0,
     ...          "completion_tokens": 20}
@@ -79,13 +86,17 @@ def optional_values(columns: RequestColumns) -> list[FloatArray]:
     ...                                  {**event, "prompt_tokens": 50}, {**event, "prompt_tokens": 0, "ttft_ms": 5.0}])
     >>> [round(float(v), 3) for v in optional_values(cols)[3]]
     [0.693, nan, nan]
+    >>> [round(float(v), 3) for v in optional_values(cols)[4]]
+    [4.605, nan, nan]
     """
     ttft = columns.ttft_ms
     prompt = columns.prompt_tokens
     per_token = np.full(len(ttft), np.nan)
     usable = (ttft > 0.0) & (prompt > 0)  # NaN compares False: not reported
+    log_prompt = np.full(len(ttft), np.nan)
+    log_prompt[usable] = np.log(prompt[usable])
     per_token[usable] = np.log(ttft[usable] / prompt[usable])
-    return [ttft, columns.queue_length, columns.kv_cache_hit_rate, per_token]
+    return [ttft, columns.queue_length, columns.kv_cache_hit_rate, per_token, log_prompt]
 
 
 def _exp(value: float | None) -> float | None:
@@ -204,6 +215,7 @@ class WindowSummary:
             queue_length_mean=optional_mean["queue_length"],
             kv_cache_hit_rate_mean=optional_mean["kv_cache_hit_rate"],
             ttft_per_prompt_token=_exp(optional_mean["log_ttft_per_prompt_token"]),
+            ttft_prompt_tokens_gmean=_exp(optional_mean["log_ttft_prompt_tokens"]),
             step_count=self.step_count,
             step_cuda_errors=dict(self.step_cuda_errors),
             replicas=self.replicas,

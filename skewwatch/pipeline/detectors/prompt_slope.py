@@ -1,0 +1,117 @@
+"""TTFT per prompt token at the pool's typical prompt: a slope on prompt length, learned per pool.
+
+A request's time to its first token is its prompt's prefill plus a wait for a step of the engine
+that does not grow with the prompt. Per prompt token, a short prompt then takes longer than a long
+one: on long-context traffic a window whose one request had a 40-token prompt shows ten times the
+TTFT per prompt token of a window whose request had 15,000, and on a replica of a request or two a
+window that swing is most of the noise a drift must be told from. The window carries the geometric
+mean prompt of the requests its TTFT per prompt token is over (``ttft_prompt_tokens_gmean``,
+contract v1.8), so the relation can be learned and taken out:
+
+    log(ttft_per_prompt_token) = a + b * log(prompt)
+
+with ``b`` between -1 (a TTFT that does not grow with the prompt) and 0 (one that grows in
+proportion), or above 0 where prefill grows faster than the prompt (attention on long contexts).
+:class:`PromptSlope` fits ``b`` per pool by weighted least squares over the pool's windows, each
+weighed by its requests (every replica's windows: the relation is the engine's and the model's, and
+one replica's drift does not move it unless that replica serves other prompts), forgetting by
+``1 / memory`` per update so it follows a new engine version within hours. :meth:`PromptSlope.adjust`
+gives each window's value at the fit's typical prompt (the mean log prompt):
+
+    log(ttft_per_prompt_token) - b * (log(prompt) - mean log prompt)
+
+Until the fit holds ``min_requests`` requests over prompts of more than one length, ``b`` is 0 (the
+value as given); ``b`` is kept within [-1, 1] (a TTFT that falls as its prompt grows, or grows with
+more than its square, is a fit to noise).
+
+>>> import numpy as np
+>>> fit = PromptSlope(memory=240, min_requests=20)
+>>> rng = np.random.default_rng(1)
+>>> for _ in range(30):  # TTFT = 20 ms + 0.05 ms a prompt token, prompts of 40 to 40,000 tokens
+...     prompt = np.exp(rng.uniform(np.log(40), np.log(40_000), 4))
+...     per_token = np.log((20.0 + 0.05 * prompt) / prompt)
+...     _ = fit.adjust("m", per_token, np.log(prompt), np.ones(4))
+>>> round(fit.slope("m"), 2)  # per prompt token, a prompt ten times as long takes e^(-0.31 x 2.3) ~ 1/2
+-0.31
+>>> short, long = np.log(40.0), np.log(40_000.0)
+>>> values = fit.adjust("m", np.log(np.array([21.0 / 40, 2020.0 / 40_000])), np.array([short, long]), np.ones(2))
+>>> round(float(values[0] - values[1]), 1)  # 2.3 apart as given (ten times), 0.2 at one prompt length
+0.2
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+Floats = npt.NDArray[np.float64]
+
+_W, _MX, _MY, _CXX, _CXY = range(5)  # a fit: requests, mean log prompt, mean value, co-moments
+
+
+class PromptSlope:
+    """Per pool (a key), the weighted least-squares slope of a log value on log prompt; see the module."""
+
+    def __init__(self, memory: int, min_requests: float) -> None:
+        if memory < 1 or min_requests < 0:
+            raise ValueError(f"need memory >= 1 and min_requests >= 0, got {memory!r} and {min_requests!r}")
+        self.memory = memory
+        self.min_requests = min_requests
+        self.fits: dict[str, Floats] = {}
+
+    def slope(self, key: str) -> float:
+        """The pool's slope now (0 until the fit holds ``min_requests`` over more than one prompt length)."""
+        fit = self.fits.get(key)
+        if fit is None or fit[_W] < self.min_requests or not fit[_CXX] > 0.0:
+            return 0.0
+        return float(np.clip(fit[_CXY] / fit[_CXX], -1.0, 1.0))
+
+    def adjust(self, key: str, values: Floats, log_prompt: Floats, requests: Floats) -> Floats:
+        """Each window's ``values`` (log TTFT per prompt token; NaN: none) at the pool's typical prompt,
+        by the fit before this batch; then the fit learns the windows that have both."""
+        b = self.slope(key)
+        fit = self.fits.get(key)
+        centre = 0.0 if fit is None else float(fit[_MX])
+        out = values - b * (log_prompt - centre) if b else values.copy()
+        self._learn(key, values, log_prompt, requests)
+        return np.where(np.isfinite(out) | ~np.isfinite(values), out, values)  # no prompt: the value as given
+
+    def _learn(self, key: str, values: Floats, log_prompt: Floats, requests: Floats) -> None:
+        """Fade the fit by ``1 - 1 / memory``, then add the batch (weighted means and co-moments,
+        merged as Chan's parallel update does)."""
+        both = np.isfinite(values) & np.isfinite(log_prompt) & (requests > 0.0)
+        if not both.any():
+            return
+        w, x, y = requests[both], log_prompt[both], values[both]
+        n = float(w.sum())
+        mx, my = float(w @ x) / n, float(w @ y) / n
+        cxx, cxy = float(w @ ((x - mx) ** 2)), float(w @ ((x - mx) * (y - my)))
+        fit = self.fits.get(key)
+        if fit is None:
+            self.fits[key] = np.array([n, mx, my, cxx, cxy])
+            return
+        keep = 1.0 - 1.0 / self.memory
+        w0 = fit[_W] * keep
+        total = w0 + n
+        dx, dy = mx - fit[_MX], my - fit[_MY]
+        fit[_CXX] = fit[_CXX] * keep + cxx + dx * dx * w0 * n / total
+        fit[_CXY] = fit[_CXY] * keep + cxy + dx * dy * w0 * n / total
+        fit[_MX] += dx * n / total
+        fit[_MY] += dy * n / total
+        fit[_W] = total
+
+    # --- state
+
+    def state(self) -> dict[str, list[float]]:
+        """Every pool's fit as plain floats (JSON-able)."""
+        return {key: fit.tolist() for key, fit in self.fits.items()}
+
+    def load(self, state: dict[str, list[float]]) -> None:
+        """Load fits (:meth:`state`); one that is not five finite numbers is refused."""
+        fits = {}
+        for key, fit in state.items():
+            row = np.asarray(fit, dtype=np.float64)
+            if row.shape != (5,) or not np.isfinite(row).all() or row[_W] < 0.0:
+                raise ValueError(f"prompt slope of {key!r}: need five finite numbers, got {fit!r}")
+            fits[str(key)] = row
+        self.fits = fits
