@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 import random
@@ -27,13 +28,15 @@ FAST = {"cadence_steps": 1, "warmup": 40, "grace": 40, "memory": 120}  # samples
 
 def replica_fv(replica: str, end: float, rng: random.Random, ttft: float = 200.0, tps: float = 400.0,
                count: int = 120) -> FeatureVector:
-    return FeatureVector(model="m", replica=replica, window_start=end - 60, window_end=end, count=count,
+    fv = FeatureVector(model="m", replica=replica, window_start=end - 60, window_end=end, count=count,
                          ttft_p50=ttft * rng.uniform(0.95, 1.05),
                          ttft_per_prompt_token=ttft / 1500.0 * rng.uniform(0.95, 1.05),
                          latency_p50=2000.0 * rng.uniform(0.95, 1.05),
                          tpot_p50=20.0 * rng.uniform(0.95, 1.05), tokens_per_s=tps * rng.uniform(0.95, 1.05),
                          completion_tokens_mean=200.0 * rng.uniform(0.95, 1.05),
                          prompt_tokens_mean=1500.0 * rng.uniform(0.95, 1.05))
+    # the prompts of its TTFT per prompt token: the window's, a little shorter than their mean
+    return dataclasses.replace(fv, ttft_prompt_tokens_gmean=0.8 * (fv.prompt_tokens_mean or 0.0))
 
 
 def pool_fv(vectors: list[FeatureVector], end: float) -> FeatureVector:
@@ -223,6 +226,48 @@ def test_a_level_shift_within_the_ranges_is_found_by_the_shift_test(seed: int, s
     assert run_pool(1.0) == []
 
 
+def mixed_fv(replica: str, end: float, rng: random.Random, slower: float) -> FeatureVector:
+    """A replica of 3 requests a window with prompts of 40 to 40,000 tokens: each TTFT a step's 20 ms
+    plus 0.05 ms a prompt token (x ``slower``, +-10 %), so per prompt token a short prompt takes up to
+    twenty times a long one's and the window's value swings with the prompts it served."""
+    prompts = [math.exp(rng.uniform(math.log(40.0), math.log(40_000.0))) for _ in range(3)]
+    per_token = [math.log(slower * (20.0 + 0.05 * p) / p) + rng.gauss(0.0, 0.1) for p in prompts]
+    return FeatureVector(model="m", replica=replica, window_start=end - 60, window_end=end, count=3,
+                         ttft_per_prompt_token=math.exp(sum(per_token) / 3),
+                         ttft_prompt_tokens_gmean=math.exp(sum(map(math.log, prompts)) / 3),
+                         tpot_p50=20.0 * rng.uniform(0.97, 1.03), tokens_per_s=50.0 * rng.uniform(0.9, 1.1),
+                         completion_tokens_mean=200.0 * rng.uniform(0.9, 1.1))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 3])
+def test_ttft_per_prompt_token_is_judged_at_the_pools_typical_prompt(seed: int) -> None:
+    """r1's TTFT rises by half at step 450, on windows whose prompts differ a thousandfold. Judged at
+    the pool's typical prompt (the slope learned from the windows' prompts), the shift test finds it;
+    as given, the prompts' swing hides it. A healthy pool raises nothing either way. The alert opens
+    once the shift holds `persistence` samples: its z is over the recent windows' 30 requests, which
+    are the run's evidence (the run's own samples add a quarter request each, and would take 69 to
+    span `min_requests`)."""
+    def run_pool(change: float, prompt_slope: bool) -> tuple[list[Alert], int]:
+        detector = LearnedDetector(LearnedConfig(**FAST, prompt_slope=prompt_slope))
+        alerts: list[Alert] = []
+        hits = -1
+        for i in range(700):
+            end = T0 + STEP * i
+            vectors = [mixed_fv(f"r{k}", end, random.Random(seed * 7919 + (i // 12) * 10 + k),
+                                change if k == 1 and i >= 450 else 1.0) for k in range(4)]
+            detector.update_step(StepColumns(vectors, [None] * 4), end, alerts, [])
+            if hits < 0 and alerts:
+                hits = int(detector._hits[detector._row["m/r1"]])
+        return [a for a in alerts if a.state == "open"], hits
+
+    opened, hits = run_pool(1.5, True)
+    assert [(a.replica, a.evidence["feature"]) for a in opened] == [("r1", "ttft_per_prompt_token")]
+    assert opened[0].ts > T0 + STEP * 450 and "shift" in str(opened[0].evidence["tests"]).split("+")
+    assert opened[0].evidence["requests"] >= 20.0 and hits < 20
+    assert run_pool(1.5, False)[0] == []
+    assert run_pool(1.0, True)[0] == [] and run_pool(1.0, False)[0] == []
+
+
 @pytest.mark.parametrize("pool_range", [True, False])
 def test_a_level_the_pool_has_been_at_is_not_novel(pool_range: bool) -> None:
     """r0 takes turns at 1.5x the pool's TTFT (its normal); r1 then moves to 1.4x for a while: new for
@@ -320,6 +365,29 @@ def test_a_shift_test_of_another_layout_starts_over_and_the_scorers_are_kept() -
     assert restored.open_alerts() == {"m/r1": "INFO"}
     assert all(int(restored._bank.n[row]) > 0 for row in restored._row.values())
     assert not restored._shift.past.any() and len(restored._shift) == len(restored._row)
+
+
+def test_a_state_that_judged_ttft_per_prompt_token_as_given_restarts_the_scorers() -> None:
+    """A checkpoint of a version that judged TTFT per prompt token as given (no prompt slope): its
+    scorers and shift tests learned another feature and start over; the alerts and the pool's slope
+    (none saved) restore; a checkpoint of this version restores its slopes."""
+    def story(i: int, replica: str, end: float, rng: random.Random) -> FeatureVector:
+        return replica_fv(replica, end, rng, ttft=900.0 if replica == "r1" and i >= 82 else 200.0)
+
+    detector = LearnedDetector(LearnedConfig(**FAST))
+    run(detector, 90, story)
+    state = detector.state_dict()
+    assert state["prompt_slopes"]["m"][0] > 0.0 and state["layout"][0][0] == "ttft_per_prompt_token@prompt"
+    older = {k: v for k, v in state.items() if k != "prompt_slopes"}
+    older["layout"] = [["ttft_per_prompt_token", *state["layout"][0][1:]], *state["layout"][1:]]
+    restored = LearnedDetector(LearnedConfig(**FAST))
+    restored.load_state(older)
+    assert restored.open_alerts() == {"m/r1": "INFO"}
+    assert all(int(restored._bank.n[row]) == 0 for row in restored._row.values())
+    assert restored.state_dict()["prompt_slopes"] == {}
+    again = LearnedDetector(LearnedConfig(**FAST))
+    again.load_state(json.loads(json.dumps(state)))
+    assert again.state_dict() == state
 
 
 def test_forget_ends_the_alert_and_keeps_what_was_learned() -> None:
