@@ -59,6 +59,8 @@ STATISTICS: dict[str, tuple[str, float, Callable[[dict[str, Floats]], Floats], C
         "ttft_drift", 1.0, lambda r: np.log(r["ttft"]), lambda v: float(np.median(v))),
     "ttft_per_prompt_token (mean log)": (
         "ttft_drift", 1.0, lambda r: np.log(r["ttft"] / r["prompt"]), lambda v: float(np.mean(v))),
+    "ttft_per_prompt_token at the pool's typical prompt (mean log, less the pool's slope on log prompt)": (
+        "ttft_drift", 1.0, lambda r: _at_typical_prompt(r), lambda v: float(np.mean(v))),
     "median of TTFT / prompt": (
         "ttft_drift", 1.0, lambda r: np.log(r["ttft"] / r["prompt"]), lambda v: float(np.median(v))),
     "tpot_p50 (window median time per output token after the first)": (
@@ -68,6 +70,17 @@ STATISTICS: dict[str, tuple[str, float, Callable[[dict[str, Floats]], Floats], C
     "completion_tokens_mean (window mean output length)": (
         "throughput_drop", -1.0, lambda r: r["completion"], lambda v: float(np.log(np.mean(v)))),
 }
+
+
+def _at_typical_prompt(rows: dict[str, Floats]) -> Floats:
+    """Each request's log TTFT per prompt token less the pool's slope on log prompt times its log
+    prompt: the slope fitted by least squares on the pool's requests before the fault (what the
+    learned detector's ``prompt_slope`` has learned by then; it fits the windows' means instead)."""
+    y, x = np.log(rows["ttft"] / rows["prompt"]), np.log(rows["prompt"])
+    before = rows["t"] < LEARNED_FAULT_AT_S
+    xc = x[before] - x[before].mean()
+    slope = float(xc @ (y[before] - y[before].mean()) / (xc @ xc)) if before.sum() > 1 and xc @ xc > 0 else 0.0
+    return np.asarray(y - float(np.clip(slope, -1.0, 1.0)) * x)
 
 
 def rows_of(scenario: Scenario) -> dict[str, Any]:

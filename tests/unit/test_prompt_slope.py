@@ -77,8 +77,18 @@ def test_state_round_trips_and_a_bad_one_is_refused() -> None:
     x = np.array([4.0, 8.0])
     assert np.array_equal(again.adjust("m", -0.4 * x, x, np.ones(2)), fit.adjust("m", -0.4 * x, x, np.ones(2)))
     assert again.state() == fit.state()
-    for bad in ({"m": [1.0, 2.0]}, {"m": [1.0, 2.0, 3.0, 4.0, float("nan")]}, {"m": [-1.0, 0, 0, 0, 0]}):
+    for bad in ({"m": [1.0, 2.0]}, {"m": [1.0, 2.0, 3.0, 4.0, 5.0, float("nan")]}, {"m": [-1.0, 0, 0, 0, 0, 0]}):
         with pytest.raises(ValueError, match="prompt slope"):
             again.load(bad)
     with pytest.raises(ValueError):
         PromptSlope(memory=0, min_requests=20)
+
+
+def test_a_pool_that_learned_nothing_for_long_is_dropped() -> None:
+    fit = PromptSlope(memory=240, min_requests=20)
+    x = np.array([3.0, 6.0])
+    fit.adjust("old", -0.4 * x, x, np.full(2, 20.0), now=100.0)
+    fit.adjust("new", -0.4 * x, x, np.full(2, 20.0), now=200.0)
+    fit.adjust("old", np.full(2, np.nan), x, np.full(2, 20.0), now=300.0)  # nothing to learn: not seen
+    fit.drop_before(150.0)
+    assert set(fit.fits) == {"new"} and fit.slope("new") == pytest.approx(-0.4)

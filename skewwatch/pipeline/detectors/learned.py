@@ -14,7 +14,10 @@ moves the merged per-replica share by 10 %, which made its three healthy peers l
 the median of the replicas does not move. Every window with ``min_count`` requests is a sample (how
 much evidence it carries is weighed when an alert opens), a feature counts only when
 ``min_replicas`` replicas have it; each replica's scorer is one row of a
-:class:`~skewwatch.pipeline.detectors.novelty.NoveltyBank`.
+:class:`~skewwatch.pipeline.detectors.novelty.NoveltyBank`. TTFT per prompt token is judged at the
+pool's typical prompt (``prompt_slope``, :mod:`~skewwatch.pipeline.detectors.prompt_slope`): a TTFT is
+prefill plus a wait for a step, so per prompt token a short prompt takes longer than a long one, and
+the pool's slope on the windows' prompts (``ttft_prompt_tokens_gmean``) is learned and taken out.
 
 **When it fires.** A sample holds when its most novel feature lies outside its own range (the
 scorer's, at some time scale) and outside the union of the ranges the pool's replicas spanned at
@@ -31,8 +34,10 @@ noise of a mean, which on a replica of few requests a window stays inside ranges
 single noisy windows. The alert opens after ``persistence`` holding samples in a row that span
 ``min_requests`` distinct requests (windows overlap: each sample after the first adds the part of
 its window newer than the previous sample), so a replica with few requests a window needs more
-samples. A sample that does not hold ends the run; a window without one (no request: no evidence
-either way) does not, nor a sample without a value for the feature the run holds on, for up to
+samples; a sample the shift test holds spans at least the requests of the recent windows its z is
+over (that evidence is already counted in the z). A sample that does not hold ends the run; a window
+without one (no request: no evidence either way) does not, nor a sample without a value for the
+feature the run holds on, for up to
 ``clear_steps`` samples' time. It resolves after ``clear_steps`` that do not hold (hysteresis as
 every detector has, counted in samples). Nothing holds before a replica has given ``warmup`` samples
 (and each feature ``grace``): no alert on a replica it does not know yet. A run of ``adapt`` holding
@@ -252,8 +257,10 @@ class LearnedDetector(Detector):
         self._open[row] = False
 
     def _drop_stale(self, now: float) -> None:
-        """Drop the rows not sampled for `memory` samples' time (`cadence_steps` steps each)."""
+        """Drop the rows not sampled for `memory` samples' time (`cadence_steps` steps each), and the
+        prompt slopes of pools that learned nothing for as long."""
         horizon = self.config.memory * self.config.cadence_steps * STEP_S
+        self._slope.drop_before(now - horizon)
         with np.errstate(invalid="ignore"):
             stale = np.flatnonzero(self._last < now - horizon)
         if not len(stale):
@@ -293,7 +300,7 @@ class LearnedDetector(Detector):
         logs[~np.isfinite(logs) | ~sampled[:, None]] = np.nan
         if self._per_token >= 0:
             logs[:, self._per_token] = self._at_typical_prompt(step.vectors[0].model, logs[:, self._per_token],
-                                                               step.column(PROMPTS), step.column("count"))
+                                                               step.column(PROMPTS), step.column("count"), now)
         # the pool's typical replica: the median over the replicas with a sample, per feature
         x = np.full_like(logs, np.nan)
         have = np.isfinite(logs).sum(axis=0)
@@ -315,17 +322,17 @@ class LearnedDetector(Detector):
             prompts = fv.ttft_prompt_tokens_gmean
             x[:, self._per_token] = self._at_typical_prompt(
                 fv.model, x[:, self._per_token], np.array([math.nan if prompts is None else prompts]),
-                np.array([float(fv.count)]))
+                np.array([float(fv.count)]), now)
         self._judge([fv.key], [fv], x, sampled, now, out.alerts)
         return out
 
     def _at_typical_prompt(self, model: str, logs: npt.NDArray[np.float64], prompts: npt.NDArray[np.float64],
-                           requests: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+                           requests: npt.NDArray[np.float64], now: float) -> npt.NDArray[np.float64]:
         """The windows' log TTFT per prompt token at the pool's typical prompt (NaN: not sampled)."""
         with np.errstate(divide="ignore", invalid="ignore"):
             log_prompts = np.log(prompts)
         log_prompts[~np.isfinite(log_prompts)] = np.nan
-        return self._slope.adjust(model, logs, log_prompts, requests.astype(np.float64))
+        return self._slope.adjust(model, logs, log_prompts, requests.astype(np.float64), now)
 
     def _judge(self, keys: Sequence[str], vectors: Sequence[FeatureVector], x: npt.NDArray[np.float64],
                sampled: npt.NDArray[np.bool_], now: float, alerts: list[Alert], pool: bool = False) -> None:

@@ -46,7 +46,8 @@ import numpy.typing as npt
 
 Floats = npt.NDArray[np.float64]
 
-_W, _MX, _MY, _CXX, _CXY = range(5)  # a fit: requests, mean log prompt, mean value, co-moments
+# a fit: requests, mean log prompt, mean value, co-moments, when it last learned (event time)
+_W, _MX, _MY, _CXX, _CXY, _T = range(6)
 
 
 class PromptSlope:
@@ -66,17 +67,22 @@ class PromptSlope:
             return 0.0
         return float(np.clip(fit[_CXY] / fit[_CXX], -1.0, 1.0))
 
-    def adjust(self, key: str, values: Floats, log_prompt: Floats, requests: Floats) -> Floats:
+    def adjust(self, key: str, values: Floats, log_prompt: Floats, requests: Floats, now: float = 0.0) -> Floats:
         """Each window's ``values`` (log TTFT per prompt token; NaN: none) at the pool's typical prompt,
-        by the fit before this batch; then the fit learns the windows that have both."""
+        by the fit before this batch; then the fit learns the windows that have both (at ``now``)."""
         b = self.slope(key)
         fit = self.fits.get(key)
         centre = 0.0 if fit is None else float(fit[_MX])
         out = values - b * (log_prompt - centre) if b else values.copy()
-        self._learn(key, values, log_prompt, requests)
+        self._learn(key, values, log_prompt, requests, now)
         return np.where(np.isfinite(out) | ~np.isfinite(values), out, values)  # no prompt: the value as given
 
-    def _learn(self, key: str, values: Floats, log_prompt: Floats, requests: Floats) -> None:
+    def drop_before(self, t: float) -> None:
+        """Forget the pools whose fit last learned before ``t`` (a model no longer served)."""
+        for key in [key for key, fit in self.fits.items() if fit[_T] < t]:
+            del self.fits[key]
+
+    def _learn(self, key: str, values: Floats, log_prompt: Floats, requests: Floats, now: float) -> None:
         """Fade the fit by ``1 - 1 / memory``, then add the batch (weighted means and co-moments,
         merged as Chan's parallel update does)."""
         both = np.isfinite(values) & np.isfinite(log_prompt) & (requests > 0.0)
@@ -88,7 +94,7 @@ class PromptSlope:
         cxx, cxy = float(w @ ((x - mx) ** 2)), float(w @ ((x - mx) * (y - my)))
         fit = self.fits.get(key)
         if fit is None:
-            self.fits[key] = np.array([n, mx, my, cxx, cxy])
+            self.fits[key] = np.array([n, mx, my, cxx, cxy, now])
             return
         keep = 1.0 - 1.0 / self.memory
         w0 = fit[_W] * keep
@@ -99,6 +105,7 @@ class PromptSlope:
         fit[_MX] += dx * n / total
         fit[_MY] += dy * n / total
         fit[_W] = total
+        fit[_T] = now
 
     # --- state
 
@@ -107,11 +114,11 @@ class PromptSlope:
         return {key: fit.tolist() for key, fit in self.fits.items()}
 
     def load(self, state: dict[str, list[float]]) -> None:
-        """Load fits (:meth:`state`); one that is not five finite numbers is refused."""
+        """Load fits (:meth:`state`); one that is not six finite numbers is refused."""
         fits = {}
         for key, fit in state.items():
             row = np.asarray(fit, dtype=np.float64)
-            if row.shape != (5,) or not np.isfinite(row).all() or row[_W] < 0.0:
-                raise ValueError(f"prompt slope of {key!r}: need five finite numbers, got {fit!r}")
+            if row.shape != (6,) or not np.isfinite(row).all() or row[_W] < 0.0:
+                raise ValueError(f"prompt slope of {key!r}: need six finite numbers, got {fit!r}")
             fits[str(key)] = row
         self.fits = fits
