@@ -385,6 +385,7 @@ MODULES = [
     "skewwatch.pipeline.detectors.gpu_health",
     "skewwatch.pipeline.detectors.row_arrays",
     "skewwatch.pipeline.detectors.shift",
+    "skewwatch.pipeline.detectors.prompt_slope",
     "skewwatch.pipeline.detectors.learned",
 ]
 
