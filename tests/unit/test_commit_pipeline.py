@@ -223,12 +223,3 @@ def test_save_due_saves_what_is_due_or_everything_unsaved_when_forced() -> None:
         assert [w[2] for w in store.writes][2:] == [20] and commits.unsaved() == {0, 2}
 
     asyncio.run(scenario())
-
-
-@pytest.mark.parametrize("module", ["skewwatch.agents.acks", "skewwatch.agents.commit"])
-def test_docstring_examples_run(module: str) -> None:
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(module))
-    assert result.attempted > 0 and result.failed == 0

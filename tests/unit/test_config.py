@@ -211,18 +211,6 @@ def test_the_docs_list_every_key() -> None:
             assert f"`{key}`" in configuration, key
 
 
-@pytest.mark.parametrize("module", [
-    "skewwatch.config", "skewwatch.config_section", "skewwatch.pipeline.detector_settings", "skewwatch.kafka_client",
-    "skewwatch.ports", "skewwatch.broker", "skewwatch.broker.errors", "skewwatch.broker.java",
-    "skewwatch.broker.jars", "skewwatch.broker.process",
-])
-def test_docstring_examples_run(module: str) -> None:
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(module))
-    assert result.attempted > 0 and result.failed == 0
-
 
 def test_the_group_timeouts_are_checked_together() -> None:
     settings = load_settings(env={"SKEWWATCH_KAFKA__SESSION_TIMEOUT_MS": "20000",

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import doctest
 import gc
 
 import pytest
 
-from skewwatch import gc_pause
 from skewwatch.gc_pause import gc_paused
 
 
@@ -34,8 +32,3 @@ def test_a_collector_disabled_before_stays_disabled() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
-
-
-def test_docstring_example_runs() -> None:
-    result = doctest.testmod(gc_pause)
-    assert result.attempted > 0 and result.failed == 0

@@ -3,19 +3,13 @@ options hold (and never print); the refusals against the real broker are tests/i
 
 from __future__ import annotations
 
-import doctest
 import ssl
 from pathlib import Path
 
 import pytest
 
-from skewwatch import kafka_security
 from skewwatch.config import ConfigError, KafkaSettings, load_settings
 from skewwatch.kafka_security import check_security, client_options, connection_problem
-
-
-def test_doctests() -> None:
-    assert doctest.testmod(kafka_security).failed == 0
 
 
 @pytest.mark.parametrize(("settings", "message"), [

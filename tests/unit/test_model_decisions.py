@@ -359,45 +359,6 @@ def test_settings_from_env_and_toml(tmp_path: Path) -> None:
     assert env_only.detectors.decider.disabled == ("kv_pressure", "context_burst")
 
 
-MODULES = [
-    "skewwatch.pipeline.cuda_errors",
-    "skewwatch.pipeline.health",
-    "skewwatch.pipeline.batch_controller",
-    "skewwatch.pipeline.weights",
-    "skewwatch.pipeline.staleness",
-    "skewwatch.pipeline.credibility",
-    "skewwatch.pipeline.failstatic",
-    "skewwatch.pipeline.pool_evidence",
-    "skewwatch.pipeline.step_completion",
-    "skewwatch.schemas.corrections",
-    "skewwatch.pipeline.corrections",
-    "skewwatch.pipeline.model_decisions",
-    "skewwatch.pipeline.detectors.alerts",
-    "skewwatch.pipeline.detectors.hysteresis",
-    "skewwatch.pipeline.detectors.step_columns",
-    "skewwatch.pipeline.detectors.base",
-    "skewwatch.pipeline.detectors.threshold",
-    "skewwatch.pipeline.detectors.registry",
-    "skewwatch.pipeline.detectors.long_tail",
-    "skewwatch.pipeline.detectors.batch_collapse",
-    "skewwatch.pipeline.detectors.context_burst",
-    "skewwatch.pipeline.detectors.kv_pressure",
-    "skewwatch.pipeline.detectors.gpu_health",
-    "skewwatch.pipeline.detectors.row_arrays",
-    "skewwatch.pipeline.detectors.shift",
-    "skewwatch.pipeline.detectors.prompt_slope",
-    "skewwatch.pipeline.detectors.learned",
-]
-
-
-@pytest.mark.parametrize("module", MODULES)
-def test_docstring_examples_run(module: str) -> None:
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(module))
-    assert result.attempted > 0 and result.failed == 0
-
 
 def test_the_seed_profile_holds_the_seeds_values() -> None:
     ds = SEED

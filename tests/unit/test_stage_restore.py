@@ -10,14 +10,12 @@ restart): some windows counted events twice.
 from __future__ import annotations
 
 import asyncio
-import doctest
 from collections import namedtuple
 from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
 
-import skewwatch.agents.stage as stage_module
 from skewwatch.agents.checkpoint import Checkpoint
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.stage import CheckpointedStage
@@ -129,8 +127,3 @@ def test_a_failed_restore_stops_the_stage_at_the_next_poll() -> None:
     with pytest.raises(ConnectionError):
         stage.before_poll()  # the supervisor restarts the stage from its checkpoints
     stage.before_poll()  # raised once
-
-
-def test_docstring_examples_run() -> None:
-    result = doctest.testmod(stage_module)
-    assert result.attempted > 0 and result.failed == 0

@@ -3,7 +3,6 @@ refusal to listen beyond loopback without one; and the worker API's per-model pu
 
 from __future__ import annotations
 
-import doctest
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,18 +10,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from skewwatch import errors, listen, web_auth
-from skewwatch.agents import http_api
 from skewwatch.errors import ConfigProblem
 from skewwatch.kafka_security import Secret
 from skewwatch.web_auth import AccessPolicy, auth_middleware, check_bind, load_token
 
 TOKEN = "t0ken-for-tests"
-
-
-@pytest.mark.parametrize("module", [web_auth, errors, listen, http_api])
-def test_doctests(module: object) -> None:
-    assert doctest.testmod(module).failed == 0  # type: ignore[arg-type]
 
 
 async def _ok(request: web.Request) -> web.Response:
