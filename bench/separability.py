@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.quality import simulate  # noqa: E402
 from bench.scenarios import LEARNED_FAULT_AT_S, LEARNED_FAULT_FOR_S, START_TS, Scenario  # noqa: E402
 from bench.throughput.common import RESULTS, machine_info  # noqa: E402
+from skewwatch.pipeline.detectors.prompt_slope import PromptSlope  # noqa: E402
 from skewwatch.sim.shapes import SHAPES, make_shape  # noqa: E402
 
 Floats = npt.NDArray[np.float64]
@@ -74,13 +75,13 @@ STATISTICS: dict[str, tuple[str, float, Callable[[dict[str, Floats]], Floats], C
 
 def _at_typical_prompt(rows: dict[str, Floats]) -> Floats:
     """Each request's log TTFT per prompt token less the pool's slope on log prompt times its log
-    prompt: the slope fitted by least squares on the pool's requests before the fault (what the
-    learned detector's ``prompt_slope`` has learned by then; it fits the windows' means instead)."""
+    prompt: the learned detector's fit (``PromptSlope``) on the pool's requests before the fault, one
+    request each (the detector fits the windows' means instead)."""
     y, x = np.log(rows["ttft"] / rows["prompt"]), np.log(rows["prompt"])
     before = rows["t"] < LEARNED_FAULT_AT_S
-    xc = x[before] - x[before].mean()
-    slope = float(xc @ (y[before] - y[before].mean()) / (xc @ xc)) if before.sum() > 1 and xc @ xc > 0 else 0.0
-    return np.asarray(y - float(np.clip(slope, -1.0, 1.0)) * x)
+    fit = PromptSlope(memory=1, min_requests=0)
+    fit.adjust("pool", y[before], x[before], np.ones(int(before.sum())))
+    return np.asarray(y - fit.slope("pool") * x)
 
 
 def rows_of(scenario: Scenario) -> dict[str, Any]:
