@@ -228,7 +228,8 @@ def test_stuck_rule_config_is_validated() -> None:
     from skewwatch.config import ConfigError
 
     with pytest.raises(ConfigError, match="seed_rule"):
-        BatchCollapseConfig.from_overrides({"stuck_rule": "false"})
+        BatchCollapseConfig.from_overrides({"stuck_rule": "false", "peer_rule": "false"})
+    assert BatchCollapseConfig.from_overrides({"stuck_rule": "false"}).peer_rule  # one rule is enough
     with pytest.raises(ConfigError, match="stuck_fill_max"):
         BatchCollapseConfig.from_overrides({"stuck_fill_max": "0"})
     with pytest.raises(ConfigError, match="alpha"):

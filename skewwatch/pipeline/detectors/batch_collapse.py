@@ -68,14 +68,15 @@ from skewwatch.config_section import Count, Fraction, NonNegative, NonNegativeIn
 from skewwatch.pipeline.batch_controller import BatchControllerConfig, recommend_batch_size
 from skewwatch.pipeline.detectors.alerts import Severity, fmt
 from skewwatch.pipeline.detectors.evidence import poisson_tail_bound
+from skewwatch.pipeline.detectors.peers import others_median
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 #: The ``seed`` profile's section (skewwatch.pipeline.detectors.profiles): the seed's rule as written.
-PROFILE_SEED: dict[str, Any] = {"seed_rule": True, "stuck_rule": False, "throttle": False, "persistence": 1,
-                                "min_count": 1}
+PROFILE_SEED: dict[str, Any] = {"seed_rule": True, "stuck_rule": False, "peer_rule": False, "throttle": False,
+                                "persistence": 1, "min_count": 1}
 
 
 class BatchCollapseConfig(DetectorConfig, frozen=True):
@@ -106,11 +107,21 @@ class BatchCollapseConfig(DetectorConfig, frozen=True):
     # without engine telemetry, the window's events (they lag): waiting requests and batch fill
     stuck_queue_min: Positive = 8.0  # mean queue length at finish
     stuck_fill_max: Fraction = 0.4  # mean batch fill
+    # where the engine reports no queue, from the events against the peers (each replica of a pool sees
+    # the same traffic, so no constant is a queue length or a fill): batches at most
+    # peer_fill_ratio x the peers' fill while its requests wait (first tokens peer_wait_ratio x the peers'
+    # median, or a queue that much longer) and its prompts are not longer (those fill KV with fewer requests)
+    peer_rule: bool = True
+    min_peers: Count = 2  # peers with min_count requests for a pool baseline
+    peer_fill_ratio: Annotated[float, Meta(gt=0, lt=1)] = 0.5
+    peer_wait_ratio: Annotated[float, Meta(gt=1)] = 2.0
+    peer_prompt_ratio: Annotated[float, Meta(gt=1)] = 1.5
     # while the alert is open also ask the router to ``throttle`` the replica
     throttle: bool = True
 
     def __post_init__(self) -> None:
-        self._require(self.seed_rule or self.stuck_rule, "seed_rule", "is off, so stuck_rule must be on")
+        self._require(self.seed_rule or self.stuck_rule or self.peer_rule, "seed_rule",
+                      "is off, so stuck_rule or peer_rule must be on")
 
     @property
     def controller(self) -> BatchControllerConfig:
@@ -144,12 +155,47 @@ class BatchCollapseDetector(ThresholdDetector):
     def routing_actions(self, rule: str) -> tuple[str, ...]:
         return ("throttle",) if self.config.throttle else ()
 
+    def __init__(self, config: BatchCollapseConfig | None = None) -> None:
+        super().__init__(config)
+        self._peer: tuple[npt.NDArray[np.float64], ...] = ()  # peers' fill, TTFT, queue, prompt (per row)
+        self._row_of: dict[str, int] = {}
+
     def step_fields(self) -> tuple[str, ...]:
-        return ("count", "batch_size_std", "batch_fill_mean", "queue_length_mean", "batch_size_mean")
+        fields = ("count", "batch_size_std", "batch_fill_mean", "queue_length_mean", "batch_size_mean")
+        return (*fields, "ttft_p50", "prompt_tokens_mean") if self.config.peer_rule else fields
+
+    def prepare(self, step: StepColumns | None) -> None:
+        """Each replica's peers' batch fill, median TTFT, queue and prompt length: the medians of the
+        other replicas' windows with ``min_count`` requests (NaN: fewer than ``min_peers``)."""
+        self._peer, self._row_of = (), {}
+        cfg = self.config
+        if step is None or not cfg.peer_rule or len(step) < 2:
+            return
+        count_ok = step.column("count") >= max(cfg.min_count, 1)
+        columns = [step.column(f) for f in ("batch_fill_mean", "ttft_p50", "queue_length_mean", "prompt_tokens_mean")]
+        self._peer = tuple(others_median(c, count_ok & ~np.isnan(c), cfg.min_peers) for c in columns)
+        self._row_of = step.row_of
+
+    def _peer_rule_may_hold(self, step: StepColumns) -> npt.NDArray[np.bool_]:
+        """Where the peer rule may hold (see :meth:`_peer_collapse`), as columns."""
+        cfg = self.config
+        if not self._peer:
+            return np.zeros(len(step), dtype=bool)
+        fill, ttft, queue, prompt = (step.column(f) for f in ("batch_fill_mean", "ttft_p50", "queue_length_mean",
+                                                                "prompt_tokens_mean"))
+        peer_fill, peer_ttft, peer_queue, peer_prompt = self._peer
+        with np.errstate(invalid="ignore"):
+            low = fill <= cfg.peer_fill_ratio * peer_fill * (1.0 + 1e-9)
+            waits = (ttft >= cfg.peer_wait_ratio * peer_ttft * (1.0 - 1e-9)) | (
+                queue >= cfg.peer_wait_ratio * np.maximum(peer_queue, 1.0) * (1.0 - 1e-9))
+            prompts_ok = np.isnan(prompt) | np.isnan(peer_prompt) | (
+                prompt <= cfg.peer_prompt_ratio * peer_prompt * (1.0 + 1e-9))
+        return low & waits & prompts_ok
 
     def step_telemetry_fields(self) -> tuple[str, ...]:
-        if not self.config.stuck_rule:
-            return ()
+        cfg = self.config
+        if not cfg.stuck_rule:
+            return ("fragmentation",) if cfg.peer_rule else ()
         return ("queue_length", "running_requests", "batch_capacity", "kv_cache_usage", "fragmentation",
                 "tpot_mean_s")
 
@@ -172,6 +218,17 @@ class BatchCollapseDetector(ThresholdDetector):
                 can |= telemetry & self._stuck_may_hold(step, waiting, running, fill)
             queue = step.column("queue_length_mean")
             can |= ~telemetry & (queue >= cfg.stuck_queue_min) & (fill < cfg.stuck_fill_max)
+        if cfg.peer_rule:
+            if self._row_of and self._peer and len(self._peer[0]) == len(step):
+                frag = step.telemetry_column("fragmentation")
+                engine_queue = np.zeros(len(step), dtype=bool)
+                if cfg.stuck_rule:
+                    engine_queue = ~np.isnan(step.telemetry_column("queue_length")) & ~np.isnan(
+                        step.telemetry_column("running_requests"))
+                can |= (self._peer_rule_may_hold(step) & ~engine_queue
+                        & (np.isnan(frag) | (frag < cfg.stuck_fragmentation_max)))
+            else:  # not prepared for this step: evaluate (it judges against what prepare left)
+                can |= True
         return ~(can & (count >= max(cfg.min_count, 1)))
 
     def _stuck_may_hold(self, step: StepColumns, waiting: npt.NDArray[np.float64], running: npt.NDArray[np.float64],
@@ -211,9 +268,10 @@ class BatchCollapseDetector(ThresholdDetector):
         seed_holds = None if not cfg.seed_rule or std is None or fill is None else (
             std > cfg.std_threshold and fill < cfg.fill_threshold)
         stuck_holds = self._stuck(fv, telemetry, evidence) if cfg.stuck_rule else None
-        if seed_holds is None and stuck_holds is None:
+        peer_holds = self._peer_collapse(fv, telemetry, evidence) if cfg.peer_rule else None
+        if seed_holds is None and stuck_holds is None and peer_holds is None:
             return {"main": Finding(holds=None, evidence=evidence)}
-        holds = bool(seed_holds or stuck_holds)
+        holds = bool(seed_holds or stuck_holds or peer_holds)
         params: dict[str, Any] = {}
         if holds:
             queue, queue_source = _queue_length(fv, telemetry)
@@ -229,7 +287,16 @@ class BatchCollapseDetector(ThresholdDetector):
                     "max_batch_size": size,
                 }
             )
-        if stuck_holds and not seed_holds:
+        if peer_holds and not stuck_holds and not seed_holds:
+            message = (
+                f"batch collapse (against its peers): batches fill {fmt(100 * _num(evidence, 'batch_fill_mean'), 0)} % "
+                f"where its peers' fill {fmt(100 * _num(evidence, 'peer_fill'), 0)} %, while its requests wait "
+                f"(first tokens {fmt(_num(evidence, 'ttft_p50_ms'), 0)} ms, the peers' "
+                f"{fmt(_num(evidence, 'peer_ttft_p50_ms'), 0)} ms; "
+                f"queue {fmt(_num(evidence, 'queue_length_mean'), 1)}, "
+                f"the peers' {fmt(_num(evidence, 'peer_queue'), 1)}) (events)"
+            )
+        elif stuck_holds and not seed_holds:
             if evidence.get("stuck_source") == "telemetry":
                 message = (
                     f"batch collapse (stuck scheduler): {fmt(_num(evidence, 'stuck_admissible'), 0)} of "
@@ -252,6 +319,38 @@ class BatchCollapseDetector(ThresholdDetector):
             message += f"; recommend max_batch_size {params['max_batch_size']}"
         return {"main": Finding(holds=holds, message=message, evidence=evidence, params=params)}
 
+
+    def _peer_collapse(self, fv: FeatureVector, telemetry: TelemetrySample | None,
+                       evidence: dict[str, Any]) -> bool | None:
+        """The peer rule (None: no peers' baseline or no fill): the window's batch fill at most
+        ``peer_fill_ratio`` x the peers' while its requests wait (median TTFT ``peer_wait_ratio`` x the
+        peers', or a mean queue that much longer, at least one) and its prompts are no more than
+        ``peer_prompt_ratio`` x the peers' (long prompts fill the KV cache with fewer requests) and
+        the allocator is not fragmented (``stuck_fragmentation_max``: kv_pressure explains that)."""
+        cfg = self.config
+        row = self._row_of.get(fv.key)
+        if row is None or not self._peer or (
+                cfg.stuck_rule and telemetry is not None and telemetry.queue_length is not None
+                and telemetry.running_requests is not None):
+            return None  # (the engine's own queue: the stuck rule judges it, sooner)
+        peer_fill, peer_ttft, peer_queue, peer_prompt = (_value(c[row]) for c in self._peer)
+        fill = fv.batch_fill_mean
+        if fill is None or peer_fill is None or (peer_ttft is None and peer_queue is None):
+            return None
+        evidence.update({"peer_fill": peer_fill, "peer_ttft_p50_ms": peer_ttft, "ttft_p50_ms": fv.ttft_p50,
+                         "peer_queue": peer_queue, "queue_length_mean": fv.queue_length_mean,
+                         "peer_prompt_tokens_mean": peer_prompt})
+        low = fill <= cfg.peer_fill_ratio * peer_fill * (1.0 + 1e-9)
+        waits = (fv.ttft_p50 is not None and peer_ttft is not None
+                 and fv.ttft_p50 >= cfg.peer_wait_ratio * peer_ttft * (1.0 - 1e-9)) or (
+                fv.queue_length_mean is not None and peer_queue is not None
+                and fv.queue_length_mean >= cfg.peer_wait_ratio * max(peer_queue, 1.0) * (1.0 - 1e-9))
+        prompts_ok = (fv.prompt_tokens_mean is None or peer_prompt is None
+                      or fv.prompt_tokens_mean <= cfg.peer_prompt_ratio * peer_prompt * (1.0 + 1e-9))
+        frag = telemetry.fragmentation if telemetry is not None else None
+        holds = bool(low and waits and prompts_ok and (frag is None or frag < cfg.stuck_fragmentation_max))
+        evidence["peer_collapse"] = int(holds)
+        return holds
 
     def _stuck(self, fv: FeatureVector, telemetry: TelemetrySample | None, evidence: dict[str, Any]) -> bool | None:
         """The stuck-scheduler rule (None: not enough signals); its numbers go into ``evidence``.
@@ -298,6 +397,10 @@ class BatchCollapseDetector(ThresholdDetector):
         holds = queue >= cfg.stuck_queue_min and fill < cfg.stuck_fill_max
         evidence["stuck"] = int(holds)
         return holds
+
+
+def _value(x: float) -> float | None:
+    return None if math.isnan(x) else float(x)
 
 
 def _num(evidence: dict[str, Any], key: str) -> float:

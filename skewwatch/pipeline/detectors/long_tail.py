@@ -85,7 +85,7 @@ from skewwatch.pipeline.detectors.live import (
     record,
     tail_excess,
 )
-from skewwatch.pipeline.detectors.peers import others_median, others_medians
+from skewwatch.pipeline.detectors.peers import others_median, others_medians, others_sum
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
 from skewwatch.schemas.feature_vector import FeatureVector
@@ -124,6 +124,10 @@ class LongTailConfig(DetectorConfig, frozen=True):
     # exceedance rule: the window's finished requests above tail_ratio x the baseline's TPOT P99
     exceedance_rule: bool = True
     defer_to_live: bool = True  # where the live rule judged, the finished requests add nothing
+    # the exceedance rule also on end-to-end latency against the peers' (P50, P95, P99): a stall adds
+    # time to a request whatever its length, which TPOT dilutes on long outputs and inflates on short
+    # ones; each signal is tested at alpha / 2 (Bonferroni), so the rule's bound stays alpha
+    latency_signal: bool = True
     tail_ratio: Annotated[float, Meta(ge=1)] = 2.0
     alpha: Annotated[float, Meta(gt=0, lt=1)] = 1e-3  # false-alarm probability bound of the binomial test
     shift_ratio: Annotated[float, Meta(gt=1)] = 1.5  # median TPOT above this x the baseline's: a slow replica
@@ -148,6 +152,11 @@ class _Peers:
     tpot_p99: float | None
     ttft_p50: float | None
     count: float | None  # the median request count behind those peers' quantiles
+    latency_p50: float | None = None  # medians over the peers with peer_min_count requests, of latency
+    latency_p99: float | None = None
+    latency_count: float | None = None
+    latency_p95: float | None = None  # (its slope to their P99 continues beyond it)
+    latency_total: float = 0.0  # requests behind the peers' latency quantiles, all peers together
 
 
 class LongTailDetector(ThresholdDetector):
@@ -183,7 +192,9 @@ class LongTailDetector(ThresholdDetector):
 
     def step_fields(self) -> tuple[str, ...]:
         cfg = self.config
-        fields = ("count", "window_end", "tpot_p50", "tpot_p90", "tpot_p99", "tpot_max", "ttft_p50")
+        fields: tuple[str, ...] = ("count", "window_end", "tpot_p50", "tpot_p90", "tpot_p99", "tpot_max", "ttft_p50")
+        if cfg.exceedance_rule and cfg.latency_signal:
+            fields = (*fields, "latency_p50", "latency_p95", "latency_p99")
         return (*fields, "latency_p50", "latency_p99") if cfg.seed_rule else fields
 
     # ------------------------------------------------------------------ the pool
@@ -192,6 +203,7 @@ class LongTailDetector(ThresholdDetector):
         """The peers of every replica of the step: live aggregates (each replica's memory is
         brought up to date with its fresh sample first) and the finished requests' TPOT."""
         self._row_of, self._peer_live, self._peer_columns = {}, [], ()
+        self._peer_latency: tuple[npt.NDArray[np.float64], ...] = ()
         self._prepared, self._live_aggregates = None, []
         cfg = self.config
         if step is None or len(step) < 2 or not (cfg.live_rule or cfg.exceedance_rule):
@@ -228,6 +240,12 @@ class LongTailDetector(ThresholdDetector):
         else:
             peer_p50, peer_p99, peer_count = others_medians(np.stack([p50, p99, count]), valid, cfg.min_peers)
             peer_ttft = others_median(ttft, ttft_valid, cfg.min_peers)
+        if cfg.exceedance_rule and cfg.latency_signal:
+            lat50, lat95, lat99 = step.column("latency_p50"), step.column("latency_p95"), step.column("latency_p99")
+            lat_valid = (count >= cfg.peer_min_count) & ~np.isnan(lat50) & ~np.isnan(lat95) & ~np.isnan(lat99)
+            peer_lat50, peer_lat95, peer_lat99, peer_lat_count = others_medians(
+                np.stack([lat50, lat95, lat99, count]), lat_valid, cfg.min_peers)
+            self._peer_latency = (peer_lat50, peer_lat99, peer_lat_count, peer_lat95, others_sum(count, lat_valid))
         self._row_of, self._peer_live, self._live_aggregates = step.row_of, peer_live, live
         self._peer_columns = (peer_p50, peer_p99, peer_ttft, peer_count)
         self._prepared = step
@@ -252,8 +270,15 @@ class LongTailDetector(ThresholdDetector):
         if row is None:
             return None
         p50, p99, ttft, count = self._peer_columns
-        return _Peers(live=self._peer_live[row], tpot_p50=_num(p50[row]), tpot_p99=_num(p99[row]),
-                      ttft_p50=_num(ttft[row]), count=_num(count[row]))
+        peers = _Peers(live=self._peer_live[row], tpot_p50=_num(p50[row]), tpot_p99=_num(p99[row]),
+                       ttft_p50=_num(ttft[row]), count=_num(count[row]))
+        if self._peer_latency:
+            lat50, lat99, lat_count, lat95, lat_total = self._peer_latency
+            if not math.isnan(lat_count[row]):
+                peers.latency_p50, peers.latency_p99 = _num(lat50[row]), _num(lat99[row])
+                peers.latency_count, peers.latency_p95 = _num(lat_count[row]), _num(lat95[row])
+                peers.latency_total = float(lat_total[row])
+        return peers
 
     # ------------------------------------------------------------------ the rules
 
@@ -289,31 +314,47 @@ class LongTailDetector(ThresholdDetector):
                     p50, p99, _, peer_count = self._peer_columns
                     pooled = ~np.isnan(p50) & ~np.isnan(p99) & ~np.isnan(peer_count) & (peer_count != 0)
                     own = ~np.isnan(step.column("tpot_p50")) & ~np.isnan(step.column("tpot_max"))
-                    rules |= own & (~pooled | self._exceedance_possible(step, p99, peer_count))
+                    tpot_q = np.stack([step.column("tpot_p50"), step.column("tpot_p90"), step.column("tpot_p99"),
+                                       step.column("tpot_max")])
+                    # TPOT: the rate at the peers' P99 (no slope beyond it: under queueing the replicas'
+                    # TPOT differ by more than their tails' slope allows)
+                    no_slope = np.full(len(step), np.nan)
+                    rules |= own & (~pooled | self._exceedance_possible(
+                        step, tpot_q, _QUANTILES, p99, peer_count, no_slope, _TPOT_LOWER_TAIL, no_slope))
+                    if cfg.latency_signal and self._peer_latency:
+                        _, lat99, lat_count, lat95, lat_total = self._peer_latency
+                        lat_q = np.stack([step.column("latency_p50"), step.column("latency_p95"),
+                                          step.column("latency_p99")])
+                        own_lat = ~np.isnan(lat_q[0]) & ~np.isnan(lat_q[2])
+                        rules |= own_lat & self._exceedance_possible(
+                            step, lat_q, _LATENCY_QUANTILES, lat99, lat_count, lat95, _LATENCY_LOWER_TAIL, lat_total)
                 can |= floor & rules
         if cfg.seed_rule:
             p50, p99 = step.column("latency_p50"), step.column("latency_p99")
             can |= (count >= max(cfg.min_count, 1)) & (p50 > 0) & (p99 > cfg.ratio * p50)
         return ~can
 
-    def _exceedance_possible(self, step: StepColumns, peer_p99: npt.NDArray[np.float64],
-                             peer_count: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+    def _exceedance_possible(self, step: StepColumns, quantiles: npt.NDArray[np.float64],
+                             levels: npt.NDArray[np.float64], peer_p99: npt.NDArray[np.float64],
+                             peer_count: npt.NDArray[np.float64], peer_lower: npt.NDArray[np.float64],
+                             lower_tail: float, peer_total: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
         """Where the exceedance rule against the peers could hold: :meth:`_exceedance`'s count of
         requests above the level and its binomial bound, as columns, with a hair of slack both on
         the level and on the bound (so rounding can only let a replica through to evaluate)."""
         cfg = self.config
         n = step.column("count")
         level = cfg.tail_ratio * peer_p99 * (1.0 - 1e-9)
-        quantiles = np.stack([step.column("tpot_p50"), step.column("tpot_p90"), step.column("tpot_p99"),
-                              step.column("tpot_max")])
         with np.errstate(invalid="ignore", divide="ignore"):
             above = quantiles >= level  # NaN (no value, or no level) is never above
             found = above.any(axis=0)
             # the first (lowest) quantile above the level proves the most requests above it
-            quantile = _QUANTILES[np.argmax(above, axis=0)]
+            quantile = levels[np.argmax(above, axis=0)]
             exceeding = n - np.floor(quantile * (n - 1))
             m = np.trunc(peer_count)
             rate = np.maximum((m - np.floor(0.99 * (m - 1)) - 1) / (m + 1), BASELINE_EXCEEDANCE)
+            # (a hair lower than evaluate's rate: the screen may only let more replicas through)
+            rate = _beyond_p99(rate, self.config.tail_ratio, peer_lower, peer_p99, lower_tail, peer_total)
+            rate *= 1.0 - 1e-9
             # binomial_tail_bound is 1 unless the count is above n p: most replicas stop here
             possible = found & (n > 0) & (exceeding > n * rate * (1.0 - 1e-9))
             rows = np.flatnonzero(possible)
@@ -324,8 +365,8 @@ class LongTailDetector(ThresholdDetector):
             share = np.minimum(exceeding / n, 1.0)
             kl = np.where(share > 0, share * np.log(share / rate), 0.0) + np.where(
                 share < 1, (1.0 - share) * np.log((1.0 - share) / (1.0 - rate)), 0.0)
-            # exp(-n KL) <= alpha
-            possible[rows] = n * kl >= -math.log(cfg.alpha) * (1.0 - 1e-9)
+            # exp(-n KL) <= alpha (each signal's share of it)
+            possible[rows] = n * kl >= -math.log(self._signal_alpha()) * (1.0 - 1e-9)
         return possible
 
     def remember_step(self, step: StepColumns, rows: npt.NDArray[np.int64]) -> None:
@@ -516,23 +557,57 @@ class LongTailDetector(ThresholdDetector):
             self._record_tpot(rows[:0], np.zeros((0, 3)), rows, fv.window_end)
         return None if before is None else [before[1], before[2], before[0]]
 
+    def _signal_alpha(self) -> float:
+        """Each signal's share of ``alpha``: half of it when latency is tested beside TPOT."""
+        cfg = self.config
+        return cfg.alpha / 2.0 if cfg.latency_signal else cfg.alpha
+
     def _exceedance(self, fv: FeatureVector, memory: dict[str, Any], peers: _Peers | None,
                     evidence: dict[str, Any]) -> Finding:
-        """The exceedance rule (module docstring); keeps the window's TPOT for the own-past reference."""
+        """The exceedance rule (module docstring) on TPOT and, against the peers, on end-to-end
+        latency; keeps the window's TPOT for the own-past reference."""
         cfg = self.config
         n, p50, p90, p99, top = fv.count, fv.tpot_p50, fv.tpot_p90, fv.tpot_p99, fv.tpot_max
         before = self._keep_tpot(fv)
+        ttft_peers = peers.ttft_p50 if peers is not None else None
+        prefill = ttft_peers is not None and fv.ttft_p50 is not None and fv.ttft_p50 > cfg.ttft_ratio * ttft_peers
+        tpot: Finding | None = None
         if peers is not None and peers.tpot_p99 is not None and peers.tpot_p50 is not None and peers.count:
-            ref50, ref99, ref_n, source = peers.tpot_p50, peers.tpot_p99, peers.count, "peers"
+            ref = (peers.tpot_p50, peers.tpot_p99, peers.count, "peers")
+            tail: tuple[float | None, float, float] = (None, _TPOT_LOWER_TAIL, 0.0)  # (as the screen)
         elif before is not None and len(before) > 2:
-            ref50, ref99, ref_n, source = before[0], before[1], before[2], "own past"
+            ref = (before[0], before[1], before[2], "own past")
+            tail = (None, _TPOT_LOWER_TAIL, 0.0)
         else:
+            ref = None
+        if ref is not None and n >= cfg.min_count and p50 is not None and top is not None and ref[1] > 0:
+            tpot = self._exceedance_test(n, ((0.5, p50), (0.9, p90), (0.99, p99), (1.0, top)), ref, tail, prefill,
+                                         "TPOT", "decoded slower than", "ms per token", evidence, "tpot")
+        latency: Finding | None = None
+        if (cfg.latency_signal and peers is not None and peers.latency_p50 is not None
+                and peers.latency_p99 is not None and peers.latency_count and peers.latency_p99 > 0
+                and n >= cfg.min_count and fv.latency_p50 is not None and fv.latency_p99 is not None):
+            ref = (peers.latency_p50, peers.latency_p99, peers.latency_count, "peers")
+            latency = self._exceedance_test(
+                n, ((0.5, fv.latency_p50), (0.95, fv.latency_p95), (0.99, fv.latency_p99)), ref,
+                (peers.latency_p95, _LATENCY_LOWER_TAIL, peers.latency_total), prefill,
+                "latency", "took longer than", "ms", evidence, "latency")
+        found = [f for f in (tpot, latency) if f is not None]
+        if not found:
             return Finding(holds=None, evidence=evidence)
-        if n < cfg.min_count or p50 is None or top is None or ref99 <= 0:
-            return Finding(holds=None, evidence=evidence)
+        holding = [f for f in found if f.holds]
+        return holding[0] if holding else found[0]
+
+    def _exceedance_test(self, n: int, quantiles: tuple[tuple[float, float | None], ...],
+                         ref: tuple[float, float, float, str], tail: tuple[float | None, float, float], prefill: bool,
+                         what: str, verb: str, unit: str, evidence: dict[str, Any], prefix: str) -> Finding:
+        """One signal's exceedance test: how many of the window's ``n`` requests its quantiles prove
+        above ``tail_ratio`` x the reference P99, against Binomial(n, the reference's exceedance rate)."""
+        cfg = self.config
+        ref50, ref99, ref_n, source = ref
         level = cfg.tail_ratio * ref99
         exceeding = 0
-        for quantile, value in ((0.5, p50), (0.9, p90), (0.99, p99), (1.0, top)):
+        for quantile, value in quantiles:
             if value is not None and value >= level:
                 exceeding = min_exceeding(n, quantile)
                 break
@@ -541,25 +616,30 @@ class LongTailDetector(ThresholdDetector):
         # requests that is well above 1 % (the second largest of 30: 6.5 %), whatever tail_ratio adds
         m = int(ref_n)
         baseline_rate = max((m - math.floor(0.99 * (m - 1)) - 1) / (m + 1), BASELINE_EXCEEDANCE)
+        lower, lower_tail, total = tail
+        baseline_rate = float(_beyond_p99(np.array([baseline_rate]), cfg.tail_ratio,
+                                          np.array([math.nan if lower is None else lower]), np.array([ref99]),
+                                          lower_tail, np.array([total]))[0])
         probability = binomial_tail_bound(exceeding, n, baseline_rate)
-        shifted = ref50 > 0 and p50 > cfg.shift_ratio * ref50
-        ttft_peers = peers.ttft_p50 if peers is not None else None
-        prefill = ttft_peers is not None and fv.ttft_p50 is not None and fv.ttft_p50 > cfg.ttft_ratio * ttft_peers
-        evidence.update({"tpot_p50_ms": p50, "tpot_p90_ms": p90, "tpot_p99_ms": p99, "tpot_max_ms": top,
-                         "level_ms": level, "exceeding": exceeding, "baseline_rate": baseline_rate,
-                         "probability": probability,
-                         "alpha": cfg.alpha, "reference": source})
-        holds = probability <= cfg.alpha and not shifted and not prefill
+        median = quantiles[0][1]
+        shifted = ref50 > 0 and median is not None and median > cfg.shift_ratio * ref50
+        alpha = self._signal_alpha()
+        values = {f"{prefix}_p{round(100 * q)}_ms" if q < 1 else f"{prefix}_max_ms": v for q, v in quantiles}
+        evidence.update({**values, "level_ms": level, "exceeding": exceeding, "baseline_rate": baseline_rate,
+                         "probability": probability, "alpha": alpha, "reference": source, "signal": what})
+        holds = probability <= alpha and not shifted and not prefill
         message = (
-            f"long tail: at least {exceeding} of {n} requests decoded slower than {fmt(level, 1)} ms per token "
-            f"({cfg.tail_ratio:g} x the {source}' TPOT P99 {fmt(ref99, 1)} ms; probability {probability:.1e} "
-            f"<= {cfg.alpha:g} if it served like them)"
+            f"long tail: at least {exceeding} of {n} requests {verb} {fmt(level, 1)} {unit} "
+            f"({cfg.tail_ratio:g} x the {source}' {what} P99 {fmt(ref99, 1)} {unit}; probability "
+            f"{probability:.1e} <= {alpha:g} if it served like them)"
         )
-        if shifted:
-            message += f"; its median {fmt(p50, 1)} ms is {p50 / ref50:.1f} x theirs: a slow replica, not a tail"
+        if shifted and median is not None:
+            message += (f"; its median {fmt(median, 1)} {unit} is {median / ref50:.1f} x theirs: "
+                        "a slow replica, not a tail")
         if prefill:
             message += "; its first tokens are slow too: prefill explains it"
-        return Finding(holds=holds, message=message, evidence=evidence, params={"sample_rate": cfg.sample_rate})
+        return Finding(holds=holds, message=message, evidence=dict(evidence),
+                       params={"sample_rate": cfg.sample_rate})
 
     def _seed(self, fv: FeatureVector, evidence: dict[str, Any]) -> Finding:
         """The seed's rule: end-to-end P99 > ratio x P50."""
@@ -579,6 +659,27 @@ class LongTailDetector(ThresholdDetector):
 
 
 _QUANTILES = np.array([0.5, 0.9, 0.99, 1.0])  # of the window's TPOT p50, p90, p99 and max
+_LATENCY_QUANTILES = np.array([0.5, 0.95, 0.99])  # of the window's latency p50, p95 and p99
+_TPOT_LOWER_TAIL, _LATENCY_LOWER_TAIL = 0.10, 0.05  # above the peers' TPOT P90, latency P95
+
+
+def _beyond_p99(rate: npt.NDArray[np.float64], ratio: float, lower: npt.NDArray[np.float64],
+                p99: npt.NDArray[np.float64], lower_tail: float,
+                total: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """How often a baseline request exceeds ``ratio`` x its P99, from ``rate`` (at the P99 itself):
+    the tail beyond the P99 continued as a power law with the slope it has between the baseline's
+    lower quantile (exceeded with probability ``lower_tail``) and its P99, ``S(x) ~ x^-a``. A
+    log-normal's tail (concave on log-log axes) falls faster than that line, so it overstates the
+    rate there; it is never taken below one request in all the peers' ``total`` (``1 / (total +
+    1)``: what so many requests can show), nor above ``rate`` (without a lower quantile, ``rate``).
+
+    >>> float(_beyond_p99(np.array([0.01]), 2.0, np.array([10.0]), np.array([100.0]), 0.1, np.array([1e6]))[0])
+    0.005
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slope = np.log(lower_tail / BASELINE_EXCEEDANCE) / np.log(p99 / lower)
+        beyond = rate * np.power(ratio, -np.where((lower > 0) & (p99 > lower), slope, 0.0))
+    return np.minimum(np.maximum(np.nan_to_num(beyond, nan=1.0), 1.0 / (np.maximum(np.nan_to_num(total), 0.0) + 1.0)), rate)
 
 #: The live rule's judgement: the aggregate, baseline, its source, tail excess, noise, threshold,
 #: history steps, first tokens' ratio, prefill, holds.
