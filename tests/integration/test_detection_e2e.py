@@ -6,7 +6,8 @@ its peers'.
 
 The worker runs the ``seed`` detector profile (``--profile seed``): the statistical generator's
 faults are the seed's conditions on a window's aggregates (below), which is what these delays are
-measured against. The default profile's rules (peers, own past, live engine signals) are judged
+measured against. One more test runs the worker's defaults on every kind the demo offers at once.
+The default profile's rules (peers, own past, live engine signals) are judged
 across traffic shapes by the quality benchmark, whose fast and worker modes agree
 (``test_quality_modes.py``)."""
 
@@ -120,3 +121,47 @@ def test_injected_anomaly_is_detected_on_its_replica_only(kind: str, kafka_setti
     last = during[-1]["weights"]
     peers = [w for r, w in last.items() if r != faulty]
     assert last[faulty] < min(peers), last
+
+
+# the demo's kinds, one run: two pools of five replicas, each fault on its own replica
+DEMO_FAULTS: dict[str, tuple[str, str]] = {
+    "r1": ("long_tail", "long_tail"), "r3": ("batch_collapse", "batch_collapse"),
+    "r6": ("context_burst", "context_burst"), "r7": ("kv_pressure", "kv_pressure"), "r8": ("gpu_fault", "gpu_health")}
+# from the fault's start: a stalled request finishes 4-9 s after it starts, and the window's P95 latency
+# proves a tail once a twentieth of its requests are stalled (about 20 s at 5 requests/s)
+DEMO_DELAY_S = 30.0
+
+
+def test_default_profile_opens_every_demo_kind_on_its_replica(kafka_settings: Settings, tmp_path: Path) -> None:
+    """The worker's defaults (no --profile) on the demo's statistical generator: each ``--inject`` kind
+    the demo offers opens its detector's alert on the injected replica first, within DEMO_DELAY_S of
+    event time, and no replica without a fault gets an alert."""
+    config = GeneratorConfig(models=("a", "b"), replicas=5, rate=5.0, seed=7,
+                             injections=tuple(Injection(kind, replica, FAULT_AT, FAULT_FOR)
+                                              for replica, (kind, _) in DEMO_FAULTS.items()))
+    bootstrap = kafka_settings.kafka.bootstrap or ""
+    worker = WorkerProcess(kafka_settings, tmp_path / "worker.log").start()
+    try:
+        asyncio.run(produce_traffic(bootstrap, generate_chunks(config, START, RUN_FOR),
+                                    requests_topic=kafka_settings.topics.requests,
+                                    telemetry_topic=kafka_settings.topics.gpu_telemetry, batch=50))
+        topics = kafka_settings.topics
+
+        def done(records: list[Any]) -> bool:
+            return {orjson.loads(r.value)["model"] for r in records if r.topic == topics.routing_corrections
+                    and orjson.loads(r.value)["ts"] >= START + RUN_FOR - 30} == {"a", "b"}
+
+        records = asyncio.run(consume_until(bootstrap, [topics.alerts, topics.routing_corrections], done, 120))
+    finally:
+        worker.stop()
+    opened = sorted((orjson.loads(r.value) for r in records if r.topic == topics.alerts),
+                    key=lambda a: a["ts"])
+    opened = [a for a in opened if a["state"] == "open" and a["replica"] is not None]
+    for replica, (kind, detector) in DEMO_FAULTS.items():
+        mine = [a for a in opened if a["replica"] == replica]
+        assert mine, f"{kind}: no alert on {replica}; alerts: {opened}\n{worker.log_tail()}"
+        assert mine[0]["detector"] == detector, (kind, mine[0])
+        delay = mine[0]["ts"] - START - FAULT_AT
+        print(f"{kind}: {detector} opened {delay:.0f} s after the fault started")
+        assert 0 <= delay <= DEMO_DELAY_S, (kind, delay)
+    assert [a for a in opened if a["replica"] not in DEMO_FAULTS] == []

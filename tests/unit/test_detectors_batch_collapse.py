@@ -268,3 +268,42 @@ def test_stuck_rule_on_the_fleet_simulator_catches_the_fault_and_nothing_else(lo
                 opened.setdefault(alert.replica or "", alert.ts - t0)
     assert set(opened) == {"r1"}, opened  # not r0 (clean), r2 (long prompts), r3 (fragmented KV)
     assert 120 < opened["r1"] <= 150
+
+
+# ---------------------------------------------------------------- the peer rule (events without the engine's queue)
+
+def run_pool_events(r0: dict[str, Any], steps: int = 4, telemetry: TelemetrySample | None = None) -> list[Any]:
+    """A 4-replica pool of event windows (no queue in them) whose r0 has ``r0`` from the first step."""
+    from skewwatch.pipeline.detectors.step_columns import StepColumns
+
+    det, alerts = BatchCollapseDetector(), []
+    base = {"batch_size_mean": 16.0, "batch_size_std": 2.0, "batch_fill_mean": 0.5, "ttft_p50": 150.0,
+            "prompt_tokens_mean": 1000.0, "count": 300}
+    for i in range(steps):
+        end = 60.0 + 5 * i
+        vectors = [FeatureVector(model="m", replica=r, window_start=end - 60, window_end=end,
+                                 **{**base, **(r0 if r == "r0" else {})}) for r in ("r0", "r1", "r2", "r3")]
+        samples = [telemetry if r == "r0" else None for r in ("r0", "r1", "r2", "r3")]
+        det.update_step(StepColumns(vectors, samples), end, alerts, [])
+    return alerts
+
+
+def test_peer_rule_a_replica_whose_batches_empty_while_its_requests_wait() -> None:
+    alerts = run_pool_events({"batch_size_mean": 3.0, "batch_fill_mean": 0.1, "ttft_p50": 600.0})
+    assert [(a.replica, a.state, a.ts) for a in alerts] == [("r0", "open", 65.0)]  # persistence 2
+    assert "against its peers" in alerts[0].message and alerts[0].evidence["peer_fill"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("r0", [
+    {"batch_size_mean": 3.0, "batch_fill_mean": 0.1},  # emptier batches, nothing waits: less traffic
+    {"batch_size_mean": 3.0, "batch_fill_mean": 0.1, "ttft_p50": 600.0, "prompt_tokens_mean": 4000.0},  # long prompts
+    {"batch_size_mean": 10.0, "batch_fill_mean": 0.3, "ttft_p50": 600.0},  # batches only somewhat smaller
+])
+def test_peer_rule_stays_quiet_when_the_pool_explains_it(r0: dict[str, Any]) -> None:
+    assert run_pool_events(r0) == []
+
+
+def test_peer_rule_leaves_an_engine_reporting_its_queue_to_the_stuck_rule() -> None:
+    # the engine says nothing waits beside free slots: the events' small batches are not judged again
+    engine = tel(60.0, queue=0, running=3)
+    assert run_pool_events({"batch_size_mean": 3.0, "batch_fill_mean": 0.1, "ttft_p50": 600.0}, telemetry=engine) == []

@@ -225,3 +225,55 @@ def test_a_window_of_one_to_five_requests_alerts_on_nothing(n: int) -> None:
         if det.config.seed_rule:  # the seed's rule as written judges any window (min_count 1)
             continue
         assert alerts == [], n
+
+
+# ---------------------------------------------------------------- the latency signal (request events alone)
+
+_LATENCY = {"latency_p50": 800.0, "latency_p95": 1100.0, "latency_p99": 1250.0}
+
+
+def run_latency_pool(r0: dict[str, Any], steps: int = 22, count: int = 250,
+                     peers: dict[str, Any] | None = None) -> list[Alert]:
+    """A 4-replica pool with no telemetry and steady TPOT; from step 20 r0's latency quantiles are ``r0``."""
+    alerts: list[Alert] = []
+    det = LongTailDetector()
+    for i in range(steps):
+        end = 1000.0 + 5 * i
+        vectors = [pool_vector(end, replica, count=count,
+                               **{**_LATENCY, **(peers or {}), **(r0 if replica == "r0" and i >= 20 else {})})
+                   for replica in POOL]
+        det.update_step(StepColumns(vectors, [None] * len(vectors)), end, alerts, [])
+    return alerts
+
+
+def test_latency_a_stall_the_tpot_does_not_show_opens_from_the_events_alone() -> None:
+    # a twentieth of r0's requests stalled for seconds: its latency P95 is 4 x the peers' P99, its TPOT as theirs
+    alerts = run_latency_pool({"latency_p95": 5000.0, "latency_p99": 9000.0})
+    assert [(a.replica, a.state) for a in alerts] == [("r0", "open")]
+    evidence = alerts[0].evidence
+    assert evidence["signal"] == "latency" and evidence["exceeding"] == 14
+    assert evidence["probability"] <= evidence["alpha"] == pytest.approx(5e-4)
+
+
+def test_latency_a_few_slow_requests_prove_a_tail_only_where_the_peers_tail_is_steep() -> None:
+    # 1 % of r0's requests above twice the peers' P99: improbable when their tail falls steeply past
+    # their P95 (P99 only 14 % above it), not when it is heavy (P99 5 x their P95)
+    assert [a.replica for a in run_latency_pool({"latency_p99": 3000.0}, count=600)] == ["r0"]
+    heavy = {"latency_p95": 1100.0, "latency_p99": 5500.0}
+    assert run_latency_pool({"latency_p99": 12000.0}, count=600, peers=heavy) == []
+
+
+def test_latency_a_shifted_median_or_slow_first_tokens_is_no_tail() -> None:
+    assert run_latency_pool({"latency_p50": 1500.0, "latency_p95": 5000.0, "latency_p99": 9000.0}) == []
+    assert run_latency_pool({"latency_p95": 5000.0, "latency_p99": 9000.0, "ttft_p50": 400.0}) == []
+
+
+def test_latency_signal_off_judges_tpot_alone() -> None:
+    alerts: list[Alert] = []
+    det = LongTailDetector(LongTailConfig(latency_signal=False))
+    for i in range(22):
+        end = 1000.0 + 5 * i
+        vectors = [pool_vector(end, r, count=250, **{**_LATENCY, **({"latency_p95": 5000.0, "latency_p99": 9000.0}
+                                                                  if r == "r0" and i >= 20 else {})}) for r in POOL]
+        det.update_step(StepColumns(vectors, [None] * len(vectors)), end, alerts, [])
+    assert alerts == []
