@@ -42,6 +42,14 @@ confusion table reports it beside the rule's); corrections: no
 healthy replica at weight 0, no all-zero pool, and the faulty replica below every healthy one
 within its detector's delay target (>= 0.95 of the faults).
 
+**The oracle** (:mod:`bench.oracle`, one more consumer of the same chunks): per replica fault, the
+earliest step at which a test that knows the faulty replica, the onset and the fault's size could
+raise it from the same observations, at <= 1 false alert per clean pool-hour (thresholds calibrated
+per shape on the clean pools of the same runs). Each scope gets a table of its recall and delay beside
+each profile's (targets: recall >= 0.95 x the oracle's, median delay <= 2 x the oracle's + 5 s); a
+fault it cannot raise within its span is undetectable: listed apart, and left out of the denominator
+of the "of the detectable" recall column.
+
 ``--no-live-signals`` drops the engines' live gauges and latency histograms from the simulated
 telemetry (``--live-signals both`` runs with and without, and prints the delays side by side).
 
@@ -77,6 +85,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench import oracle  # noqa: E402
 from bench.common import (  # noqa: E402
     EVERY_STEP_ENV,
     RESULTS,
@@ -125,6 +134,10 @@ FIT_SEEDS: tuple[int, ...] = (1, 2)
 SEEDS: tuple[int, ...] = (1, 2, 3)
 QUICK: tuple[tuple[str, int], ...] = (("conv@1x", 1), ("mooncake@1x", 3))  # one fit run, one holdout run
 PROFILES_DEFAULT: tuple[str, ...] = ("default", "seed")
+# the oracle's targets: recall >= this share of the oracle's, median delay <= factor x the oracle's + slack
+ORACLE_RECALL_SHARE = 0.95
+ORACLE_DELAY_FACTOR = 2.0
+ORACLE_DELAY_SLACK_S = 5.0
 RUNAWAY_ZERO_SHARE = 0.05  # a clean pool whose queue is empty in fewer samples than this never drains
 
 
@@ -142,6 +155,7 @@ class Run:
     alerts: list[dict[str, Any]]
     corrections: list[dict[str, Any]]
     stats: dict[str, Any] = field(default_factory=dict)
+    oracle: oracle.OracleRecord | None = None  # what the oracle saw of the run (bench/oracle.py)
 
     @property
     def key(self) -> str:
@@ -205,8 +219,9 @@ def split_of(scenario: Scenario, fit_shapes: Sequence[str], fit_seeds: Sequence[
     return "FIT" if fit else "HOLDOUT"
 
 
-def simulate(scenario: Scenario) -> tuple[Any, Iterator[TrafficChunk], LoadMeter]:
-    """The scenario's simulator, its chunks (lazy) and the meter they pass through."""
+def simulate(scenario: Scenario, *also: Any) -> tuple[Any, Iterator[TrafficChunk], LoadMeter]:
+    """The scenario's simulator, its chunks (lazy) and the meter they pass through (and ``also``: more
+    consumers with an ``add(chunk)``, each chunk handed to them before the pipeline gets it)."""
     from skewwatch.sim.fleet import FleetSimulator
 
     sim = FleetSimulator(scenario.fleet_config(), START_TS, scenario.run_s)
@@ -215,23 +230,36 @@ def simulate(scenario: Scenario) -> tuple[Any, Iterator[TrafficChunk], LoadMeter
     def chunks() -> Iterator[TrafficChunk]:
         for chunk in sim.chunks():
             meter.add(chunk)
+            for consumer in also:
+                consumer.add(chunk)
             yield chunk
 
     return sim, chunks(), meter
 
 
+def oracle_feed(scenario: Scenario) -> oracle.OracleFeed:
+    """The oracle's consumer of the scenario's chunks: its replica faults, calibrated on its clean pools
+    at the shape's rate (``clean-a``, ``clean-b``; the low-rate pool is at a rate no fault pool has)."""
+    pools = {p: [scenario.replica(p, i) for i in range(scenario.replicas)] for p in scenario.pools()}
+    faults = [oracle.Fault.from_label(lb) for lb in scenario.labels(START_TS) if lb.get("replica") is not None]
+    lo, hi = (START_TS + s for s in scenario.scored)
+    return oracle.OracleFeed(pools, faults, scenario.clean, (lo, hi), scenario.shape.trace.prompt_quantile(0.9))
+
+
 def run_fast(scenario: Scenario, profiles: Sequence[str], split: str) -> list[Run]:
-    """One simulation through every profile's in-process pipeline at once."""
+    """One simulation through every profile's in-process pipeline at once (and the oracle)."""
     from skewwatch.sim.local_pipeline import LocalPipeline
 
     began = time.monotonic()
     pipes = {p: LocalPipeline(profile_settings(p, EVERY_STEP_ENV)) for p in profiles}
-    sim, chunks, meter = simulate(scenario)
+    feed = oracle_feed(scenario)
+    sim, chunks, meter = simulate(scenario, feed)
     for chunk in chunks:
         for pipe in pipes.values():
             pipe.feed(chunk)
     stats = {"wall_s": round(time.monotonic() - began, 2), **_sim_stats(sim), "load": meter.report()}
-    return [Run(scenario, p, split, "fast", pipe.alerts, pipe.corrections, stats) for p, pipe in pipes.items()]
+    seen = feed.record()
+    return [Run(scenario, p, split, "fast", pipe.alerts, pipe.corrections, stats, seen) for p, pipe in pipes.items()]
 
 
 def _run_fast_job(job: tuple[Scenario, Sequence[str], str]) -> list[Run]:
@@ -256,7 +284,8 @@ def run_worker(scenario: Scenario, profile: str, split: str, bootstrap: str, wor
 
     settings = fresh_settings(bootstrap)
     topics = settings.topics
-    sim, chunks, meter = simulate(scenario)
+    feed = oracle_feed(scenario)
+    sim, chunks, meter = simulate(scenario, feed)
     began = time.monotonic()
     rundir = workdir / f"{profile}_{scenario.name}".replace("/", "_").replace("=", "").replace("@", "_")
     worker = Worker(settings, rundir, profile, extra_env=EVERY_STEP_ENV)
@@ -297,7 +326,7 @@ def run_worker(scenario: Scenario, profile: str, split: str, bootstrap: str, wor
     corrections = [orjson.loads(r.value) for r in records if r.topic == topics.routing_corrections]
     stats = {"wall_s": round(time.monotonic() - began, 1), "events": produced.events, **_sim_stats(sim),
              "load": meter.report()}
-    return Run(scenario, profile, split, "worker", alerts, corrections, stats)
+    return Run(scenario, profile, split, "worker", alerts, corrections, stats, feed.record())
 
 
 # ----------------------------------------------------------------------------- scoring a group
@@ -425,6 +454,89 @@ def _corrections_summary(reports: Sequence[tuple[int, dict[str, Any]]],
             "corrections": sum(r["corrections"] for _, r in reports)}
 
 
+# ----------------------------------------------------------------------------- the oracle
+
+
+def calibration_key(scenario: Scenario) -> str:
+    """The oracle's thresholds are calibrated per shape (without live signals apart: the telemetry differs)."""
+    return scenario.shape.name + ("" if scenario.live_signals else "|no-live")
+
+
+def run_oracle(runs: Sequence[Run]) -> tuple[dict[str, dict[str, oracle.Calibration]], dict[str, list[dict[str, Any]]]]:
+    """Calibrate the oracle per shape on the clean pools of every run of that shape, then its verdict on
+    every fault: the calibrations by key and fault kind, the faults' results by scenario name."""
+    records: dict[str, dict[str, oracle.OracleRecord]] = {}  # key -> scenario name -> its record (profiles share it)
+    for run in runs:
+        if run.oracle is not None:
+            records.setdefault(calibration_key(run.scenario), {}).setdefault(run.scenario.name, run.oracle)
+    calibrations: dict[str, dict[str, oracle.Calibration]] = {}
+    results: dict[str, list[dict[str, Any]]] = {}
+    for key, by_name in records.items():
+        calibrations[key], made = oracle.evaluate(list(by_name.values()))
+        results.update(zip(by_name, made, strict=True))
+    return calibrations, results
+
+
+def label_detections(run: Run) -> dict[tuple[str, str, str], float]:
+    """Per replica fault ``(model, replica, kind)``, the delay of the first right alert of its own
+    detector (what :func:`bench.scoring.score` counts for recall and delay)."""
+    labels = run_labels(run)
+    first: dict[tuple[str, str, str], float] = {}
+    for e in run_episodes(run):
+        lb = match(e, labels)
+        if lb is not None and lb.replica is not None and DETECTOR_OF.get(lb.kind) == e.detector:
+            key = (lb.model, lb.replica, lb.kind)
+            first[key] = min(first.get(key, math.inf), e.start - lb.start)
+    return first
+
+
+def oracle_faults(run: Run, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """The oracle's verdict on each of the run's replica faults, with this profile's delay beside it
+    (``ours_delay_s``, None: not detected)."""
+    ours = label_detections(run)
+    out = []
+    for r in results.get(run.scenario.name, []):
+        mine = ours.get((r["model"], r["replica"], r["kind"]))
+        out.append({**r, "detector": DETECTOR_OF[r["kind"]], "ours_delay_s": None if mine is None else round(mine, 3)})
+    return out
+
+
+def oracle_summary(runs: Sequence[Run], results: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+    """Per detector of a fault kind the oracle knows: the oracle's recall and median delay, ours beside
+    them, the ratios and the targets (recall >= 0.95 x the oracle's, median delay <= 2 x the oracle's
+    + 5 s); and the faults the oracle found undetectable, apart."""
+    faults = [(run, f) for run in runs for f in oracle_faults(run, results)]
+    per: dict[str, dict[str, Any]] = {}
+    for kind in oracle.KINDS:
+        mine = [f for _, f in faults if f["kind"] == kind]
+        if not mine:
+            continue
+        found = [f for f in mine if f["detectable"]]
+        delays = sorted(f["delay_s"] for f in found)
+        ours = sorted(f["ours_delay_s"] for f in mine if f["ours_delay_s"] is not None)
+        ours_found = sum(1 for f in found if f["ours_delay_s"] is not None)
+        recall, ours_recall = len(found) / len(mine), len(ours) / len(mine)
+        median = statistics.median(delays) if delays else None
+        ours_median = statistics.median(ours) if ours else None
+        target = None if median is None else ORACLE_DELAY_FACTOR * median + ORACLE_DELAY_SLACK_S
+        per[DETECTOR_OF[kind]] = {
+            "kind": kind, "statistic": oracle.STATISTICS[kind], "faults": len(mine),
+            "oracle_detected": len(found), "oracle_recall": recall, "oracle_delays_s": delays,
+            "oracle_delay_median_s": median, "ours_detected": len(ours), "ours_recall": ours_recall,
+            "ours_delay_median_s": ours_median, "ours_detected_of_detectable": ours_found,
+            "recall_of_detectable": ours_found / len(found) if found else None,
+            "recall_ratio": ours_recall / recall if recall else None, "delay_target_s": target,
+            "delay_ratio": ours_median / median if ours_median is not None and median else None,
+            "targets_met": {"recall": ours_recall >= ORACLE_RECALL_SHARE * recall - 1e-9,
+                            "delay": None if target is None or ours_median is None else ours_median <= target},
+        }
+    undetectable = [{"run": run.scenario.name, "shape": run.scenario.shape.name, "kind": f["kind"],
+                     "replica": f["replica"], "requests": f["requests"], "samples": f["samples"],
+                     "max_cusum": f["max_cusum"], "h": f["h"], "why": f["why"]}
+                    for run, f in faults if not f["detectable"]]
+    return {"detectors": per, "undetectable": undetectable}
+
+
 # ----------------------------------------------------------------------------- report
 
 
@@ -525,6 +637,59 @@ def live_table(groups: Mapping[str, Mapping[str, Any]], scope: str, profiles: Se
     return "\n".join(lines)
 
 
+def oracle_table(groups: Mapping[str, Mapping[str, Any]], scope: str, profiles: Sequence[str]) -> str:
+    """Per detector, the oracle's recall and median delay and each profile's beside them (✗: below 0.95 x
+    the oracle's recall, or a median delay above 2 x the oracle's + 5 s)."""
+    present = [p for p in profiles if "oracle" in groups.get(f"{p}|{scope}", {})]
+    if not present:
+        return "(no oracle)"
+    head = ("| detector | fault | oracle: found | delay median (s) | target delay (s) | " + " | ".join(
+        f"{p}: found | of the detectable | recall / oracle's | delay median (s)" for p in present) + " |")
+    lines = [head, "|---|---|---:|---:|---:|" + "---:|---:|---:|---:|" * len(present)]
+    first = groups[f"{present[0]}|{scope}"]["oracle"]["detectors"]
+    for detector, o in first.items():
+        cells = []
+        for p in present:
+            s = groups[f"{p}|{scope}"]["oracle"]["detectors"][detector]
+            met = s["targets_met"]
+            detectable = ("—" if s["recall_of_detectable"] is None else
+                          f"{s['ours_detected_of_detectable']}/{s['oracle_detected']}")
+            cells.append(f"{s['ours_detected']}/{s['faults']}{_miss(met['recall'])} | {detectable} | "
+                         f"{_fmt(s['recall_ratio'])} | {_fmt(s['ours_delay_median_s'], 0)}{_miss(met['delay'])}")
+        lines.append(f"| {detector} | {o['kind']} | {o['oracle_detected']}/{o['faults']} | "
+                     f"{_fmt(o['oracle_delay_median_s'], 0)} | {_fmt(o['delay_target_s'], 0)} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def calibration_table(calibrations: Mapping[str, Mapping[str, oracle.Calibration]]) -> str:
+    """The oracle's threshold h per shape and statistic (its crossings on the clean pools)."""
+    kinds = [k for k in oracle.KINDS if any(k in c for c in calibrations.values())]
+    lines = ["| shape | clean pool-hours | " + " | ".join(kinds) + " |", "|---|---:|" + "---:|" * len(kinds)]
+    for key, per in calibrations.items():
+        hours = next(iter(per.values())).pool_hours if per else 0.0
+        cells = [f"{c.h:.1f} ({c.crossings})" if (c := per.get(k)) else "—" for k in kinds]
+        lines.append(f"| {key} | {hours:.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def undetectable_table(calibrations: Mapping[str, Any], results: Mapping[str, Sequence[Mapping[str, Any]]],
+                       runs: Sequence[Run]) -> str:
+    """Every fault the oracle could not raise within its span, by shape."""
+    names = {r.scenario.name: r.scenario for r in runs}
+    rows = [(calibration_key(names[name]), name, f) for name, faults in results.items() for f in faults
+            if not f["detectable"]]
+    if not rows:
+        return "(none: the oracle raised every fault within its span)"
+    order = list(calibrations)
+    rows.sort(key=lambda r: (order.index(r[0]) if r[0] in order else len(order), r[1],
+                             oracle.KINDS.index(r[2]["kind"])))
+    lines = ["| shape | run | fault | replica | requests during it | why |", "|---|---|---|---|---:|---|"]
+    lines += [f"| {key} | {name} | {f['kind']} | {f['replica']} | {f['requests']} | {f['why']} |"
+              for key, name, f in rows]
+    return "\n".join(lines)
+
+
 def plot(groups: Mapping[str, Mapping[str, Any]], names: Sequence[str], path: Path) -> None:
     """Detection delay per detector, one panel per group, target marked."""
     try:
@@ -570,8 +735,10 @@ def plot(groups: Mapping[str, Mapping[str, Any]], names: Sequence[str], path: Pa
 # ----------------------------------------------------------------------------- main
 
 
-def run_record(run: Run, keep_episodes: bool) -> dict[str, Any]:
-    """What the JSON keeps of a run: its scenario, load check and counts (``keep_episodes``: everything)."""
+def run_record(run: Run, keep_episodes: bool,
+               oracle_results: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> dict[str, Any]:
+    """What the JSON keeps of a run: its scenario, load check, counts and the oracle's verdict on each
+    fault beside ours (``keep_episodes``: everything)."""
     episodes = run_episodes(run)
     report = run_corrections(run)
     record: dict[str, Any] = {
@@ -582,6 +749,8 @@ def run_record(run: Run, keep_episodes: bool) -> dict[str, Any]:
                         "healthy_zero_steps": report["healthy_zero_steps"], "all_zero_steps": len(report["all_zero"]),
                         "panic": report["panic"], "below": report["below"]},
     }
+    if oracle_results is not None:
+        record["oracle"] = oracle_faults(run, oracle_results)
     if keep_episodes:
         record["episodes"] = [asdict(e) for e in episodes]
         record["corrections"] = report
@@ -700,6 +869,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     report(run)
     targets = {name: delay_targets(spec) for name, spec in zip(names, profiles, strict=True)}
     groups = {key: summarize(members, targets[members[0].profile]) for key, members in group_runs(runs).items()}
+    calibrations, oracle_results = run_oracle(runs)
+    for key, members in group_runs(runs).items():
+        groups[key]["oracle"] = oracle_summary(members, oracle_results)
     splits = {run.scenario.shape.name: "fit" if any(r.split == "FIT" for r in runs
                                                    if r.scenario.shape.name == run.scenario.shape.name)
               else "holdout" for run in runs}
@@ -716,9 +888,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(detector_table(groups, scope, names))
         print()
         print(outcome_table(groups, scope, names))
+        print("\noracle (bench/oracle.py: the earliest any detector could raise each fault at <= 1 false alert per "
+              "clean pool-hour) and ours:\n")
+        print(oracle_table(groups, scope, names))
         if args.live_signals == "both":
             print("\ndelay median / P95 (s) with and without the engines' live signals:\n")
             print(live_table(groups, scope, names))
+    print("\n## oracle: threshold h per shape and statistic (its crossings on the clean pools)\n")
+    print(calibration_table(calibrations))
+    print("\n## oracle: undetectable faults (left out of the recall of the detectable)\n")
+    print(undetectable_table(calibrations, oracle_results, runs))
     if any(r.scenario.family == "learned" for r in runs):
         print(f"\n## learned: recall per fault kind ({names[0]})\n")
         print(kind_table(groups, scopes, names[0], "learned"))
@@ -735,9 +914,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "targets": {"recall": RECALL_TARGET, "precision": RECALL_TARGET, "delay": "persistence + 10 s",
                               "false_per_clean_pool_hour": FALSE_PER_HOUR_TARGET, "healthy_zero": 0,
                               "all_zero_pools": 0, "faulty_below_within_target": RECALL_TARGET}},
+        "oracle": {"statistics": oracle.STATISTICS,
+                   "targets": {"recall": f">= {ORACLE_RECALL_SHARE} x the oracle's",
+                               "delay": (f"median <= {ORACLE_DELAY_FACTOR:g} x the oracle's "
+                                         f"+ {ORACLE_DELAY_SLACK_S:g} s")},
+                   "calibration": {key: {kind: {**asdict(c), "false_per_hour": c.false_per_hour}
+                                         for kind, c in per.items()} for key, per in calibrations.items()}},
         "groups": groups,
         "failures": failures,
-        "runs": [run_record(r, args.keep_episodes) for r in runs],
+        "runs": [run_record(r, args.keep_episodes, oracle_results) for r in runs],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1, default=str) + "\n")

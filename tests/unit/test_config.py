@@ -31,8 +31,8 @@ BAD_FILES = {
     "not_a_table": ("[detectors]\nlong_tail = 3\n", ["detectors.long_tail = 3", "expected a table"]),
     "float_for_int": ("[kafka]\npartitions = 2.7\n", ["kafka.partitions = 2.7", "expected an integer"]),
     "unknown_section": ("[kafak]\nbootstrap = 'x:1'\n", ["kafak", "unknown section", "kafka"]),
-    "rule_over_keys": ("[detectors.batch_collapse]\nseed_rule = false\nstuck_rule = false\n",
-                       ["detectors.batch_collapse.seed_rule", "stuck_rule"]),
+    "rule_over_keys": ("[detectors.batch_collapse]\nseed_rule = false\nstuck_rule = false\npeer_rule = false\n",
+                       ["detectors.batch_collapse.seed_rule", "stuck_rule or peer_rule"]),
     "not_toml": ("[window\n", ["not valid TOML"]),
 }
 
