@@ -232,3 +232,27 @@ def test_one_replica_bursting_in_its_pool_opens_on_it_alone() -> None:
 def test_the_whole_pool_getting_longer_prompts_is_traffic_not_a_burst() -> None:
     _, alerts = step_with_peers([1000.0] * 4, [8000.0] * 4)
     assert alerts == []
+
+
+def thin_pool_step(r0_mean: float, n: int = 12) -> list[Alert]:
+    """A pool whose prompts arrive seldom: ``n`` prompts a window on each replica (never the floor in
+    the newest 20 s), no own past of ``baseline_min_count`` prompts; r0's window at ``r0_mean``."""
+    det = ContextBurstDetector()
+    alerts: list[Alert] = []
+    vectors = [FeatureVector(model="m", replica=f"r{j}", window_start=0.0, window_end=60.0, count=n,
+                             prompt_tokens_mean=r0_mean if j == 0 else 1000.0,
+                             prompt_tokens_var=(0.8 * (r0_mean if j == 0 else 1000.0)) ** 2, **_recent(3, 1000.0))
+               for j in range(4)]
+    det.update_step(StepColumns(vectors, [None] * len(vectors)), 60.0, alerts, [])
+    return alerts
+
+
+def test_a_thin_replica_bursts_against_its_peers_alone_at_alpha_squared() -> None:
+    (alert,) = thin_pool_step(8000.0)  # 12 prompts 8 x the peers' 36: far beyond alpha squared
+    assert alert.replica == "r0" and alert.evidence["alpha"] == pytest.approx(1e-8)
+    assert alert.evidence["peers_probability"] <= 1e-8 and "own_probability" not in alert.evidence
+    # 3 x longer on 12 prompts clears alpha (1e-4) but not what two baselines together would
+    from skewwatch.pipeline.detectors.evidence import lognormal_mean_tail
+
+    assert 1e-8 < lognormal_mean_tail(3000.0, 1000.0, 800.0 ** 2, 12) <= 1e-4
+    assert thin_pool_step(3000.0) == []

@@ -30,7 +30,11 @@ heavy-tailed; the mean of ``n`` by Fenton-Wilkinson,
 probability is at most ``alpha`` (1e-4) against every baseline available, and the mean is at
 least ``mean_ratio`` (2) x each baseline's mean: a burst is prompts twice as long, not a
 significant 5 %. Evidence minimum: ``min_count`` (6) prompts in the newest 20 s and one baseline.
-No constant here is a token count: what is long is relative to the traffic.
+Where prompts arrive seldom (fewer than ``min_count`` in the newest 20 s) the whole 60 s window is
+judged the same way against the peers' window and the window that ended 60 s before; where only
+one of those two baselines has the evidence (a replica's own past of a few prompts), it must clear
+``alpha`` squared, what the two together would. No constant here is a token count: what is long is
+relative to the traffic.
 
 **The seed's rule (``seed_rule``, the seed profile)**, with the two readings it needs: the
 growth test runs on the variance (tokens², including ``> 1000`` after a previous variance of 0)
@@ -143,16 +147,16 @@ class ContextBurstDetector(ThresholdDetector):
     def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_]:
         """Replicas that cannot burst whatever their own past says: too few newest prompts, or a
         pool baseline (which every judgement with it must clear) whose mean theirs is not
-        ``mean_ratio`` times; the whole window needs both baselines, so the peers' too. For the
-        seed rule, a window that is not long. Only their history moves on."""
+        ``mean_ratio`` times. For the seed rule, a window that is not long. Only their history
+        moves on."""
         cfg = self.config
         can = np.zeros(len(step), dtype=bool)
         if cfg.burst_rule:
             prepared = self._peers is not None and self._prepared is step
             recent, window = self._peers if prepared and self._peers is not None else _pool(step, cfg.min_peers)
-            for n_name, mean_name, var_name, peers, both in (
-                    ("recent_count", "recent_prompt_tokens_mean", "recent_prompt_tokens_var", recent, False),
-                    ("count", "prompt_tokens_mean", "prompt_tokens_var", window, True)):
+            for n_name, mean_name, var_name, peers in (
+                    ("recent_count", "recent_prompt_tokens_mean", "recent_prompt_tokens_var", recent),
+                    ("count", "prompt_tokens_mean", "prompt_tokens_var", window)):
                 own_mean = step.column(mean_name)
                 judged = (step.column(n_name) >= cfg.min_count) & ~np.isnan(own_mean)
                 judged &= ~np.isnan(step.column(var_name))
@@ -161,7 +165,7 @@ class ContextBurstDetector(ThresholdDetector):
                 # ratio = mean / base (inf where base <= 0) must reach mean_ratio; a hair of slack
                 # for the rounding of the product against the quotient
                 below = (base > 0) & (own_mean < cfg.mean_ratio * base * (1.0 - 1e-9))
-                can |= judged & ~below & (~np.isnan(base) if both else True)
+                can |= judged & ~below
         if cfg.seed_rule:
             mean = step.column(f"{cfg.tokens}_tokens_mean")
             var = step.column(f"{cfg.tokens}_tokens_var")
@@ -262,7 +266,7 @@ class ContextBurstDetector(ThresholdDetector):
                                  peers[0])
             window = recent if recent.holds is not None else self._burst(
                 fv.count, fv.prompt_tokens_mean, fv.prompt_tokens_var, "the window's",
-                history.get(own, end_ms - round(cfg.lookback_s * 1000)), peers[1], both=True)
+                history.get(own, end_ms - round(cfg.lookback_s * 1000)), peers[1], single_window=True)
             # the whole window only where the newest 20 s hold too few prompts to judge
             findings.append(recent if recent.holds is not None else window)
         if cfg.seed_rule:
@@ -274,10 +278,10 @@ class ContextBurstDetector(ThresholdDetector):
         return {"main": judged[0] if judged else findings[0]}
 
     def _burst(self, n: int | None, mean: float | None, var: float | None, span: str, before: list[float] | None,
-               peers: tuple[float, float, float] | None, both: bool = False) -> Finding:
+               peers: tuple[float, float, float] | None, single_window: bool = False) -> Finding:
         """The default rule (module docstring) on one span's prompts (``n``, ``mean``, ``var``)
         against the replica's window that ended where the span begins and its peers' same span
-        (``both``: only where both baselines have the evidence)."""
+        (``single_window``: the whole window, where one baseline alone must clear ``alpha`` squared)."""
         cfg = self.config
         evidence: dict[str, float | int | str | None] = {
             "span": span, "count": n, "mean_tokens": mean, "min_count": cfg.min_count, "alpha": cfg.alpha,
@@ -289,22 +293,26 @@ class ContextBurstDetector(ThresholdDetector):
             baselines.append(("peers", peers))
         if before is not None and before[0] >= cfg.baseline_min_count:
             baselines.append(("own past", (before[0], before[1], before[2])))
-        if not baselines or (both and len(baselines) < 2):
+        if not baselines:
             return Finding(holds=None, evidence=evidence)
         holds = True
         parts = []
+        # the whole window judged against one baseline alone (its own past too short: prompts that
+        # arrive seldom) must clear what both together would: alpha squared
+        alpha = cfg.alpha ** 2 if single_window and len(baselines) < 2 else cfg.alpha
+        evidence["alpha"] = alpha
         for name, (count, base_mean, base_var) in baselines:
             probability = lognormal_mean_tail(mean, base_mean, base_var, n)
             ratio = mean / base_mean if base_mean > 0 else math.inf
             tag = "peers" if name == "peers" else "own"
             evidence.update({f"{tag}_mean_tokens": base_mean, f"{tag}_count": count,
                              f"{tag}_probability": probability, f"{tag}_mean_ratio": ratio})
-            holds = holds and probability <= cfg.alpha and ratio >= cfg.mean_ratio
+            holds = holds and probability <= alpha and ratio >= cfg.mean_ratio
             parts.append(f"{ratio:.1f} x the {name}' {fmt(base_mean, 0)} (probability {probability:.1e})")
         message = (
             f"context burst: {span} {n} prompts average {fmt(mean, 0)} tokens, "
             + ", ".join(parts)
-            + f" (>= {cfg.mean_ratio:g} x, <= {cfg.alpha:g})"
+            + f" (>= {cfg.mean_ratio:g} x, <= {alpha:g})"
         )
         params = {"tokens_mean": round(mean), "tokens_std": round(math.sqrt(max(var, 0.0)))}
         return Finding(holds=holds, message=message, evidence=evidence, params=params)
