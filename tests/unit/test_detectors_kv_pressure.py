@@ -169,3 +169,28 @@ def test_a_window_of_one_to_five_requests_alerts_on_nothing(n: int) -> None:
         end = 60.0 + 5 * i
         out = det.update(fv(end, hit=0.1, tps=1.0, count=n, queue=5.0), tel(frag=0.9, hit=0.1), end)
         assert out.alerts == [], n
+
+
+def test_fragmentation_on_a_thin_window_is_judged_against_the_peers() -> None:
+    """The allocator's numbers do not thin out with the request rate: two requests a window are
+    enough to say which way the hit rate went, against peers of as few; the prefill rule still
+    needs ``min_count`` requests."""
+    def thin_step(det: KvPressureDetector, end: float, hits: list[float], frags: list[float]) -> list[Any]:
+        vectors = [fv(end, hit=h, replica=f"r{i}", tps=5.0, count=2, queue=3.0) for i, h in enumerate(hits)]
+        samples = [TelemetrySample(ts=end, replica=f"r{i}", source="vllm", memory_reserved_bytes=100.0,
+                                   memory_allocated_bytes=100.0 * (1 - f)) for i, f in enumerate(frags)]
+        alerts: list[Any] = []
+        det.update_step(StepColumns(vectors, samples), end, alerts, [])
+        return alerts
+
+    det = KvPressureDetector()
+    alerts = [a for end in (60.0, 65.0) for a in thin_step(det, end, [0.3, 0.75, 0.74, 0.76], [0.6, 0.1, 0.1, 0.1])]
+    assert [(a.replica, a.evidence["rule"]) for a in alerts] == [("r0", "fragmentation")]
+    # the same thin windows at the pool's own hit rate (or without the fragmentation): nothing
+    det = KvPressureDetector()
+    assert [a for end in (60.0, 65.0) for a in thin_step(det, end, [0.76, 0.75, 0.74, 0.76],
+                                                         [0.6, 0.1, 0.1, 0.1])] == []
+    assert KvPressureDetector(KvPressureConfig(fragmentation_min_count=6)).config.fragmentation_min_count == 6
+    det = KvPressureDetector(KvPressureConfig(fragmentation_min_count=6))
+    assert [a for end in (60.0, 65.0) for a in thin_step(det, end, [0.3, 0.75, 0.74, 0.76],
+                                                         [0.6, 0.1, 0.1, 0.1])] == []

@@ -14,7 +14,7 @@ Two rules, each with its own hysteresis (the alert's ``evidence.rule`` says whic
   seed's: ``1 - allocated / reserved`` from telemetry, ``TelemetrySample.fragmentation``, a ratio of
   the allocator's own numbers that means the same on any fleet) and the KV hit rate *lower than its
   baseline*: the replica's peers' (the median of the other replicas' window hit rates, at least
-  ``min_peers`` with ``min_count`` requests) or, without peers, its own past (an exponentially
+  ``min_peers`` with ``fragmentation_min_count`` requests) or, without peers, its own past (an exponentially
   weighted mean of its window's hit rate over the steps where the rule did not hold, time
   constant ``baseline_tau_s``, known after ``baseline_steps`` steps). The hit rate that is normal
   depends on the traffic's prefix reuse (chat history, shared system prompts): the seed's 0.65 is
@@ -28,8 +28,11 @@ Two rules, each with its own hysteresis (the alert's ``evidence.rule`` says whic
   diagnosis (``require_waiting = false``: the seed's rule as written).
 
 KV hit rate is the window's mean from the request events, else the engine's telemetry. A rule
-whose signals are missing is *silent*: no alert, no claim. Every rule needs at least
-``min_count`` (6) finished requests in the window. The seed names no action for these diagnoses,
+whose signals are missing is *silent*: no alert, no claim. The prefill rule needs at least
+``min_count`` (6) finished requests in the window; the fragmentation rule ``fragmentation_min_count``
+(1): its evidence is the allocator's, fresh on every scrape however few requests finish, and the
+window's hit rate only says which way it went (a replica of a request a minute is judged too). The
+own past learns only from windows of ``min_count``. The seed names no action for these diagnoses,
 so the alerts carry none; severities are ours.
 
 >>> from skewwatch.schemas.feature_vector import FeatureVector
@@ -91,6 +94,9 @@ class KvPressureConfig(DetectorConfig, frozen=True):
     high_hit_rate: Unit = 0.85  # seed: and hit_rate > 0.85
     persistence: Count = 2  # fragmentation on two scrapes in a row
     min_count: Count = 6  # the evidence floor: fewer finished requests in the window -> no claim
+    # the fragmentation rule's floor: its evidence is the allocator's own numbers on `persistence`
+    # scrapes, whatever the request rate; the window's hit rate (here, and the peers') only says which way
+    fragmentation_min_count: Count = 1
     relative_hit_rate: bool = True  # the hit rate below the peers' / its own past, not below low_hit_rate
     min_peers: Count = 2  # peers with min_count requests for a pool baseline
     baseline_tau_s: Positive = 300.0  # without peers: the time constant of the replica's own past hit rate
@@ -133,7 +139,7 @@ class KvPressureDetector(ThresholdDetector):
         if step is None or not cfg.relative_hit_rate or len(step) < 2:
             return
         hit = step.column("kv_cache_hit_rate_mean")
-        valid = (step.column("count") >= cfg.min_count) & ~np.isnan(hit)
+        valid = (step.column("count") >= min(cfg.min_count, cfg.fragmentation_min_count)) & ~np.isnan(hit)
         peers = others_median(hit, valid, cfg.min_peers)
         self._peer_hit, self._row_of = peers, step.row_of
 
@@ -156,10 +162,12 @@ class KvPressureDetector(ThresholdDetector):
             fragmentation = frag > cfg.fragmentation_threshold
             if not cfg.relative_hit_rate:
                 fragmentation &= hit < cfg.low_hit_rate
-        holds = (step.column("tokens_per_s") < cfg.throughput_threshold) & (hit > cfg.high_hit_rate)
+        count = step.column("count")
+        holds = (count >= cfg.min_count) & (step.column("tokens_per_s") < cfg.throughput_threshold) & (
+            hit > cfg.high_hit_rate)
         if fragmentation is not None:
-            holds |= fragmentation
-        return ~((step.column("count") >= cfg.min_count) & holds)
+            holds |= (count >= cfg.fragmentation_min_count) & fragmentation
+        return ~holds
 
     def remember(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]) -> None:
         self._remember(fv, telemetry)
@@ -239,13 +247,16 @@ class KvPressureDetector(ThresholdDetector):
             "tokens_per_s": thru,
             "count": fv.count,
         }
-        if fv.count < cfg.min_count or hit is None:
+        none = Finding(None, evidence=evidence)
+        if hit is None or fv.count < min(cfg.min_count, cfg.fragmentation_min_count):
             self._remember(fv, telemetry)
-            return {"fragmentation": Finding(None, evidence=evidence), "prefill": Finding(None, evidence=evidence)}
-        fragmentation = self._fragmentation(fv, hit, frag, before, evidence)
+            return {"fragmentation": none, "prefill": none}
+        fragmentation = (self._fragmentation(fv, hit, frag, before, evidence)
+                         if fv.count >= cfg.fragmentation_min_count else none)
         if not fragmentation.holds:  # the own past learns only from steps without the fault
             self._remember(fv, telemetry)
-        return {"fragmentation": fragmentation, "prefill": self._prefill(fv, telemetry, hit, thru, evidence)}
+        prefill = self._prefill(fv, telemetry, hit, thru, evidence) if fv.count >= cfg.min_count else none
+        return {"fragmentation": fragmentation, "prefill": prefill}
 
     def _fragmentation(self, fv: FeatureVector, hit: float, frag: float | None, before: float | None,
                        evidence: dict[str, Any]) -> Finding:
