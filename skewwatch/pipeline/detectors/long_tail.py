@@ -679,7 +679,8 @@ def _beyond_p99(rate: npt.NDArray[np.float64], ratio: float, lower: npt.NDArray[
     with np.errstate(divide="ignore", invalid="ignore"):
         slope = np.log(lower_tail / BASELINE_EXCEEDANCE) / np.log(p99 / lower)
         beyond = rate * np.power(ratio, -np.where((lower > 0) & (p99 > lower), slope, 0.0))
-    return np.minimum(np.maximum(np.nan_to_num(beyond, nan=1.0), 1.0 / (np.maximum(np.nan_to_num(total), 0.0) + 1.0)), rate)
+    floor = 1.0 / (np.maximum(np.nan_to_num(total), 0.0) + 1.0)
+    return np.minimum(np.maximum(np.nan_to_num(beyond, nan=1.0), floor), rate)
 
 #: The live rule's judgement: the aggregate, baseline, its source, tail excess, noise, threshold,
 #: history steps, first tokens' ratio, prefill, holds.
