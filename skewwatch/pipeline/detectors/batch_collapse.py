@@ -68,7 +68,7 @@ from skewwatch.config_section import Count, Fraction, NonNegative, NonNegativeIn
 from skewwatch.pipeline.batch_controller import BatchControllerConfig, recommend_batch_size
 from skewwatch.pipeline.detectors.alerts import Severity, fmt
 from skewwatch.pipeline.detectors.evidence import poisson_tail_bound
-from skewwatch.pipeline.detectors.peers import others_median
+from skewwatch.pipeline.detectors.peers import others_median, others_medians
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
 from skewwatch.schemas.feature_vector import FeatureVector
@@ -159,6 +159,7 @@ class BatchCollapseDetector(ThresholdDetector):
         super().__init__(config)
         self._peer: tuple[npt.NDArray[np.float64], ...] = ()  # peers' fill, TTFT, queue, prompt (per row)
         self._row_of: dict[str, int] = {}
+        self._prepared: StepColumns | None = None  # the step prepare last saw (its peers, if any)
 
     def step_fields(self) -> tuple[str, ...]:
         fields = ("count", "batch_size_std", "batch_fill_mean", "queue_length_mean", "batch_size_mean")
@@ -167,13 +168,26 @@ class BatchCollapseDetector(ThresholdDetector):
     def prepare(self, step: StepColumns | None) -> None:
         """Each replica's peers' batch fill, median TTFT, queue and prompt length: the medians of the
         other replicas' windows with ``min_count`` requests (NaN: fewer than ``min_peers``)."""
-        self._peer, self._row_of = (), {}
+        self._peer, self._row_of, self._prepared = (), {}, step
         cfg = self.config
         if step is None or not cfg.peer_rule or len(step) < 2:
             return
+        if cfg.stuck_rule and not np.isnan(step.telemetry_column("queue_length")).any() and not np.isnan(
+                step.telemetry_column("running_requests")).any():
+            return  # every engine reports its queue: the stuck rule judges them all
         count_ok = step.column("count") >= max(cfg.min_count, 1)
-        columns = [step.column(f) for f in ("batch_fill_mean", "ttft_p50", "queue_length_mean", "prompt_tokens_mean")]
-        self._peer = tuple(others_median(c, count_ok & ~np.isnan(c), cfg.min_peers) for c in columns)
+        fill, ttft, queue, prompt = (step.column(f) for f in ("batch_fill_mean", "ttft_p50", "queue_length_mean",
+                                                                "prompt_tokens_mean"))
+        valid = count_ok & ~np.isnan(fill) & ~np.isnan(ttft)
+        if (~np.isnan(prompt[valid])).all():  # the usual step: one sort for three of them
+            peer_fill, peer_ttft, peer_prompt = others_medians(np.stack([fill, ttft, prompt]), valid, cfg.min_peers)
+        else:
+            peer_fill, peer_ttft = others_medians(np.stack([fill, ttft]), valid, cfg.min_peers)
+            peer_prompt = others_median(prompt, count_ok & ~np.isnan(prompt), cfg.min_peers)
+        # (events without a queue: none to compare, and the first tokens say whether requests wait)
+        peer_queue = (np.full(len(step), np.nan) if np.isnan(queue).all()
+                      else others_median(queue, count_ok & ~np.isnan(queue), cfg.min_peers))
+        self._peer = (peer_fill, peer_ttft, peer_queue, peer_prompt)
         self._row_of = step.row_of
 
     def _peer_rule_may_hold(self, step: StepColumns) -> npt.NDArray[np.bool_]:
@@ -219,7 +233,9 @@ class BatchCollapseDetector(ThresholdDetector):
             queue = step.column("queue_length_mean")
             can |= ~telemetry & (queue >= cfg.stuck_queue_min) & (fill < cfg.stuck_fill_max)
         if cfg.peer_rule:
-            if self._row_of and self._peer and len(self._peer[0]) == len(step):
+            if self._prepared is step and not self._peer:
+                pass  # no peers' baseline in this step (a lone replica, or every engine reports its queue)
+            elif self._prepared is step:
                 frag = step.telemetry_column("fragmentation")
                 engine_queue = np.zeros(len(step), dtype=bool)
                 if cfg.stuck_rule:

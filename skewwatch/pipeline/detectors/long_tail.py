@@ -234,18 +234,25 @@ class LongTailDetector(ThresholdDetector):
         p50, p99, ttft = step.column("tpot_p50"), step.column("tpot_p99"), step.column("ttft_p50")
         valid = (count >= cfg.peer_min_count) & ~np.isnan(p50) & ~np.isnan(p99)
         ttft_valid = valid & ~np.isnan(ttft)
-        if (ttft_valid == valid).all():  # the usual step: one sort for the four
-            peer_p50, peer_p99, peer_ttft, peer_count = others_medians(np.stack([p50, p99, ttft, count]), valid,
-                                                                       cfg.min_peers)
+        latency = cfg.exceedance_rule and cfg.latency_signal
+        if latency:
+            lat50, lat95, lat99 = step.column("latency_p50"), step.column("latency_p95"), step.column("latency_p99")
+            lat_valid = (count >= cfg.peer_min_count) & ~np.isnan(lat50) & ~np.isnan(lat95) & ~np.isnan(lat99)
+        if (ttft_valid == valid).all() and (not latency or (lat_valid == valid).all()):
+            # the usual step: one sort for all of them
+            stacked = [p50, p99, ttft, count, *((lat50, lat95, lat99) if latency else ())]
+            medians = others_medians(np.stack(stacked), valid, cfg.min_peers)
+            peer_p50, peer_p99, peer_ttft, peer_count = medians[:4]
+            if latency:
+                self._peer_latency = (medians[4], medians[6], peer_count, medians[5], others_sum(count, valid))
         else:
             peer_p50, peer_p99, peer_count = others_medians(np.stack([p50, p99, count]), valid, cfg.min_peers)
             peer_ttft = others_median(ttft, ttft_valid, cfg.min_peers)
-        if cfg.exceedance_rule and cfg.latency_signal:
-            lat50, lat95, lat99 = step.column("latency_p50"), step.column("latency_p95"), step.column("latency_p99")
-            lat_valid = (count >= cfg.peer_min_count) & ~np.isnan(lat50) & ~np.isnan(lat95) & ~np.isnan(lat99)
-            peer_lat50, peer_lat95, peer_lat99, peer_lat_count = others_medians(
-                np.stack([lat50, lat95, lat99, count]), lat_valid, cfg.min_peers)
-            self._peer_latency = (peer_lat50, peer_lat99, peer_lat_count, peer_lat95, others_sum(count, lat_valid))
+            if latency:
+                peer_lat50, peer_lat95, peer_lat99, peer_lat_count = others_medians(
+                    np.stack([lat50, lat95, lat99, count]), lat_valid, cfg.min_peers)
+                self._peer_latency = (peer_lat50, peer_lat99, peer_lat_count, peer_lat95,
+                                      others_sum(count, lat_valid))
         self._row_of, self._peer_live, self._live_aggregates = step.row_of, peer_live, live
         self._peer_columns = (peer_p50, peer_p99, peer_ttft, peer_count)
         self._prepared = step
@@ -318,9 +325,8 @@ class LongTailDetector(ThresholdDetector):
                                        step.column("tpot_max")])
                     # TPOT: the rate at the peers' P99 (no slope beyond it: under queueing the replicas'
                     # TPOT differ by more than their tails' slope allows)
-                    no_slope = np.full(len(step), np.nan)
                     rules |= own & (~pooled | self._exceedance_possible(
-                        step, tpot_q, _QUANTILES, p99, peer_count, no_slope, _TPOT_LOWER_TAIL, no_slope))
+                        step, tpot_q, _QUANTILES, p99, peer_count, None, 0.0, None))
                     if cfg.latency_signal and self._peer_latency:
                         _, lat99, lat_count, lat95, lat_total = self._peer_latency
                         lat_q = np.stack([step.column("latency_p50"), step.column("latency_p95"),
@@ -336,32 +342,38 @@ class LongTailDetector(ThresholdDetector):
 
     def _exceedance_possible(self, step: StepColumns, quantiles: npt.NDArray[np.float64],
                              levels: npt.NDArray[np.float64], peer_p99: npt.NDArray[np.float64],
-                             peer_count: npt.NDArray[np.float64], peer_lower: npt.NDArray[np.float64],
-                             lower_tail: float, peer_total: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+                             peer_count: npt.NDArray[np.float64], peer_lower: npt.NDArray[np.float64] | None,
+                             lower_tail: float, peer_total: npt.NDArray[np.float64] | None) -> npt.NDArray[np.bool_]:
         """Where the exceedance rule against the peers could hold: :meth:`_exceedance`'s count of
         requests above the level and its binomial bound, as columns, with a hair of slack both on
-        the level and on the bound (so rounding can only let a replica through to evaluate)."""
+        the level and on the bound (so rounding can only let a replica through to evaluate);
+        ``peer_lower`` None: the rate at the peers' P99, no slope beyond it."""
         cfg = self.config
         n = step.column("count")
         level = cfg.tail_ratio * peer_p99 * (1.0 - 1e-9)
         with np.errstate(invalid="ignore", divide="ignore"):
             above = quantiles >= level  # NaN (no value, or no level) is never above
-            found = above.any(axis=0)
-            # the first (lowest) quantile above the level proves the most requests above it
-            quantile = levels[np.argmax(above, axis=0)]
-            exceeding = n - np.floor(quantile * (n - 1))
-            m = np.trunc(peer_count)
-            rate = np.maximum((m - np.floor(0.99 * (m - 1)) - 1) / (m + 1), BASELINE_EXCEEDANCE)
-            # (a hair lower than evaluate's rate: the screen may only let more replicas through)
-            rate = _beyond_p99(rate, self.config.tail_ratio, peer_lower, peer_p99, lower_tail, peer_total)
-            rate *= 1.0 - 1e-9
-            # binomial_tail_bound is 1 unless the count is above n p: most replicas stop here
-            possible = found & (n > 0) & (exceeding > n * rate * (1.0 - 1e-9))
-            rows = np.flatnonzero(possible)
+            possible = above.any(axis=0) & (n > 0)
+            rows = np.flatnonzero(possible)  # most replicas have no quantile above the level: done
             if not len(rows):
                 return possible
-            n, exceeding = n[rows], exceeding[rows]
-            rate = np.minimum(np.maximum(rate[rows], 1e-12), 1.0 - 1e-12)
+            # the first (lowest) quantile above the level proves the most requests above it
+            quantile = levels[np.argmax(above[:, rows], axis=0)]
+            n = n[rows]
+            exceeding = n - np.floor(quantile * (n - 1))
+            m = np.trunc(peer_count[rows])
+            rate = np.maximum((m - np.floor(0.99 * (m - 1)) - 1) / (m + 1), BASELINE_EXCEEDANCE)
+            if peer_lower is not None and peer_total is not None:
+                rate = _beyond_p99(rate, self.config.tail_ratio, peer_lower[rows], peer_p99[rows], lower_tail,
+                                   peer_total[rows])
+            rate *= 1.0 - 1e-9  # (a hair lower than evaluate's rate: the screen may only let more through)
+            # binomial_tail_bound is 1 unless the count is above n p
+            over = exceeding > n * rate * (1.0 - 1e-9)
+            possible[rows] = over
+            rows, n, exceeding, rate = rows[over], n[over], exceeding[over], rate[over]
+            if not len(rows):
+                return possible
+            rate = np.minimum(np.maximum(rate, 1e-12), 1.0 - 1e-12)
             share = np.minimum(exceeding / n, 1.0)
             kl = np.where(share > 0, share * np.log(share / rate), 0.0) + np.where(
                 share < 1, (1.0 - share) * np.log((1.0 - share) / (1.0 - rate)), 0.0)
@@ -574,10 +586,10 @@ class LongTailDetector(ThresholdDetector):
         tpot: Finding | None = None
         if peers is not None and peers.tpot_p99 is not None and peers.tpot_p50 is not None and peers.count:
             ref = (peers.tpot_p50, peers.tpot_p99, peers.count, "peers")
-            tail: tuple[float | None, float, float] = (None, _TPOT_LOWER_TAIL, 0.0)  # (as the screen)
+            tail: tuple[float | None, float, float] | None = None  # no slope beyond the P99 (as the screen)
         elif before is not None and len(before) > 2:
             ref = (before[0], before[1], before[2], "own past")
-            tail = (None, _TPOT_LOWER_TAIL, 0.0)
+            tail = None
         else:
             ref = None
         if ref is not None and n >= cfg.min_count and p50 is not None and top is not None and ref[1] > 0:
@@ -599,7 +611,8 @@ class LongTailDetector(ThresholdDetector):
         return holding[0] if holding else found[0]
 
     def _exceedance_test(self, n: int, quantiles: tuple[tuple[float, float | None], ...],
-                         ref: tuple[float, float, float, str], tail: tuple[float | None, float, float], prefill: bool,
+                         ref: tuple[float, float, float, str], tail: tuple[float | None, float, float] | None,
+                         prefill: bool,
                          what: str, verb: str, unit: str, evidence: dict[str, Any], prefix: str) -> Finding:
         """One signal's exceedance test: how many of the window's ``n`` requests its quantiles prove
         above ``tail_ratio`` x the reference P99, against Binomial(n, the reference's exceedance rate)."""
@@ -616,10 +629,11 @@ class LongTailDetector(ThresholdDetector):
         # requests that is well above 1 % (the second largest of 30: 6.5 %), whatever tail_ratio adds
         m = int(ref_n)
         baseline_rate = max((m - math.floor(0.99 * (m - 1)) - 1) / (m + 1), BASELINE_EXCEEDANCE)
-        lower, lower_tail, total = tail
-        baseline_rate = float(_beyond_p99(np.array([baseline_rate]), cfg.tail_ratio,
-                                          np.array([math.nan if lower is None else lower]), np.array([ref99]),
-                                          lower_tail, np.array([total]))[0])
+        if tail is not None:  # beyond the P99 at the slope of the reference's tail
+            lower, lower_tail, total = tail
+            baseline_rate = float(_beyond_p99(np.array([baseline_rate]), cfg.tail_ratio,
+                                              np.array([math.nan if lower is None else lower]), np.array([ref99]),
+                                              lower_tail, np.array([total]))[0])
         probability = binomial_tail_bound(exceeding, n, baseline_rate)
         median = quantiles[0][1]
         shifted = ref50 > 0 and median is not None and median > cfg.shift_ratio * ref50
@@ -660,7 +674,7 @@ class LongTailDetector(ThresholdDetector):
 
 _QUANTILES = np.array([0.5, 0.9, 0.99, 1.0])  # of the window's TPOT p50, p90, p99 and max
 _LATENCY_QUANTILES = np.array([0.5, 0.95, 0.99])  # of the window's latency p50, p95 and p99
-_TPOT_LOWER_TAIL, _LATENCY_LOWER_TAIL = 0.10, 0.05  # above the peers' TPOT P90, latency P95
+_LATENCY_LOWER_TAIL = 0.05  # above the peers' latency P95
 
 
 def _beyond_p99(rate: npt.NDArray[np.float64], ratio: float, lower: npt.NDArray[np.float64],
