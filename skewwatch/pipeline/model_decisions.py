@@ -66,6 +66,7 @@ from skewwatch.pipeline.corrections import (
     publish_reason,
     step_seq,
 )
+from skewwatch.pipeline.demotion import demote
 from skewwatch.pipeline.detector_settings import DetectorSettings
 from skewwatch.pipeline.detectors.alerts import Action, Alert, Severity
 from skewwatch.pipeline.detectors.base import Detector
@@ -81,6 +82,7 @@ from skewwatch.schemas.telemetry_sample import TelemetrySample
 DECIDER_STATE_VERSION = 1
 _REPLICA, _MODEL, _WEIGHT = attrgetter("replica"), attrgetter("model"), attrgetter("weight")
 _HEALTHY: tuple[float, str | None, str | None] = (1.0, None, None)  # a replica without a health note
+_DEMOTING = frozenset({Severity.WARNING, Severity.CRITICAL})  # an open alert of these demotes its replica
 
 
 @dataclass(slots=True)
@@ -139,6 +141,9 @@ class ModelDecider:
         self._last_health: dict[str, float] = {}
         self._open_alerts: dict[tuple[str, str], int] | None = None  # as of the last step (metrics)
         self._evidence = PoolEvidence()  # held scores, arrival rates, ejections, pool alerts
+        # replica -> its open WARNING / CRITICAL alerts' keys (pipeline/demotion.py), kept from the
+        # alerts' transitions; a checkpoint rebuilds it from the detectors' open alerts
+        self._alerted: dict[str, set[str]] = {}
         # the vectors' fields the step reads as columns, read in one pass (StepColumns.prefetch)
         self._step_fields = tuple(dict.fromkeys(
             ["count", *POOL_WEIGHT_FIELDS, *(name for d in self.detectors.values() for name in d.step_fields())]))
@@ -255,6 +260,8 @@ class ModelDecider:
                 detector.update_step(judged, now, alerts, actions)
             else:
                 detector.update_step(columns, now, alerts, actions)
+        if alerts:
+            self._track_alerts(alerts)
         if len(self.detectors) > 1 and alerts:
             position = {replica: i for i, replica in enumerate(order)}
             rank = {name: i for i, name in enumerate(self.detectors)}
@@ -293,6 +300,8 @@ class ModelDecider:
         settled = self._evidence.settle(model, now, order, summaries, weights, health_actions,
                                         self.settings.weights)
         alerts.extend(settled.alerts)
+        if self._alerted and settled.mode != "panic":
+            self._demote(order, weights)
         if settled.withdrawn:  # held back by the ejection cap, or routed anyway in panic
             actions = [a for a in actions if not (a.replica in settled.withdrawn and a.action in EJECTING_ACTIONS)]
         correction = RoutingCorrection(
@@ -447,9 +456,54 @@ class ModelDecider:
             self._open_alerts = counts
         return dict(self._open_alerts)
 
+    def _track_alerts(self, alerts: list[Alert]) -> None:
+        """Keep which replicas have an open WARNING or CRITICAL alert, from this step's transitions."""
+        for alert in alerts:
+            if alert.replica is None:
+                continue
+            keys = self._alerted.setdefault(alert.replica, set())
+            if alert.state == "open" and alert.severity in _DEMOTING:
+                keys.add(alert.key)
+            else:  # resolved, or re-opened at INFO
+                keys.discard(alert.key)
+            if not keys:
+                del self._alerted[alert.replica]
+
+    def _alerted_from_detectors(self) -> dict[str, set[str]]:
+        """The same, from the detectors' open alerts (after a checkpoint is loaded)."""
+        alerted: dict[str, set[str]] = {}
+        for name, detector in self.detectors.items():
+            for key, severity in detector.open_alerts().items():
+                model_replica, _, rule = key.partition("#")
+                model, _, replica = model_replica.rpartition("/")
+                if severity in _DEMOTING and replica:
+                    alerted.setdefault(replica, set()).add(f"{model}/{replica}/{name}" + (f"#{rule}" if rule else ""))
+        return alerted
+
+    def _demote(self, order: list[str], weights: dict[str, ReplicaWeight]) -> None:
+        """Published weights below every healthy replica's for those with an open alert (in place)."""
+        rows = [weights[replica] for replica in order]
+        alerted = [bool(self._alerted.get(replica)) for replica in order]
+        outcome = demote([w.weight for w in rows], alerted, [w.health >= 1.0 for w in rows], self.settings.weights)
+        for row in outcome.demoted:
+            keys = sorted(k.rsplit("/", 1)[-1] for k in self._alerted.get(order[row], ()))
+            note = "demoted: " + ", ".join(keys) + " open"
+            rows[row].reason = note if rows[row].reason == "ok" else f"{rows[row].reason}; {note}"
+        if outcome.demoted:
+            for replica, w, new in zip(order, rows, outcome.weights, strict=True):
+                w.weight = new
+                evidence = self._evidence.replicas.get(replica)
+                if evidence is not None:
+                    evidence.weight = new  # what a router following the weights sends it (staleness)
+        elif outcome.note is not None:
+            for row, w in enumerate(rows):
+                if alerted[row]:
+                    w.reason = outcome.note if w.reason == "ok" else f"{w.reason}; {outcome.note}"
+
     def forget_replica(self, replica: str) -> None:
         """Drop a replica (released by the windows, or silent for ``release_after_s``)."""
         self._tracks.pop(replica, None)
+        self._alerted.pop(replica, None)
         self._order = None
         self._open_alerts = None
         for detector in self.detectors.values():
@@ -506,4 +560,5 @@ class ModelDecider:
         }
         decider._last_health = {r: float(h) for r, h in state.get("last_health", {}).items()}
         decider._evidence.load_state(state.get("evidence", {}), decider.settings.weights)
+        decider._alerted = decider._alerted_from_detectors()
         return decider

@@ -100,6 +100,11 @@ class WeightConfig(FrozenConfigSection, frozen=True):
     base_ejection_s: Positive = 30.0  # an ejection lasts at least this ...
     ejection_multiplier: Annotated[float, Meta(ge=1)] = 2.0  # ... times this per repeat ...
     max_ejection_s: Positive = 300.0  # ... and at most this
+    # detections and weights agree (pipeline/demotion.py): a replica with an open WARNING or CRITICAL
+    # alert weighs at most demote_factor x the lowest healthy replica, at least demote_floor x an equal share
+    demote_on_alert: bool = True
+    demote_factor: Annotated[float, Meta(gt=0, lt=1)] = 0.5
+    demote_floor: Annotated[float, Meta(ge=0, lt=1)] = 0.1
 
     def __post_init__(self) -> None:
         self._require(self.mem_coef + self.queue_coef + self.latency_coef > 0, "mem_coef",
