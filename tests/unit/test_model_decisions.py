@@ -470,3 +470,40 @@ def test_publish_rules(
 def test_renewal_is_published_before_the_published_expiry() -> None:
     prev = correction(60.0, {"a": 1.0}, [action(80.0)])
     assert publish_reason(prev, correction(65.0, {"a": 1.0}, [action(125.0)]), 65.0) == "action renewal due"
+
+
+# ---------------------------------------------------------------- detections and weights agree
+
+SEED_DEMOTING = DetectorSettings.from_overrides({"profile": "seed", "weights": {"demote_on_alert": True}})
+
+
+def test_an_open_warning_demotes_its_replica_below_every_healthy_one_until_it_resolves() -> None:
+    decider = ModelDecider(SEED_DEMOTING)
+    weights, reasons = [], []
+    for i in range(12):
+        d = step(decider, i, {"r2": {"latency_p99": 900.0}} if i < 6 else {})
+        weights.append(d.current.weights if d.current else {})
+        reasons.append(d.weights["r2"].reason)
+    # the seed's long tail opens on the third step (persistence 3) and resolves two clean steps after
+    opened, resolved = 2, 7
+    for i, w in enumerate(weights):
+        if opened <= i < resolved:
+            assert w["r2"] < min(w["r1"], w["r3"]) * 0.51, (i, w)
+            assert w["r2"] >= 0.1 / 3 * 0.99  # the probing floor
+        else:
+            assert w["r2"] == pytest.approx(w["r1"]), (i, w)
+    assert reasons[opened].endswith("demoted: long_tail open") and "demoted" not in reasons[resolved]
+    restored = ModelDecider.from_state(json.loads(json.dumps(decider.state_dict())), SEED_DEMOTING)
+    assert restored._alerted == decider._alerted
+
+
+def test_demotion_is_off_in_the_seed_profile_and_held_back_past_the_ejection_cap() -> None:
+    seed = ModelDecider(SEED)
+    for i in range(5):
+        d = step(seed, i, {"r2": {"latency_p99": 900.0}})
+    assert d.current is not None and d.current.weights["r2"] == pytest.approx(d.current.weights["r1"])
+    both = ModelDecider(SEED_DEMOTING)
+    for i in range(5):
+        d = step(both, i, {"r2": {"latency_p99": 900.0}, "r3": {"latency_p99": 900.0}})
+    assert d.current is not None and d.current.weights["r2"] == pytest.approx(d.current.weights["r1"])
+    assert "not demoted: 2 of 3 replicas have an open alert" in d.weights["r2"].reason

@@ -1,0 +1,47 @@
+"""Detections and weights agree (pipeline/demotion.py): demoted below every healthy replica, fail static."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from skewwatch.pipeline.demotion import demote
+from skewwatch.pipeline.weights import WeightConfig
+
+CFG = WeightConfig()
+
+
+@given(st.lists(st.tuples(st.floats(0.01, 1.0), st.booleans(), st.booleans()), min_size=2, max_size=12))
+def test_demoted_replicas_weigh_less_than_every_healthy_one_and_the_pool_keeps_its_total(
+        rows: list[tuple[float, bool, bool]]) -> None:
+    raw = [w for w, _, _ in rows]
+    weights = [w / sum(raw) for w in raw]
+    alerted = [a for _, a, _ in rows]
+    healthy = [h for _, _, h in rows]
+    out = demote(weights, alerted, healthy, CFG)
+    assert sum(out.weights) == pytest.approx(1.0)
+    reference = [out.weights[i] for i in range(len(rows)) if healthy[i] and not alerted[i]]
+    for row in out.demoted:
+        assert out.weights[row] < min(reference)  # below every healthy replica
+        assert out.weights[row] > 0  # alive: a probing share
+    if not out.demoted:  # nothing moved: the formula's weights as they were
+        assert out.weights == pytest.approx(weights)
+
+
+def test_the_floor_keeps_a_probing_share_and_a_low_weight_stays_low() -> None:
+    # a healthy pool of 8 at an equal share: the demoted one at half the lowest healthy (0.125 / 2)
+    out = demote([0.125] * 8, [True] + [False] * 7, [True] * 8, CFG)
+    assert out.weights[0] == pytest.approx(0.0625 / (1 - 0.0625))
+    # already below its cap: not raised
+    low = demote([0.01, 0.33, 0.33, 0.33], [True, False, False, False], [True] * 4, CFG)
+    assert low.weights == pytest.approx([0.01, 0.33, 0.33, 0.33])
+    # a drained replica (weight 0) stays at 0
+    assert demote([0.0, 0.5, 0.5], [True, False, False], [False, True, True], CFG).weights[0] == 0.0
+
+
+def test_fail_static() -> None:
+    assert demote([0.5, 0.5], [True, False], [True, False], CFG).note == (
+        "not demoted: no healthy replica to route to instead")
+    off = WeightConfig(demote_on_alert=False)
+    assert demote([0.25] * 4, [True, False, False, False], [True] * 4, off).weights == [0.25] * 4
