@@ -60,6 +60,13 @@ CASES: dict[str, tuple[str, str, str | None, dict[str, Any], int]] = {
 }
 
 
+def _produce(kafka_settings: Settings, config: GeneratorConfig) -> None:
+    """The generator's run into the worker's input topics, at full speed in event time."""
+    asyncio.run(produce_traffic(kafka_settings.kafka.bootstrap or "", generate_chunks(config, START, RUN_FOR),
+                                requests_topic=kafka_settings.topics.requests,
+                                telemetry_topic=kafka_settings.topics.gpu_telemetry, batch=50))
+
+
 @pytest.mark.parametrize("kind", sorted(CASES))
 def test_injected_anomaly_is_detected_on_its_replica_only(kind: str, kafka_settings: Settings,
                                                           tmp_path: Path) -> None:
@@ -70,9 +77,7 @@ def test_injected_anomaly_is_detected_on_its_replica_only(kind: str, kafka_setti
     bootstrap = kafka_settings.kafka.bootstrap or ""
     worker = WorkerProcess(kafka_settings, tmp_path / "worker.log", args=("--profile", "seed")).start()
     try:
-        asyncio.run(produce_traffic(bootstrap, generate_chunks(config, START, RUN_FOR),
-                                    requests_topic=kafka_settings.topics.requests,
-                                    telemetry_topic=kafka_settings.topics.gpu_telemetry, batch=50))
+        _produce(kafka_settings, config)
         topics = kafka_settings.topics
 
         def done(records: list[Any]) -> bool:
@@ -142,9 +147,7 @@ def test_default_profile_opens_every_demo_kind_on_its_replica(kafka_settings: Se
     bootstrap = kafka_settings.kafka.bootstrap or ""
     worker = WorkerProcess(kafka_settings, tmp_path / "worker.log").start()
     try:
-        asyncio.run(produce_traffic(bootstrap, generate_chunks(config, START, RUN_FOR),
-                                    requests_topic=kafka_settings.topics.requests,
-                                    telemetry_topic=kafka_settings.topics.gpu_telemetry, batch=50))
+        _produce(kafka_settings, config)
         topics = kafka_settings.topics
 
         def done(records: list[Any]) -> bool:
