@@ -61,6 +61,7 @@ from typing import Any, cast
 import numpy as np
 
 from skewwatch.gc_pause import gc_paused
+from skewwatch.pipeline.capacity import CAPACITY_FIELDS, capacity_weights
 from skewwatch.pipeline.corrections import (
     RoutingCorrection,
     publish_reason,
@@ -146,7 +147,8 @@ class ModelDecider:
         self._alerted: dict[str, set[str]] = {}
         # the vectors' fields the step reads as columns, read in one pass (StepColumns.prefetch)
         self._step_fields = tuple(dict.fromkeys(
-            ["count", *POOL_WEIGHT_FIELDS, *(name for d in self.detectors.values() for name in d.step_fields())]))
+            ["count", *POOL_WEIGHT_FIELDS, *CAPACITY_FIELDS,
+             *(name for d in self.detectors.values() for name in d.step_fields())]))
         self._step_telemetry_fields = tuple(dict.fromkeys(
             [*POOL_WEIGHT_TELEMETRY_FIELDS,
              *(name for d in self.detectors.values() for name in d.step_telemetry_fields())]))
@@ -296,7 +298,10 @@ class ModelDecider:
             score_notes = [(score, note) for score, note, _ in health]
             health_actions = [action for _, _, action in health]
             self._last_health = dict(zip(order, [score for score, _, _ in health], strict=True))
-        weights = pool_weights(columns, order, telemetry, score_notes, self.settings.weights)
+        if self.settings.weights.formula == "capacity":
+            weights = capacity_weights(columns, order, score_notes, self.settings.weights)
+        else:
+            weights = pool_weights(columns, order, telemetry, score_notes, self.settings.weights)
         settled = self._evidence.settle(model, now, order, summaries, weights, health_actions,
                                         self.settings.weights)
         alerts.extend(settled.alerts)

@@ -58,7 +58,7 @@ import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import numpy as np
@@ -78,6 +78,11 @@ class WeightConfig(FrozenConfigSection, frozen=True):
 
     section = "detectors.weights"
 
+    # "seed" (this module's formula) or "capacity" (pipeline/capacity.py: relative service capacity; it
+    # finds slow replicas the seed's formula misses, and moves healthy ones more: bench/README.md)
+    formula: Literal["capacity", "seed"] = "seed"
+    capacity_dead_band: Annotated[float, Meta(ge=1)] = 1.2  # capacity: costs within this factor of the pool's are equal
+    capacity_mad_z: NonNegative = 3.0  # ... or within this many robust standard deviations of the pool's log costs
     mem_coef: NonNegative = 0.4  # seed
     queue_coef: NonNegative = 0.3  # seed
     latency_coef: NonNegative = 0.3  # seed
