@@ -37,6 +37,12 @@ holds when either holds:
   The evidence minimum follows from ``alpha``: a tenth of the requests above the level needs
   ``n >= 48`` to count. Not claimed when the median TPOT is above ``shift_ratio`` x the baseline's
   (a slow replica) or the median TTFT above ``ttft_ratio`` x the peers' (prefill).
+* **the same on end-to-end latency** (``latency_signal``): the window's latency P50, P95 and P99
+  against ``tail_ratio`` x the peers' latency P99, peers only. A stall adds time to a request
+  whatever its length, which TPOT dilutes on long outputs and inflates on short ones. Each signal
+  is tested at ``alpha`` / 2. Beyond the peers' P99, how often a baseline request is above the level
+  follows the slope of the peers' tail from their P95 to their P99 (a power law: it overstates a
+  log-normal's rate there), never below one request in all the peers' requests of the window.
 
 Every rule needs at least ``min_count`` (6) finished requests in the window: a window of 1-5
 requests says nothing about a share of them.
