@@ -11,8 +11,9 @@ runtime-API commands that change something:
   server goes back to ``state ready``; other actions (tracing, batch policy) are not a balancer's;
 * panic mode (``mode: "panic"`` on the correction): every server ``ready``, weights as published;
 * fail-static: when the actions would leave no server of a backend ready with a positive weight, every
-  server is kept ``ready`` instead (a pool is never routed to nowhere), with a warning; a stale model
-  keeps its last weights or routes equally (``--on-stale``), see the subscriber.
+  server is kept ``ready`` instead (a pool is never routed to nowhere), with a warning; a model whose
+  newest correction expired (its ``valid_for_s``) routes equally by default, or keeps its last weights
+  (``--on-stale keep``), logged once, see the subscriber.
 
 Every ``--resync-s`` seconds the whole desired state is sent again, so an HAProxy that restarted
 (and lost its runtime changes) is corrected within that time.
@@ -276,10 +277,10 @@ def apply_command() -> None:
 @click.option("--admin", metavar="HOST:PORT", help="HAProxy's runtime API on TCP (a `stats socket ipv4@...`).")
 @click.option("--backend-map", "backend_map", required=True, type=click.Path(path_type=Path, dir_okay=False),
               help='TOML: [models."MODEL"] backend = "NAME", optional servers = {replica = "server"}.')
-@click.option("--on-stale", type=click.Choice(["keep", "equal"]), default="keep", show_default=True,
-              help="When a model's corrections stop: keep its last weights, or route equally.")
+@click.option("--on-stale", type=click.Choice(["keep", "equal"]), default="equal", show_default=True,
+              help="When a model's newest correction expired: route equally, or keep its last weights.")
 @click.option("--stale-after", type=float, default=3.0, show_default=True,
-              help="Heartbeats without a correction before a model is stale.")
+              help="Heartbeats without a correction before a model is stale, for records without valid_for_s.")
 @click.option("--heartbeat-s", type=float, default=30.0, show_default=True,
               help="The worker's corrections heartbeat ([detectors.corrections] heartbeat_s).")
 @click.option("--resync-s", type=float, default=30.0, show_default=True,

@@ -8,14 +8,16 @@ last one it kept for that model (a worker that replays a step re-sends the same 
 goes backwards is older news).
 
 **Fail-static.** The worker publishes a correction for every model at least every heartbeat
-(``heartbeat_s`` = 30 s; ``[detectors.corrections] heartbeat_s``). When a model's newest record is
-older than ``stale_after`` heartbeats (default 3, i.e. 90 s, judged on the records' Kafka
-timestamps, which the worker's producer stamps with its wall clock), the model is *stale*: the
-worker that owned it stopped, or cannot reach Kafka. The subscriber then either keeps the last
-weights (``on_stale="keep"``, the default: the routing that was right a moment ago, actions
-running out at their own ``expires_at``) or routes equally over the last known pool with no
-actions (``on_stale="equal"``). Either way it never routes a pool to nowhere: a correction whose
-weights are all zero reads as equal weights.
+(``heartbeat_s`` = 30 s; ``[detectors.corrections] heartbeat_s``), and each record says how long it
+is valid (``valid_for_s``, contract v1.9; 90 s by default, ``[detectors.corrections] valid_for_s``).
+When a model's newest record is older than that (judged on the records' Kafka timestamps, which the
+worker's producer stamps with its wall clock; for a record without ``valid_for_s``, ``stale_after``
+heartbeats, default 3), it has *expired*: the worker that owned it stopped, or cannot reach Kafka.
+The subscriber then routes equally over the last known pool with no actions (``on_stale="equal"``,
+the default: weights that nobody renews say nothing about the replicas any more) or keeps the last
+weights (``on_stale="keep"``: actions running out at their own ``expires_at``), and logs it once.
+Either way it never routes a pool to nowhere: a correction whose weights are all zero reads as
+equal weights.
 
 Each change (a new correction, a model turning stale or fresh again, a model removed by a tombstone)
 is offered to every :meth:`CorrectionsSubscriber.changes` iterator.
@@ -85,9 +87,14 @@ class ModelState:
             raise ValueError(f"unknown mode {mode!r}")
         return cls(RoutingCorrection.from_dict(data), str(mode), received_at)
 
+    def valid_for(self, stale_after_s: float) -> float:
+        """How long this record is valid after it arrived: its own ``valid_for_s`` (contract v1.9),
+        else ``stale_after_s`` (a writer before v1.9)."""
+        return self.correction.valid_for_s or stale_after_s
+
     def is_stale(self, now: float, stale_after_s: float) -> bool:
-        """True when no record came for longer than ``stale_after_s``."""
-        return now - self.received_at > stale_after_s
+        """True when no record came for longer than it is valid (:meth:`valid_for`)."""
+        return now - self.received_at > self.valid_for(stale_after_s)
 
     def routing_weights(self, stale: bool, on_stale: OnStale) -> dict[str, float]:
         """The weights to route with: the record's, or equal ones when stale (``equal``) or all zero."""
@@ -139,7 +146,7 @@ class CorrectionsSubscriber:
         *,
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         stale_after: float = DEFAULT_STALE_AFTER,
-        on_stale: OnStale = "keep",
+        on_stale: OnStale = "equal",
         client_kwargs: Mapping[str, Any] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -300,8 +307,8 @@ class CorrectionsSubscriber:
             stale = state.is_stale(now, self.stale_after_s)
             if stale and model not in self._stale:
                 self._stale.add(model)
-                log.warning("corrections: no record for %s in %.0f s (> %.0f s): stale, %s", model,
-                            now - state.received_at, self.stale_after_s,
+                log.warning("corrections: no record for %s in %.0f s: its correction expired (valid for %.0f s), "
+                            "%s", model, now - state.received_at, state.valid_for(self.stale_after_s),
                             "keeping its last weights" if self.on_stale == "keep" else "routing equally")
                 self._offer(Change("stale", model, state.correction.seq))
 

@@ -54,6 +54,13 @@ class CorrectionConfig(FrozenConfigSection, frozen=True):
 
     heartbeat_s: Positive = 30.0  # published at least every 30 s
     weight_epsilon: NonNegative = 0.01  # ours: a weight change below this is not news
+    # each record says how long it is valid (contract v1.9): a reader that has seen nothing newer for
+    # this long routes equally; 3 heartbeats, so two lost records do not end it
+    valid_for_s: Positive = 90.0
+
+    def __post_init__(self) -> None:
+        self._require(self.valid_for_s > self.heartbeat_s, "valid_for_s",
+                      "must be above heartbeat_s (a record would expire before the next one is due)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +74,7 @@ class RoutingCorrection:
     actions: list[Action] = field(default_factory=list)
     mode: str = "normal"  # normal | panic (v1.3)
     mode_reason: str | None = None  # why the mode is panic (v1.3)
+    valid_for_s: float | None = None  # how long a reader may route by it after it arrives (v1.9)
     v: int = CORRECTIONS_SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -78,6 +86,7 @@ class RoutingCorrection:
             "actions": [a.to_dict() for a in self.actions],
             "mode": self.mode,
             "mode_reason": self.mode_reason,
+            "valid_for_s": self.valid_for_s,
             "v": self.v,
         }
 
@@ -91,6 +100,7 @@ class RoutingCorrection:
             actions=[Action.from_dict(a) for a in data.get("actions", [])],
             mode=str(data.get("mode") or "normal"),
             mode_reason=data.get("mode_reason"),
+            valid_for_s=None if data.get("valid_for_s") is None else float(data["valid_for_s"]),
             v=int(data.get("v", CORRECTIONS_SCHEMA_VERSION)),
         )
 

@@ -317,6 +317,7 @@ class ModelDecider:
             actions=sorted(actions, key=lambda a: (a.replica, a.action)),
             mode=settled.mode,
             mode_reason=settled.mode_reason,
+            valid_for_s=self.settings.corrections.valid_for_s,
         )
         self._current = correction
         self._last_weights = weights

@@ -2,10 +2,12 @@
 
 A record is plain data: ``model, ts, seq, weights {replica: share}, actions [...]`` and, since
 v1.4, ``mode`` (``normal`` | ``panic``) and ``mode_reason``. A record from a writer before v1.4
-has no ``mode``; it decodes as ``normal``, so readers of either version read both.
+has no ``mode``; it decodes as ``normal``, so readers of either version read both. Since v1.9 a
+record also says how long a reader may route by it after it arrives, ``valid_for_s`` (null from an
+older writer).
 
 >>> record = {"model": "m", "ts": 60.0, "seq": 60000, "weights": {"a": 0.5, "b": 0.5}, "actions": [],
-...           "mode": "panic", "mode_reason": "panic: 1 of 4 replicas healthy", "v": 1}
+...           "mode": "panic", "mode_reason": "panic: 1 of 4 replicas healthy", "valid_for_s": 90.0, "v": 1}
 >>> decode_correction(encode_correction(record)) == record
 True
 >>> decode_correction(b'{"model": "m", "ts": 60.0, "seq": 60000, "weights": {}, "actions": []}')["mode"]
@@ -46,6 +48,9 @@ def decode_correction(value: bytes) -> dict[str, Any]:
         raise ValueError(f"routing correction: unknown mode {mode!r}")
     data["mode"] = mode
     data.setdefault("mode_reason", None)
+    valid = data.setdefault("valid_for_s", None)
+    if valid is not None and (not isinstance(valid, int | float) or isinstance(valid, bool) or not valid > 0):
+        raise ValueError(f"routing correction: valid_for_s must be a number of seconds > 0, got {valid!r}")
     data.setdefault("actions", [])
     data.setdefault("v", 1)
     return data

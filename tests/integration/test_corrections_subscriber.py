@@ -96,6 +96,30 @@ async def test_stale_after_missed_heartbeats_then_fresh_again(kafka_settings: Se
         await sub.stop()
 
 
+async def test_a_correction_past_its_valid_for_s_routes_equally_by_default(
+        kafka_settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    """A record's own ``valid_for_s`` (contract v1.9) decides when it expires, not the heartbeat rule,
+    and the default then routes equally with no actions, logged once."""
+    bootstrap, topic = kafka_settings.kafka.bootstrap or "", kafka_settings.topics.routing_corrections
+    drain = {"replica": "b", "action": "drain", "severity": "CRITICAL", "reason": "xid", "params": {},
+             "expires_at": time.time() + 3600}
+    await produce(bootstrap, topic, [correction("m", 1000, {"a": 0.7, "b": 0.3}, [drain], valid_for_s=1.0)])
+    sub = CorrectionsSubscriber(bootstrap, topic)  # the heartbeat rule alone would wait 90 s
+    changes = sub.changes()
+    await sub.start()
+    try:
+        await sub.wait_caught_up(timeout=30)
+        assert await next_change(changes) == Change("update", "m", 1000)
+        with caplog.at_level("WARNING", logger="skewwatch.client.corrections"):
+            assert await next_change(changes) == Change("stale", "m", 1000)
+            await asyncio.sleep(1.5)  # more checks: still one line
+        assert sub.weights("m") == {"a": 0.5, "b": 0.5} and sub.actions("m") == []
+        expired = [r.getMessage() for r in caplog.records if "expired" in r.getMessage()]
+        assert len(expired) == 1 and "valid for 1 s" in expired[0] and "routing equally" in expired[0]
+    finally:
+        await sub.stop()
+
+
 async def test_missing_topic_is_one_clear_error(kafka_bootstrap: str) -> None:
     sub = CorrectionsSubscriber(kafka_bootstrap, "llm.routing-corrections.does-not-exist")
     with pytest.raises(CorrectionsError, match="does not exist"):

@@ -507,3 +507,11 @@ def test_demotion_is_off_in_the_seed_profile_and_held_back_past_the_ejection_cap
         d = step(both, i, {"r2": {"latency_p99": 900.0}, "r3": {"latency_p99": 900.0}})
     assert d.current is not None and d.current.weights["r2"] == pytest.approx(d.current.weights["r1"])
     assert "not demoted: 2 of 3 replicas have an open alert" in d.weights["r2"].reason
+
+
+def test_every_correction_says_how_long_it_is_valid() -> None:
+    d = step(ModelDecider(), 0)
+    assert d.correction is not None and d.correction.valid_for_s == 90.0
+    assert d.correction.to_dict()["valid_for_s"] == 90.0
+    with pytest.raises(ConfigError, match="valid_for_s"):
+        DetectorSettings.from_overrides({"corrections": {"valid_for_s": 30}})

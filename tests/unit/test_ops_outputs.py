@@ -135,3 +135,16 @@ def test_replica_gauges_follow_the_fleet() -> None:
     assert value("skewwatch_replica_latency_ms", replica="r1", quantile="0.99") is None
     assert value("skewwatch_model_panic") is None
     assert value("skewwatch_model_last_correction_timestamp_seconds") == 1234.0  # the stale rule needs it
+
+
+def test_a_record_is_valid_for_its_own_valid_for_s_else_the_heartbeat_rule() -> None:
+    from skewwatch.client.corrections import ModelState
+    from skewwatch.schemas.corrections import decode_correction
+
+    record = {"model": "m", "ts": 60.0, "seq": 60000, "weights": {"a": 1.0}, "actions": [], "valid_for_s": 10.0}
+    state = ModelState.from_record(record, received_at=100.0)
+    assert (state.is_stale(109.0, stale_after_s=90.0), state.is_stale(111.0, stale_after_s=90.0)) == (False, True)
+    older = ModelState.from_record({**record, "valid_for_s": None}, received_at=100.0)
+    assert (older.is_stale(111.0, stale_after_s=90.0), older.is_stale(191.0, stale_after_s=90.0)) == (False, True)
+    with pytest.raises(ValueError, match="valid_for_s"):
+        decode_correction(b'{"model": "m", "ts": 1, "seq": 1, "weights": {}, "valid_for_s": 0}')
