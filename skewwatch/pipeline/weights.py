@@ -180,7 +180,7 @@ def _queue(inp: WeightInput, config: WeightConfig) -> tuple[float | None, str | 
         queue = float(inp.telemetry.queue_length)
     else:
         return None, "queue missing (not reported)"
-    return min(max(queue, 0.0) / config.queue_cap, 1.0), None
+    return min(max(queue, 0.0) / config.queue_cap, 1.0) + 0.0, None  # + 0.0: a queue of -0.0 is 0.0
 
 
 def _latency(inp: WeightInput, config: WeightConfig) -> tuple[float | None, str | None]:
@@ -339,7 +339,7 @@ def pool_weights(
             mem[total == 0] = np.nan  # NaN / x and x / NaN are NaN already
             no_mem = np.isnan(mem)
             queue = np.where(np.isnan(events_queue), step.telemetry_column("queue_length"), events_queue)
-        queue = np.minimum(np.maximum(queue, 0.0) / cfg.queue_cap, 1.0)
+        queue = np.minimum(np.maximum(queue, 0.0) / cfg.queue_cap, 1.0) + 0.0  # (-0.0 is 0.0, as the reference)
         latency = np.minimum(np.maximum(step.column("latency_mean"), 0.0) / cfg.latency_ref_ms, 1.0)
         no_queue, no_latency = np.isnan(queue), np.isnan(latency)
         codes = no_mem + (no_queue << 1) + (no_latency << 2)  # bool + int: the int64 code of each row

@@ -266,3 +266,17 @@ def test_pool_weights_without_telemetry_are_the_reference() -> None:
     sample = pool_weights(StepColumns([fv("a")], [None]), ["a"], {}, [(1.0, None)], config)["a"]
     assert sample.reason == "mem missing (no telemetry)" and sample.components["mem"] is None
     assert sample.weight == 1.0 and sample.raw_score == pytest.approx(1 / 0.5)  # (0.3*0.5 + 0.3*0.5) / 0.6
+
+
+def test_a_queue_of_minus_zero_is_zero_on_both_paths() -> None:
+    """The property above found it: a window whose queue mean is -0.0 read -0.0 as columns, 0.0 as the reference."""
+    from skewwatch.pipeline.detectors.step_columns import StepColumns
+    from skewwatch.pipeline.weights import pool_weights
+
+    vector = FeatureVector(model="m", replica="r0", window_start=0.0, window_end=60.0, count=0,
+                           queue_length_mean=-0.0, latency_mean=200.0)
+    config = WeightConfig()
+    got = pool_weights(StepColumns([vector], [None]), ["r0"], {}, [(1.0, None)], config)
+    want = compute_weights([WeightInput("r0", vector, None, None)], config)
+    assert repr(got["r0"].to_dict()) == repr(want["r0"].to_dict())
+    assert repr(got["r0"].components["queue"]) == "0.0"
