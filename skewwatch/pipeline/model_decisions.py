@@ -142,12 +142,12 @@ class ModelDecider:
         self._last_health: dict[str, float] = {}
         self._open_alerts: dict[tuple[str, str], int] | None = None  # as of the last step (metrics)
         self._evidence = PoolEvidence()  # held scores, arrival rates, ejections, pool alerts
-        # replica -> its open WARNING / CRITICAL alerts' keys (pipeline/demotion.py), kept from the
-        # alerts' transitions; a checkpoint rebuilds it from the detectors' open alerts
+        # replica -> its open WARNING / CRITICAL alerts, as ``detector[#rule]`` (pipeline/demotion.py),
+        # kept from the alerts' transitions; a checkpoint rebuilds it from the detectors' open alerts
         self._alerted: dict[str, set[str]] = {}
         # the vectors' fields the step reads as columns, read in one pass (StepColumns.prefetch)
         self._step_fields = tuple(dict.fromkeys(
-            ["count", *POOL_WEIGHT_FIELDS, *CAPACITY_FIELDS,
+            ["count", *(CAPACITY_FIELDS if self.settings.weights.formula == "capacity" else POOL_WEIGHT_FIELDS),
              *(name for d in self.detectors.values() for name in d.step_fields())]))
         self._step_telemetry_fields = tuple(dict.fromkeys(
             [*POOL_WEIGHT_TELEMETRY_FIELDS,
@@ -467,23 +467,25 @@ class ModelDecider:
         for alert in alerts:
             if alert.replica is None:
                 continue
-            keys = self._alerted.setdefault(alert.replica, set())
+            rule = alert.evidence.get("rule")
+            label = alert.detector if rule is None else f"{alert.detector}#{rule}"
+            labels = self._alerted.setdefault(alert.replica, set())
             if alert.state == "open" and alert.severity in _DEMOTING:
-                keys.add(alert.key)
+                labels.add(label)
             else:  # resolved, or re-opened at INFO
-                keys.discard(alert.key)
-            if not keys:
+                labels.discard(label)
+            if not labels:
                 del self._alerted[alert.replica]
 
     def _alerted_from_detectors(self) -> dict[str, set[str]]:
         """The same, from the detectors' open alerts (after a checkpoint is loaded)."""
         alerted: dict[str, set[str]] = {}
         for name, detector in self.detectors.items():
-            for key, severity in detector.open_alerts().items():
+            for key, severity in detector.open_alerts().items():  # "model/replica[#rule]"
                 model_replica, _, rule = key.partition("#")
-                model, _, replica = model_replica.rpartition("/")
+                replica = model_replica.rpartition("/")[2]
                 if severity in _DEMOTING and replica:
-                    alerted.setdefault(replica, set()).add(f"{model}/{replica}/{name}" + (f"#{rule}" if rule else ""))
+                    alerted.setdefault(replica, set()).add(f"{name}#{rule}" if rule else name)
         return alerted
 
     def _demote(self, order: list[str], weights: dict[str, ReplicaWeight]) -> None:
@@ -492,8 +494,7 @@ class ModelDecider:
         alerted = [bool(self._alerted.get(replica)) for replica in order]
         outcome = demote([w.weight for w in rows], alerted, [w.health >= 1.0 for w in rows], self.settings.weights)
         for row in outcome.demoted:
-            keys = sorted(k.rsplit("/", 1)[-1] for k in self._alerted.get(order[row], ()))
-            note = "demoted: " + ", ".join(keys) + " open"
+            note = "demoted: " + ", ".join(sorted(self._alerted.get(order[row], ()))) + " open"
             rows[row].reason = note if rows[row].reason == "ok" else f"{rows[row].reason}; {note}"
         if outcome.demoted:
             for replica, w, new in zip(order, rows, outcome.weights, strict=True):

@@ -223,6 +223,7 @@ class BatchCollapseDetector(ThresholdDetector):
         count = step.column("count")
         std, fill = step.column("batch_size_std"), step.column("batch_fill_mean")
         can = np.zeros(len(step), dtype=bool)
+        telemetry = np.zeros(len(step), dtype=bool)  # the engine reports its queue (the stuck rule judges)
         if cfg.seed_rule:
             can |= (std > cfg.std_threshold) & (fill < cfg.fill_threshold)
         if cfg.stuck_rule:
@@ -237,11 +238,7 @@ class BatchCollapseDetector(ThresholdDetector):
                 pass  # no peers' baseline in this step (a lone replica, or every engine reports its queue)
             elif self._prepared is step:
                 frag = step.telemetry_column("fragmentation")
-                engine_queue = np.zeros(len(step), dtype=bool)
-                if cfg.stuck_rule:
-                    engine_queue = ~np.isnan(step.telemetry_column("queue_length")) & ~np.isnan(
-                        step.telemetry_column("running_requests"))
-                can |= (self._peer_rule_may_hold(step) & ~engine_queue
+                can |= (self._peer_rule_may_hold(step) & ~telemetry
                         & (np.isnan(frag) | (frag < cfg.stuck_fragmentation_max)))
             else:  # not prepared for this step: evaluate (it judges against what prepare left)
                 can |= True

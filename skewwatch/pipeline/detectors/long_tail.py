@@ -331,15 +331,14 @@ class LongTailDetector(ThresholdDetector):
                                        step.column("tpot_max")])
                     # TPOT: the rate at the peers' P99 (no slope beyond it: under queueing the replicas'
                     # TPOT differ by more than their tails' slope allows)
-                    rules |= own & (~pooled | self._exceedance_possible(
-                        step, tpot_q, _QUANTILES, p99, peer_count, None, 0.0, None))
+                    rules |= own & (~pooled | self._exceedance_possible(step, tpot_q, _QUANTILES, p99, peer_count))
                     if cfg.latency_signal and self._peer_latency:
                         _, lat99, lat_count, lat95, lat_total = self._peer_latency
                         lat_q = np.stack([step.column("latency_p50"), step.column("latency_p95"),
                                           step.column("latency_p99")])
                         own_lat = ~np.isnan(lat_q[0]) & ~np.isnan(lat_q[2])
                         rules |= own_lat & self._exceedance_possible(
-                            step, lat_q, _LATENCY_QUANTILES, lat99, lat_count, lat95, _LATENCY_LOWER_TAIL, lat_total)
+                            step, lat_q, _LATENCY_QUANTILES, lat99, lat_count, (lat95, _LATENCY_LOWER_TAIL, lat_total))
                 can |= floor & rules
         if cfg.seed_rule:
             p50, p99 = step.column("latency_p50"), step.column("latency_p99")
@@ -348,12 +347,14 @@ class LongTailDetector(ThresholdDetector):
 
     def _exceedance_possible(self, step: StepColumns, quantiles: npt.NDArray[np.float64],
                              levels: npt.NDArray[np.float64], peer_p99: npt.NDArray[np.float64],
-                             peer_count: npt.NDArray[np.float64], peer_lower: npt.NDArray[np.float64] | None,
-                             lower_tail: float, peer_total: npt.NDArray[np.float64] | None) -> npt.NDArray[np.bool_]:
+                             peer_count: npt.NDArray[np.float64],
+                             tail: tuple[npt.NDArray[np.float64], float, npt.NDArray[np.float64]] | None = None,
+                             ) -> npt.NDArray[np.bool_]:
         """Where the exceedance rule against the peers could hold: :meth:`_exceedance`'s count of
         requests above the level and its binomial bound, as columns, with a hair of slack both on
         the level and on the bound (so rounding can only let a replica through to evaluate);
-        ``peer_lower`` None: the rate at the peers' P99, no slope beyond it."""
+        ``tail`` (the peers' lower quantile, the share above it, their requests in all): the rate
+        beyond their P99 at their tail's slope; None: the rate at their P99."""
         cfg = self.config
         n = step.column("count")
         level = cfg.tail_ratio * peer_p99 * (1.0 - 1e-9)
@@ -369,9 +370,9 @@ class LongTailDetector(ThresholdDetector):
             exceeding = n - np.floor(quantile * (n - 1))
             m = np.trunc(peer_count[rows])
             rate = np.maximum((m - np.floor(0.99 * (m - 1)) - 1) / (m + 1), BASELINE_EXCEEDANCE)
-            if peer_lower is not None and peer_total is not None:
-                rate = _beyond_p99(rate, self.config.tail_ratio, peer_lower[rows], peer_p99[rows], lower_tail,
-                                   peer_total[rows])
+            if tail is not None:
+                lower, lower_tail, total = tail
+                rate = _beyond_p99(rate, self.config.tail_ratio, lower[rows], peer_p99[rows], lower_tail, total[rows])
             rate *= 1.0 - 1e-9  # (a hair lower than evaluate's rate: the screen may only let more through)
             # binomial_tail_bound is 1 unless the count is above n p
             over = exceeding > n * rate * (1.0 - 1e-9)
