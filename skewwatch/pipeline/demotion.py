@@ -10,6 +10,13 @@ the pool: a demoted replica still serves a probing share, so its alert can resol
 when it does its weight is the formula's again on the next correction. The weights are then
 normalised again (the same factor for every replica: the order stays).
 
+Repeat demotions lengthen (bounded), as Envoy's outlier detection lengthens repeat ejections: a
+replica demoted for the first time (within ``demote_memory_s``) is back at its formula's weight on
+the first correction after its alert resolves; the ``k``-th demotion within that memory is held
+``base_ejection_s x ejection_multiplier^(k - 2)`` after it (30 s, 60 s, 120 s, ... at most
+``max_ejection_s``): a replica whose fault comes and goes proves itself for longer each time
+(:class:`Holds`).
+
 Fail static: nothing is demoted in a panic correction, when no replica is healthy, or when more
 than ``max_ejection_share`` of the pool would be demoted at once (then it is the pool's traffic, not
 those replicas: the correction's weights stay the formula's, and the reason says so).
@@ -73,4 +80,58 @@ def demote(weights: Sequence[float], alerted: Sequence[bool], healthy: Sequence[
     return Demotion([w * scale for w in out], demoted)
 
 
-__all__ = ["Demotion", "demote"]
+class Holds:
+    """How long each replica stays demoted after its alerts resolve (module docstring).
+
+    >>> holds = Holds(WeightConfig())
+    >>> holds.opened("r1", 0.0); holds.resolved("r1", 60.0); holds.held("r1", 61.0)
+    0.0
+    False
+    >>> holds.opened("r1", 100.0); holds.resolved("r1", 160.0); holds.held("r1", 189.0), holds.held("r1", 191.0)
+    30.0
+    (True, False)
+    >>> holds.opened("r1", 200.0); holds.resolved("r1", 260.0)
+    60.0
+    """
+
+    def __init__(self, config: WeightConfig) -> None:
+        self.config = config
+        self._begun: dict[str, list[float]] = {}  # replica -> when its demotions within the memory began
+        self._until: dict[str, float] = {}  # replica -> held demoted until (event time)
+
+    def opened(self, replica: str, now: float) -> None:
+        """``replica`` had no open demoting alert and has one now."""
+        horizon = now - self.config.demote_memory_s
+        begun = [t for t in self._begun.get(replica, ()) if t > horizon]
+        begun.append(now)
+        self._begun[replica] = begun
+        self._until.pop(replica, None)
+
+    def resolved(self, replica: str, now: float) -> float:
+        """``replica``'s last demoting alert resolved: how long it stays demoted (s)."""
+        cfg = self.config
+        k = sum(1 for t in self._begun.get(replica, ()) if t > now - cfg.demote_memory_s)
+        hold = 0.0 if k < 2 else min(cfg.base_ejection_s * cfg.ejection_multiplier ** (k - 2), cfg.max_ejection_s)
+        if hold > 0:
+            self._until[replica] = now + hold
+        return hold
+
+    def held(self, replica: str, now: float) -> bool:
+        until = self._until.get(replica)
+        if until is None:
+            return False
+        if now >= until:
+            del self._until[replica]
+            return False
+        return True
+
+    def holding(self, now: float) -> list[str]:
+        """The replicas held demoted at ``now``."""
+        return [replica for replica in list(self._until) if self.held(replica, now)]
+
+    def forget(self, replica: str) -> None:
+        self._begun.pop(replica, None)
+        self._until.pop(replica, None)
+
+
+__all__ = ["Demotion", "Holds", "demote"]

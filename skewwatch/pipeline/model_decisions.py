@@ -67,7 +67,7 @@ from skewwatch.pipeline.corrections import (
     publish_reason,
     step_seq,
 )
-from skewwatch.pipeline.demotion import demote
+from skewwatch.pipeline.demotion import Holds, demote
 from skewwatch.pipeline.detector_settings import DetectorSettings
 from skewwatch.pipeline.detectors.alerts import Action, Alert, Severity
 from skewwatch.pipeline.detectors.base import Detector
@@ -145,6 +145,8 @@ class ModelDecider:
         # replica -> its open WARNING / CRITICAL alerts, as ``detector[#rule]`` (pipeline/demotion.py),
         # kept from the alerts' transitions; a checkpoint rebuilds it from the detectors' open alerts
         self._alerted: dict[str, set[str]] = {}
+        # repeat demotions held after their alerts resolve (not checkpointed: a restart lifts the holds)
+        self._holds = Holds(self.settings.weights)
         # the vectors' fields the step reads as columns, read in one pass (StepColumns.prefetch)
         self._step_fields = tuple(dict.fromkeys(
             ["count", *(CAPACITY_FIELDS if self.settings.weights.formula == "capacity" else POOL_WEIGHT_FIELDS),
@@ -263,7 +265,7 @@ class ModelDecider:
             else:
                 detector.update_step(columns, now, alerts, actions)
         if alerts:
-            self._track_alerts(alerts)
+            self._track_alerts(alerts, now)
         if len(self.detectors) > 1 and alerts:
             position = {replica: i for i, replica in enumerate(order)}
             rank = {name: i for i, name in enumerate(self.detectors)}
@@ -305,8 +307,8 @@ class ModelDecider:
         settled = self._evidence.settle(model, now, order, summaries, weights, health_actions,
                                         self.settings.weights)
         alerts.extend(settled.alerts)
-        if self._alerted and settled.mode != "panic":
-            self._demote(order, weights)
+        if (self._alerted or self._holds.holding(now)) and settled.mode != "panic":
+            self._demote(order, weights, now)
         if settled.withdrawn:  # held back by the ejection cap, or routed anyway in panic
             actions = [a for a in actions if not (a.replica in settled.withdrawn and a.action in EJECTING_ACTIONS)]
         correction = RoutingCorrection(
@@ -462,20 +464,25 @@ class ModelDecider:
             self._open_alerts = counts
         return dict(self._open_alerts)
 
-    def _track_alerts(self, alerts: list[Alert]) -> None:
-        """Keep which replicas have an open WARNING or CRITICAL alert, from this step's transitions."""
+    def _track_alerts(self, alerts: list[Alert], now: float) -> None:
+        """Keep which replicas have an open WARNING or CRITICAL alert, from this step's transitions,
+        and when each one's demotion began and ended (the holds of repeat demotions)."""
         for alert in alerts:
             if alert.replica is None:
                 continue
             rule = alert.evidence.get("rule")
             label = alert.detector if rule is None else f"{alert.detector}#{rule}"
-            labels = self._alerted.setdefault(alert.replica, set())
+            labels = self._alerted.get(alert.replica)
             if alert.state == "open" and alert.severity in _DEMOTING:
+                if labels is None:
+                    labels = self._alerted[alert.replica] = set()
+                    self._holds.opened(alert.replica, now)
                 labels.add(label)
-            else:  # resolved, or re-opened at INFO
+            elif labels is not None:  # resolved, or re-opened at INFO
                 labels.discard(label)
-            if not labels:
-                del self._alerted[alert.replica]
+                if not labels:
+                    del self._alerted[alert.replica]
+                    self._holds.resolved(alert.replica, now)
 
     def _alerted_from_detectors(self) -> dict[str, set[str]]:
         """The same, from the detectors' open alerts (after a checkpoint is loaded)."""
@@ -488,13 +495,16 @@ class ModelDecider:
                     alerted.setdefault(replica, set()).add(f"{name}#{rule}" if rule else name)
         return alerted
 
-    def _demote(self, order: list[str], weights: dict[str, ReplicaWeight]) -> None:
-        """Published weights below every healthy replica's for those with an open alert (in place)."""
+    def _demote(self, order: list[str], weights: dict[str, ReplicaWeight], now: float) -> None:
+        """Published weights below every healthy replica's for those with an open alert, or held
+        after a repeat demotion (in place)."""
         rows = [weights[replica] for replica in order]
-        alerted = [bool(self._alerted.get(replica)) for replica in order]
+        alerted = [bool(self._alerted.get(replica)) or self._holds.held(replica, now) for replica in order]
         outcome = demote([w.weight for w in rows], alerted, [w.health >= 1.0 for w in rows], self.settings.weights)
         for row in outcome.demoted:
-            note = "demoted: " + ", ".join(sorted(self._alerted.get(order[row], ()))) + " open"
+            labels = self._alerted.get(order[row])
+            note = ("demoted: " + ", ".join(sorted(labels)) + " open" if labels
+                    else "demoted: held after a repeat demotion")
             rows[row].reason = note if rows[row].reason == "ok" else f"{rows[row].reason}; {note}"
         if outcome.demoted:
             for replica, w, new in zip(order, rows, outcome.weights, strict=True):
@@ -511,6 +521,7 @@ class ModelDecider:
         """Drop a replica (released by the windows, or silent for ``release_after_s``)."""
         self._tracks.pop(replica, None)
         self._alerted.pop(replica, None)
+        self._holds.forget(replica)
         self._order = None
         self._open_alerts = None
         for detector in self.detectors.values():

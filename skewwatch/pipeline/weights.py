@@ -110,6 +110,10 @@ class WeightConfig(FrozenConfigSection, frozen=True):
     demote_on_alert: bool = True
     demote_factor: Annotated[float, Meta(gt=0, lt=1)] = 0.5
     demote_floor: Annotated[float, Meta(ge=0, lt=1)] = 0.1
+    # repeat demotions lengthen like ejections: the k-th demotion begun within demote_memory_s stays
+    # base_ejection_s x ejection_multiplier^(k - 2) (at most max_ejection_s) after its alert resolves;
+    # the first is lifted on resolution
+    demote_memory_s: Positive = 600.0
 
     def __post_init__(self) -> None:
         self._require(self.mem_coef + self.queue_coef + self.latency_coef > 0, "mem_coef",

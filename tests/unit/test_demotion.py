@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from skewwatch.pipeline.demotion import demote
+from skewwatch.pipeline.demotion import Holds, demote
 from skewwatch.pipeline.weights import WeightConfig
 
 CFG = WeightConfig()
@@ -45,3 +45,22 @@ def test_fail_static() -> None:
         "not demoted: no healthy replica to route to instead")
     off = WeightConfig(demote_on_alert=False)
     assert demote([0.25] * 4, [True, False, False, False], [True] * 4, off).weights == [0.25] * 4
+
+
+def test_repeat_demotions_lengthen_up_to_the_cap_and_are_forgotten_after_the_memory() -> None:
+    holds = Holds(CFG)
+    lengths = []
+    for k in range(7):  # demoted for 10 s every 60 s
+        holds.opened("r1", 60.0 * k)
+        lengths.append(holds.resolved("r1", 60.0 * k + 10.0))
+    assert lengths == [0.0, 30.0, 60.0, 120.0, 240.0, 300.0, 300.0]  # base x 2^(k - 2), at most max_ejection_s
+    assert holds.held("r1", 370.0 + 299.0) and not holds.held("r1", 370.0 + 300.0)
+    assert holds.holding(1000.0) == []
+    # long after (more than demote_memory_s): a first demotion again
+    holds.opened("r1", 2000.0)
+    assert holds.resolved("r1", 2010.0) == 0.0
+    holds.opened("r2", 0.0)
+    holds.opened("r2", 5.0)
+    assert holds.resolved("r2", 6.0) == 30.0 and holds.holding(10.0) == ["r2"]
+    holds.forget("r2")
+    assert holds.holding(10.0) == []

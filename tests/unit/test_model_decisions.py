@@ -497,6 +497,24 @@ def test_an_open_warning_demotes_its_replica_below_every_healthy_one_until_it_re
     assert restored._alerted == decider._alerted
 
 
+def test_a_repeat_demotion_is_held_after_its_alert_resolves_and_the_first_is_not() -> None:
+    decider = ModelDecider(SEED_DEMOTING)
+    demoted, reasons = [], []
+    # the seed's long tail on r2 twice: steps 0-5 and 20-25 (each opens on its third step and
+    # resolves two clean steps after it ends, at steps 7 and 27)
+    for i in range(40):
+        d = step(decider, i, {"r2": {"latency_p99": 900.0}} if i < 6 or 20 <= i < 26 else {})
+        assert d.current is not None
+        demoted.append(d.current.weights["r2"] < d.current.weights["r1"] * 0.51)
+        reasons.append(d.weights["r2"].reason)
+    first = [i for i in range(20) if demoted[i]]
+    assert first == list(range(2, 7))  # lifted on the first correction after the resolution
+    second = [i for i in range(20, 40) if demoted[i]]
+    # held base_ejection_s (30 s: 6 steps) after the second one resolves
+    assert second == list(range(22, 27 + 6)), second
+    assert reasons[30].endswith("demoted: held after a repeat demotion") and "demoted" not in reasons[33]
+
+
 def test_demotion_is_off_in_the_seed_profile_and_held_back_past_the_ejection_cap() -> None:
     seed = ModelDecider(SEED)
     for i in range(5):
