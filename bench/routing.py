@@ -66,6 +66,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -90,6 +91,7 @@ from bench.common import (  # noqa: E402
     fresh_settings,
     kafka,
     machine,
+    parse_profile,
     profile_settings,
 )
 from skewwatch.schemas.requests.columns import RequestColumns  # noqa: E402
@@ -111,6 +113,11 @@ FAULTS: tuple[tuple[str, str, float, float, dict[str, Any]], ...] = (
     ("kv_pressure", "r3", 300.0, 400.0, {}),  # fragmentation: less usable KV, lower hit rate
     ("batch_collapse", "r5", 600.0, 180.0, {}),  # scheduler stuck at small batches
 )
+HETERO_SPEED = 0.6  # the heterogeneous pool: one replica on a GPU this fast relative to the others, no fault
+HIGH_LOAD = 0.9  # the high-load run: queue-bound (the default LOAD is already the quality bench's 3x)
+#: the runs of each trace: the faults at LOAD; one slower GPU and no fault; the faults at HIGH_LOAD
+VARIANTS: tuple[str, ...] = ("faults", "hetero", "high")
+RESTORED_SHARE = 0.8  # a replica is restored once its weight is back at this x an equal share
 SEED_TABLE: dict[str, tuple[float, float]] = {  # the seed's claim: P99 deviation (ms), utilisation spread (%)
     "round_robin": (380.0, 22.0),
     "least_connections": (290.0, 18.0),
@@ -118,7 +125,7 @@ SEED_TABLE: dict[str, tuple[float, float]] = {  # the seed's claim: P99 deviatio
 }
 
 
-TRACES: tuple[str, ...] = ("conv", "mooncake")
+TRACES: tuple[str, ...] = ("conv", "code", "mooncake")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,11 +136,33 @@ class Scenario:
     seed: int = SEED
     run_s: float = RUN_S
     warmup_s: float = WARMUP_S
+    variant: str = "faults"
+
+    @classmethod
+    def of(cls, trace: str, variant: str, run_s: float = RUN_S) -> Scenario:
+        """``variant`` of ``trace`` (:data:`VARIANTS`): ``high`` runs at :data:`HIGH_LOAD`."""
+        return cls(trace=trace, run_s=run_s, variant=variant, load=HIGH_LOAD if variant == "high" else LOAD)
+
+    @property
+    def name(self) -> str:
+        return self.trace if self.variant == "faults" else f"{self.trace}/{self.variant}"
+
+    def faults(self) -> tuple[tuple[str, str, float, float, dict[str, Any]], ...]:
+        """What goes wrong: :data:`FAULTS`; the heterogeneous pool has none (its slow GPU is no fault)."""
+        if self.variant == "hetero":
+            return ()
+        return tuple(f for f in FAULTS if int(f[1][1:]) < self.replicas and f[2] < self.run_s)
 
     def injections(self) -> tuple[Injection, ...]:
-        return tuple(Injection(kind, replica, at, min(dur, max(self.run_s - at, 1.0)), params)
-                     for kind, replica, at, dur, params in FAULTS
-                     if int(replica[1:]) < self.replicas and at < self.run_s)
+        made = [Injection(kind, replica, at, min(dur, max(self.run_s - at, 1.0)), params)
+                for kind, replica, at, dur, params in self.faults()]
+        if self.variant == "hetero":  # r2's GPU serves at HETERO_SPEED of the others' for the whole run
+            made.append(Injection("slow_replica", "r2", 0.0, self.run_s + 60.0, {"factor": 1.0 / HETERO_SPEED}))
+        return tuple(made)
+
+    def watched(self) -> list[str]:
+        """The replicas the tables follow: the faulty ones, or the slower GPU."""
+        return sorted({inj.replica for inj in self.injections()}, key=lambda r: int(r[1:]))
 
 
 # ----------------------------------------------------------------------------- metrics (pure)
@@ -223,11 +252,12 @@ def _simulator(scenario: Scenario, policy: str, on_step: Callable[..., None] | N
 
 
 def _finish(sim: Any, requests: list[RequestColumns], telemetry: list[TelemetrySample], scenario: Scenario,
-            extra: dict[str, Any]) -> dict[str, Any]:
+            extra: dict[str, Any], applied: Sequence[tuple[float, dict[str, float]]] | None = None) -> dict[str, Any]:
     stats = sim.stats()  # "failed": never served (could not fit the KV cache, or past the drain limit)
     metrics = routing_metrics(RequestColumns.concat(requests), telemetry, START_TS + scenario.warmup_s,
                               START_TS + scenario.run_s, dropped=int(stats["failed"]))
-    return {**metrics, "arrivals": stats["arrivals"], "fallback_picks": stats["fallbacks"], **extra}
+    restore = {} if applied is None else {"restore_s": restore_times(applied, scenario)}
+    return {**metrics, "arrivals": stats["arrivals"], "fallback_picks": stats["fallbacks"], **restore, **extra}
 
 
 def run_local(scenario: Scenario, policy: str, profile: str | None = None) -> dict[str, Any]:
@@ -248,9 +278,46 @@ def run_local(scenario: Scenario, policy: str, profile: str | None = None) -> di
 
     began = time.monotonic()
     sim = _simulator(scenario, policy, keep)
+    applied = _record_weights(sim)
     for _ in sim.chunks():
         pass
-    return _finish(sim, requests, telemetry, scenario, {"wall_s": round(time.monotonic() - began, 1)})
+    return _finish(sim, requests, telemetry, scenario, {"wall_s": round(time.monotonic() - began, 1)}, applied)
+
+
+def _record_weights(sim: Any) -> list[tuple[float, dict[str, float]]]:
+    """The weights of every correction the simulator's router applies, as (when, weights)."""
+    applied: list[tuple[float, dict[str, float]]] = []
+    original_apply = sim.apply_correction
+
+    def apply_and_record(record: Any, now: float) -> None:
+        weights = {str(r): float(w) for r, w in dict(record.get("weights") or {}).items()}
+        applied.append((now, weights))
+        original_apply(record, now)
+
+    sim.apply_correction = apply_and_record
+    return applied
+
+
+def restore_times(applied: Sequence[tuple[float, dict[str, float]]], scenario: Scenario) -> dict[str, float | None]:
+    """Per fault that ends before the run does (``kind@replica``): seconds from its end until the
+    router applies a weight of at least :data:`RESTORED_SHARE` x an equal share to its replica
+    (None: not by the run's end).
+
+    >>> s = Scenario(run_s=1200.0)
+    >>> w = [(START_TS + 700.0, {"r3": 0.02, "r0": 0.98}), (START_TS + 745.0, {"r3": 0.45, "r0": 0.55})]
+    >>> restore_times(w, s)["kv_pressure@r3"], restore_times(w, s)["batch_collapse@r5"]
+    (45.0, None)
+    """
+    out: dict[str, float | None] = {}
+    for kind, replica, at, dur, _ in scenario.faults():
+        end = START_TS + at + dur
+        if at + dur >= scenario.run_s:
+            continue
+        out[f"{kind}@{replica}"] = next(
+            (round(now - end, 1) for now, weights in applied
+             if now >= end and weights and replica in weights
+             and weights[replica] >= RESTORED_SHARE * sum(weights.values()) / len(weights)), None)
+    return out
 
 
 def run_worker_loop(scenario: Scenario, bootstrap: str, workdir: Path, profile: str,
@@ -291,8 +358,8 @@ def run_worker_loop(scenario: Scenario, bootstrap: str, workdir: Path, profile: 
         finally:
             await corrections.stop()
 
-    worker = Worker(settings, workdir / f"routing-{scenario.trace}-{policy}-{profile}", profile,
-                    extra_env=EVERY_STEP_ENV)
+    run_name = f"routing-{scenario.name.replace('/', '-')}-{policy}-{profile.partition('=')[0]}"
+    worker = Worker(settings, workdir / run_name, profile, extra_env=EVERY_STEP_ENV)
     try:
         worker.start()
         asyncio.run(loop())
@@ -303,7 +370,8 @@ def run_worker_loop(scenario: Scenario, bootstrap: str, workdir: Path, profile: 
                    {"wall_s": round(time.monotonic() - began, 1), "lockstep_misses": corrections.misses,
                     "corrections_applied": len(applied),
                     "weights_applied": [{"ts": a["ts"], "weights": a["weights"], "actions": a["actions"]}
-                                        for a in applied]})
+                                        for a in applied]},
+                   [(a["now"], a["weights"]) for a in applied])
 
 
 # ----------------------------------------------------------------------------- report
@@ -364,7 +432,7 @@ def plot(rows: dict[str, dict[str, Any]], scenario: Scenario, path: Path) -> Non
         axes[0].plot(scenario.warmup_s + WINDOW_S + STEP_S * np.arange(len(p99)), np.asarray(p99) / 1000.0,
                      label=name, lw=1.1)
         axes[1].plot(scenario.warmup_s + STEP_S * (1 + np.arange(len(util))), util, label=name, lw=1.1)
-    for kind, replica, at, dur, _ in FAULTS:
+    for kind, replica, at, dur, _ in scenario.faults():
         if at < scenario.run_s:
             for ax in axes:
                 ax.axvspan(at, min(at + dur, scenario.run_s), alpha=0.06, color="gray")
@@ -374,8 +442,10 @@ def plot(rows: dict[str, dict[str, Any]], scenario: Scenario, path: Path) -> Non
     axes[1].set_ylabel("std across replicas of\nGPU utilisation (pp)")
     axes[1].set_xlabel("event time (s)")
     axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    what = (f"r2 at {HETERO_SPEED:g} x the others' speed, no fault" if scenario.variant == "hetero"
+            else "gray: injected faults")
     axes[0].set_title(f"Routing policies, {scenario.replicas} replicas, load {scenario.load:g}, {scenario.trace} "
-                      "trace (gray: injected faults)", fontsize=10)
+                      f"trace ({what})", fontsize=10)
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()  # keeps the legend on the right inside the figure
@@ -389,26 +459,91 @@ def row_name(policy: str, profile: str, in_process: bool = False) -> str:
     >>> row_name("dynamic", "default"), row_name("dynamic_least_request", "tuned", in_process=True)
     ('dynamic', 'dynamic_least_request (tuned, in-process)')
     """
+    profile = profile.partition("=")[0]
     notes = [n for n in (None if profile == "default" else profile, "in-process" if in_process else None) if n]
     return f"{policy} ({', '.join(notes)})" if notes else policy
 
 
 def verdict(rows: dict[str, dict[str, Any]], profile: str, in_process: bool = False) -> dict[str, Any] | None:
-    """The target: ``dynamic_least_request`` >= 3x tighter P99 deviation than round robin, and no
-    worse than least connections.
+    """The targets (:data:`TARGETS`): ``dynamic_least_request``'s P99 deviation at most 0.8 x least
+    connections' and at least 3x tighter than round robin's; its fleet P99 at most least connections';
+    its throughput within 2 % of least connections'; ``dynamic`` (the weights alone) at least 3x
+    tighter than round robin.
 
-    >>> rows = {"round_robin": {"p99_deviation_ms": 900.0}, "least_connections": {"p99_deviation_ms": 400.0},
-    ...         "dynamic_least_request": {"p99_deviation_ms": 250.0}}
-    >>> verdict(rows, "default")["met"]
-    True
+    >>> base = {"fleet_latency_p99_ms": 1000.0, "throughput_rps": 10.0}
+    >>> rows = {"round_robin": {**base, "p99_deviation_ms": 900.0},
+    ...         "least_connections": {**base, "p99_deviation_ms": 400.0},
+    ...         "dynamic": {**base, "p99_deviation_ms": 280.0},
+    ...         "dynamic_least_request": {**base, "p99_deviation_ms": 250.0}}
+    >>> v = verdict(rows, "default"); v["met"], v["checks"]["deviation_vs_least_connections"]
+    (True, True)
+    >>> rows["dynamic_least_request"]["throughput_rps"] = 9.7
+    >>> verdict(rows, "default")["checks"]["throughput_vs_least_connections"]
+    False
     """
     row = rows.get(row_name("dynamic_least_request", profile, in_process))
     if row is None or row.get("p99_deviation_ms") is None:
         return None
-    dlr, rr, lc = (r["p99_deviation_ms"] for r in (row, rows["round_robin"], rows["least_connections"]))
-    ratio = rr / dlr if dlr else float("inf")
-    return {"vs_round_robin": ratio, "vs_least_connections": lc / dlr if dlr else float("inf"),
-            "met": ratio >= 3.0 and dlr <= lc}
+    rr, lc = rows["round_robin"], rows["least_connections"]
+    dyn = rows.get(row_name("dynamic", profile, in_process)) or {}
+    dlr = row["p99_deviation_ms"]
+
+    def tighter(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else (a / b if b else float("inf"))
+
+    ratios = {"vs_round_robin": tighter(rr["p99_deviation_ms"], dlr),
+              "vs_least_connections": tighter(lc["p99_deviation_ms"], dlr),
+              "fleet_p99_vs_least_connections": tighter(row["fleet_latency_p99_ms"], lc["fleet_latency_p99_ms"]),
+              "throughput_vs_least_connections": tighter(row["throughput_rps"], lc["throughput_rps"]),
+              "dynamic_vs_round_robin": tighter(rr["p99_deviation_ms"], dyn.get("p99_deviation_ms"))}
+    checks = {"deviation_vs_least_connections": (ratios["vs_least_connections"] or 0.0) >= 1.0 / TARGETS["dlr_vs_lc"],
+              "deviation_vs_round_robin": (ratios["vs_round_robin"] or 0.0) >= TARGETS["vs_rr"],
+              "fleet_p99_vs_least_connections": (ratios["fleet_p99_vs_least_connections"] or math.inf) <= 1.0,
+              "throughput_vs_least_connections": (ratios["throughput_vs_least_connections"] or 0.0)
+              >= 1.0 - TARGETS["throughput_slack"],
+              "dynamic_vs_round_robin": (ratios["dynamic_vs_round_robin"] or 0.0) >= TARGETS["vs_rr"]}
+    return {**ratios, "checks": checks, "met": all(checks.values())}
+
+
+TARGETS: dict[str, float] = {"dlr_vs_lc": 0.8, "vs_rr": 3.0, "throughput_slack": 0.02}
+
+
+def targets_line(name: str, v: dict[str, Any]) -> str:
+    """One line per looped profile: each target's ratio, ✗ where missed."""
+    def mark(check: str) -> str:
+        return "" if v["checks"][check] else " ✗"
+
+    def num(value: float | None, digits: int = 2) -> str:
+        return "—" if value is None else f"{value:.{digits}f}"
+
+    parts = [
+        f"P99 deviation {num(v['vs_round_robin'], 1)}x tighter than round robin (>= 3)"
+        + mark("deviation_vs_round_robin"),
+        f"least connections' / its {num(v['vs_least_connections'])} (>= 1.25)"
+        + mark("deviation_vs_least_connections"),
+        f"fleet P99 / least connections' {num(v['fleet_p99_vs_least_connections'], 3)} (<= 1)"
+        + mark("fleet_p99_vs_least_connections"),
+        f"throughput / least connections' {num(v['throughput_vs_least_connections'], 3)} (>= 0.98)"
+        + mark("throughput_vs_least_connections"),
+        f"dynamic {num(v['dynamic_vs_round_robin'], 1)}x tighter than round robin (>= 3)"
+        + mark("dynamic_vs_round_robin"),
+    ]
+    return f"{name}: " + "; ".join(parts)
+
+
+def restore_table(rows: dict[str, dict[str, Any]]) -> str:
+    """Seconds from each fault's end until its replica's weight is back at 80 % of an equal share."""
+    faults = sorted({f for r in rows.values() for f in r.get("restore_s", {})})
+    if not faults:
+        return ""
+    lines = ["| policy | " + " | ".join(f"{f}: restored after (s)" for f in faults) + " |",
+             "|---|" + "---:|" * len(faults)]
+    for name, r in rows.items():
+        if "restore_s" not in r or not any(f in r["restore_s"] for f in faults):
+            continue
+        cells = ["—" if r["restore_s"].get(f) is None else f"{r['restore_s'][f]:g}" for f in faults]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def run_trace(scenario: Scenario, profiles: Sequence[str], bootstrap: str | None, workdir: Path) -> dict[str, Any]:
@@ -417,63 +552,88 @@ def run_trace(scenario: Scenario, profiles: Sequence[str], bootstrap: str | None
     rows: dict[str, dict[str, Any]] = {}
     for policy in ("round_robin", "least_connections"):
         rows[policy] = run_local(scenario, policy)
-        print(f"{scenario.trace} {policy}: {rows[policy]['wall_s']} s", file=sys.stderr)
+        print(f"{scenario.name} {policy}: {rows[policy]['wall_s']} s", file=sys.stderr)
     looped = [(policy, profile) for policy in CORRECTION_POLICIES for profile in profiles]
     if bootstrap is not None:
         for policy, profile in looped:
             name = row_name(policy, profile)
             rows[name] = run_worker_loop(scenario, bootstrap, workdir, profile, policy)
-            print(f"{scenario.trace} {name}: {rows[name]['wall_s']} s, lockstep misses "
+            print(f"{scenario.name} {name}: {rows[name]['wall_s']} s, lockstep misses "
                   f"{rows[name]['lockstep_misses']}", file=sys.stderr)
     for policy, profile in looped:
         rows[row_name(policy, profile, in_process=True)] = run_local(scenario, policy, profile)
     targets = {row_name("dynamic_least_request", p, local): verdict(rows, p, local)
                for p in profiles for local in (False, True)}
-    return {"scenario": {"trace": scenario.trace, "replicas": scenario.replicas, "load": scenario.load,
-                         "seed": scenario.seed, "run_s": scenario.run_s, "warmup_s": scenario.warmup_s,
+    return {"scenario": {"trace": scenario.trace, "variant": scenario.variant, "replicas": scenario.replicas,
+                         "load": scenario.load, "seed": scenario.seed, "run_s": scenario.run_s,
+                         "warmup_s": scenario.warmup_s,
                          "faults": [{"kind": k, "replica": r, "at_s": a, "for_s": d, "params": p}
-                                    for k, r, a, d, p in FAULTS if a < scenario.run_s]},
+                                    for k, r, a, d, p in scenario.faults()],
+                         "slower_gpu": {"replica": "r2", "speed": HETERO_SPEED} if scenario.variant == "hetero"
+                         else None},
             "target": {k: v for k, v in targets.items() if v is not None}, "rows": rows}
+
+
+def _profile(spec: str) -> str:
+    """``--profile``: a known profile or NAME=PATH (bench/common.py ``parse_profile``)."""
+    try:
+        parse_profile(spec)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return spec
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="300 simulated seconds (smoke run)")
     parser.add_argument("--trace", action="append", choices=list(TRACES), help="trace(s) (default: all)")
-    parser.add_argument("--profile", action="append", choices=list(PROFILES),
-                        help="detector profile(s) for the dynamic policies (default: default and tuned)")
+    parser.add_argument("--variant", action="append", choices=[*VARIANTS, "all"],
+                        help="run(s) of each trace: faults (default), hetero (r2 on a GPU at 0.6 x the "
+                             "others' speed, no fault), high (the faults at load 0.9), all")
+    parser.add_argument("--profile", action="append", type=_profile,
+                        help=f"detector profile(s) for the dynamic policies: {', '.join(PROFILES)}, or NAME=PATH "
+                             "of a configuration file (default: default and tuned)")
     parser.add_argument("--in-process", action="store_true",
                         help="close the dynamic loops in-process only (no broker, no worker)")
     parser.add_argument("--out", type=Path, default=RESULTS / "routing.json")
     parser.add_argument("--plot", type=Path, default=RESULTS / "routing.png")
     args = parser.parse_args(argv)
     traces = args.trace or list(TRACES)
+    variants = list(VARIANTS) if "all" in (args.variant or []) else (args.variant or ["faults"])
     profiles = args.profile or ["default", "tuned"]
     began = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="skewwatch-routing-"))
     results: dict[str, dict[str, Any]] = {}
+    scenarios: dict[str, Scenario] = {}
     with contextlib.ExitStack() as stack:
         bootstrap = None if args.in_process else stack.enter_context(kafka(workdir))
         for trace in traces:
-            scenario = Scenario(trace=trace, run_s=300.0) if args.quick else Scenario(trace=trace)
-            results[trace] = run_trace(scenario, profiles, bootstrap, workdir)
+            for variant in variants:
+                scenario = Scenario.of(trace, variant, run_s=300.0 if args.quick else RUN_S)
+                scenarios[scenario.name] = scenario
+                results[scenario.name] = run_trace(scenario, profiles, bootstrap, workdir)
     plots = []
-    for trace, result in results.items():
-        scenario = Scenario(trace=trace, run_s=result["scenario"]["run_s"])
-        faulty = sorted({inj.replica for inj in scenario.injections()}, key=lambda r: int(r[1:]))
-        print(f"\n## {trace} trace: {scenario.replicas} replicas, load {scenario.load:g}\n")
-        print(table(result["rows"], faulty))
+    for name, result in results.items():
+        scenario = scenarios[name]
+        watched = scenario.watched()
+        print(f"\n## {name}: {scenario.replicas} replicas, load {scenario.load:g}"
+              + (f", r2 at {HETERO_SPEED:g} x the others' speed, no fault" if scenario.variant == "hetero" else "")
+              + "\n")
+        print(table(result["rows"], watched))
         print()
-        print(breakdown(result["rows"], faulty))
-        for name, v in result["target"].items():
-            print(f"\n{name}: P99 deviation {v['vs_round_robin']:.1f}x tighter than round robin (target >= 3), "
-                  f"least connections' / its = {v['vs_least_connections']:.2f} (target >= 1): "
-                  f"{'met' if v['met'] else 'missed ✗'}")
-        path = args.plot if trace == traces[0] else args.plot.with_name(f"{args.plot.stem}_{trace}{args.plot.suffix}")
+        print(breakdown(result["rows"], watched))
+        restored = restore_table(result["rows"])
+        if restored:
+            print()
+            print(restored)
+        for row, v in result["target"].items():
+            print("\n" + targets_line(row, v))
+        path = args.plot if name == next(iter(results)) else args.plot.with_name(
+            f"{args.plot.stem}_{name.replace('/', '_')}{args.plot.suffix}")
         plot(result["rows"], scenario, path)
         plots.append(str(path))
     out = {"machine": machine(), "wall_s": round(time.monotonic() - began, 1), "quick": args.quick,
-           "profiles": profiles, "in_process_only": args.in_process,
+           "profiles": profiles, "variants": variants, "in_process_only": args.in_process,
            "seed_claim": {k: {"p99_deviation_ms": v[0], "utilization_spread_pct": v[1]} for k, v in SEED_TABLE.items()},
            "traces": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -361,6 +361,26 @@ def test_routing_runs_both_traces_in_process() -> None:
     assert set(result["target"]) == {"dynamic_least_request (in-process)"}
 
 
+def test_routing_variants_a_slower_gpu_without_faults_and_a_high_load() -> None:
+    hetero = routing.Scenario.of("code", "hetero", run_s=150.0)
+    assert hetero.faults() == () and hetero.name == "code/hetero" and hetero.watched() == ["r2"]
+    (slower,) = hetero.injections()
+    assert slower.kind == "slow_replica" and slower.at_s == 0.0 and slower.params["factor"] == pytest.approx(1 / 0.6)
+    high = routing.Scenario.of("conv", "high")
+    assert high.load == routing.HIGH_LOAD > routing.LOAD and [f[0] for f in high.faults()] == [
+        "slow_replica", "kv_pressure", "batch_collapse"]
+    result = routing.run_trace(routing.Scenario.of("conv", "hetero", run_s=150.0), ["default"], None, Path("."))
+    rows = result["rows"]
+    assert result["scenario"]["faults"] == [] and result["scenario"]["slower_gpu"] == {"replica": "r2", "speed": 0.6}
+    # least connections sends the slower GPU less than an equal share; the restore column has no fault to time
+    assert rows["least_connections"]["replicas"]["r2"]["share"] < 1 / 8
+    assert rows["dynamic (in-process)"]["restore_s"] == {}
+    checks = result["target"]["dynamic_least_request (in-process)"]["checks"]
+    assert set(checks) == {"deviation_vs_least_connections", "deviation_vs_round_robin",
+                           "fleet_p99_vs_least_connections", "throughput_vs_least_connections",
+                           "dynamic_vs_round_robin"}
+
+
 def test_learned_faults_can_start_later_on_the_same_traffic() -> None:
     """``--learned-fault-at``: the learned runs' labels move, the rules' runs do not; a start inside the
     unscored first minute is refused."""
