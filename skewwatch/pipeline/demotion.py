@@ -32,8 +32,9 @@ those replicas: the correction's weights stay the formula's, and the reason says
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from skewwatch.pipeline.weights import WeightConfig
 
@@ -132,6 +133,14 @@ class Holds:
     def forget(self, replica: str) -> None:
         self._begun.pop(replica, None)
         self._until.pop(replica, None)
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state (a checkpoint)."""
+        return {"begun": {r: list(ts) for r, ts in self._begun.items()}, "until": dict(self._until)}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        self._begun = {str(r): [float(t) for t in ts] for r, ts in dict(state.get("begun") or {}).items()}
+        self._until = {str(r): float(t) for r, t in dict(state.get("until") or {}).items()}
 
 
 __all__ = ["Demotion", "Holds", "demote"]

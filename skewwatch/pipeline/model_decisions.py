@@ -145,7 +145,7 @@ class ModelDecider:
         # replica -> its open WARNING / CRITICAL alerts, as ``detector[#rule]`` (pipeline/demotion.py),
         # kept from the alerts' transitions; a checkpoint rebuilds it from the detectors' open alerts
         self._alerted: dict[str, set[str]] = {}
-        # repeat demotions held after their alerts resolve (not checkpointed: a restart lifts the holds)
+        # when each replica's demotions began, and until when a repeat one is held after its alerts resolve
         self._holds = Holds(self.settings.weights)
         # the vectors' fields the step reads as columns, read in one pass (StepColumns.prefetch)
         self._step_fields = tuple(dict.fromkeys(
@@ -500,6 +500,18 @@ class ModelDecider:
         after a repeat demotion (in place)."""
         rows = [weights[replica] for replica in order]
         alerted = [bool(self._alerted.get(replica)) or self._holds.held(replica, now) for replica in order]
+        # warm-up: a replica with fewer requests than the credibility rule's half-credibility count
+        # (credibility_k, decayed over rate_horizon_s) is not demoted yet (its weight is mostly an
+        # equal share anyway): a new replica first serves its share and shows what it is
+        k = self.settings.weights.credibility_k
+        if k > 0:
+            for row, replica in enumerate(order):
+                evidence = self._evidence.replicas.get(replica)
+                if alerted[row] and (evidence is None or evidence.arrivals.n < k):
+                    alerted[row] = False
+                    n = 0.0 if evidence is None else evidence.arrivals.n
+                    note = f"not demoted: warming up ({n:.0f} of {k:g} requests)"
+                    rows[row].reason = note if rows[row].reason == "ok" else f"{rows[row].reason}; {note}"
         outcome = demote([w.weight for w in rows], alerted, [w.health >= 1.0 for w in rows], self.settings.weights)
         for row in outcome.demoted:
             labels = self._alerted.get(order[row])
@@ -545,6 +557,7 @@ class ModelDecider:
             "last_weights": {r: w.to_dict() for r, w in self._last_weights.items()},
             "last_health": dict(self._last_health),
             "evidence": self._evidence.state_dict(),
+            "demotion_holds": self._holds.state_dict(),
         }
 
     @classmethod
@@ -579,4 +592,5 @@ class ModelDecider:
         decider._last_health = {r: float(h) for r, h in state.get("last_health", {}).items()}
         decider._evidence.load_state(state.get("evidence", {}), decider.settings.weights)
         decider._alerted = decider._alerted_from_detectors()
+        decider._holds.load_state(state.get("demotion_holds") or {})
         return decider

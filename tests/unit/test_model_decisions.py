@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import random
 import tomllib
 from pathlib import Path
@@ -513,6 +514,21 @@ def test_a_repeat_demotion_is_held_after_its_alert_resolves_and_the_first_is_not
     # held base_ejection_s (30 s: 6 steps) after the second one resolves
     assert second == list(range(22, 27 + 6)), second
     assert reasons[30].endswith("demoted: held after a repeat demotion") and "demoted" not in reasons[33]
+
+
+def test_a_replica_warming_up_is_not_demoted_until_it_has_the_credibility_rules_requests() -> None:
+    decider = ModelDecider(SEED_DEMOTING)
+    reasons, demoted = [], []
+    for i in range(14):  # r2 is new: 8 requests in its window, 1 more per step, and a long tail from the start
+        faults = {"r2": {"latency_p99": 900.0, "count": 20 if i else 8, "step_count": 1 if i else 8}}
+        d = step(decider, i, faults)
+        assert d.current is not None
+        reasons.append(d.weights["r2"].reason)
+        demoted.append(d.current.weights["r2"] < d.current.weights["r1"] * 0.51)
+    warming = [i for i, r in enumerate(reasons) if "not demoted: warming up" in r]
+    assert warming and not any(demoted[i] for i in warming)
+    assert demoted[-1] and "demoted: long_tail open" in reasons[-1]  # 16 requests (credibility_k) on, it is
+    assert re.search(r"not demoted: warming up \(\d+ of 16 requests\)", reasons[warming[0]])
 
 
 def test_demotion_is_off_in_the_seed_profile_and_held_back_past_the_ejection_cap() -> None:

@@ -589,7 +589,10 @@ class LongTailDetector(ThresholdDetector):
         n, p50, p90, p99, top = fv.count, fv.tpot_p50, fv.tpot_p90, fv.tpot_p99, fv.tpot_max
         before = self._keep_tpot(fv)
         ttft_peers = peers.ttft_p50 if peers is not None else None
-        prefill = ttft_peers is not None and fv.ttft_p50 is not None and fv.ttft_p50 > cfg.ttft_ratio * ttft_peers
+        # first tokens slower than the peers' (long prompts, KV reloads, a queue) slow the decode of
+        # the batch they share by as much at most: above ttft_ratio x theirs, the level rises by that ratio
+        prefill = (fv.ttft_p50 / ttft_peers if ttft_peers and fv.ttft_p50 is not None
+                   and fv.ttft_p50 > cfg.ttft_ratio * ttft_peers else 1.0)
         tpot: Finding | None = None
         if peers is not None and peers.tpot_p99 is not None and peers.tpot_p50 is not None and peers.count:
             ref = (peers.tpot_p50, peers.tpot_p99, peers.count, "peers")
@@ -619,13 +622,13 @@ class LongTailDetector(ThresholdDetector):
 
     def _exceedance_test(self, n: int, quantiles: tuple[tuple[float, float | None], ...],
                          ref: tuple[float, float, float, str], tail: tuple[float | None, float, float] | None,
-                         prefill: bool,
+                         prefill: float,
                          what: str, verb: str, unit: str, evidence: dict[str, Any], prefix: str) -> Finding:
         """One signal's exceedance test: how many of the window's ``n`` requests its quantiles prove
         above ``tail_ratio`` x the reference P99, against Binomial(n, the reference's exceedance rate)."""
         cfg = self.config
         ref50, ref99, ref_n, source = ref
-        level = cfg.tail_ratio * ref99
+        level = cfg.tail_ratio * ref99 * prefill
         exceeding = 0
         for quantile, value in quantiles:
             if value is not None and value >= level:
@@ -648,7 +651,7 @@ class LongTailDetector(ThresholdDetector):
         values = {f"{prefix}_p{round(100 * q)}_ms" if q < 1 else f"{prefix}_max_ms": v for q, v in quantiles}
         evidence.update({**values, "level_ms": level, "exceeding": exceeding, "baseline_rate": baseline_rate,
                          "probability": probability, "alpha": alpha, "reference": source, "signal": what})
-        holds = probability <= alpha and not shifted and not prefill
+        holds = probability <= alpha and not shifted
         message = (
             f"long tail: at least {exceeding} of {n} requests {verb} {fmt(level, 1)} {unit} "
             f"({cfg.tail_ratio:g} x the {source}' {what} P99 {fmt(ref99, 1)} {unit}; probability "
@@ -657,8 +660,8 @@ class LongTailDetector(ThresholdDetector):
         if shifted and median is not None:
             message += (f"; its median {fmt(median, 1)} {unit} is {median / ref50:.1f} x theirs: "
                         "a slow replica, not a tail")
-        if prefill:
-            message += "; its first tokens are slow too: prefill explains it"
+        if prefill > 1.0:
+            message += f" (its first tokens {prefill:.1f} x slower than theirs: the level {prefill:.1f} x higher)"
         return Finding(holds=holds, message=message, evidence=dict(evidence),
                        params={"sample_rate": cfg.sample_rate})
 
