@@ -209,6 +209,19 @@ def test_exceedance_a_shifted_median_is_a_slow_replica() -> None:
                     vector={"count": 200, "tpot_p50": 66.0, "tpot_p90": 70.0, "tpot_p99": 80.0}) == []
 
 
+def test_exceedance_slow_first_tokens_raise_the_level_by_their_ratio() -> None:
+    # first tokens 3 x the peers' (a queue, long prompts): the level is 3 x 2 x their P99 (156 ms);
+    # a tenth of the requests at 60-150 ms is within what that explains, stalls at 20 x theirs are not
+    queued = {"count": 200, "ttft_p50": 240.0}
+    assert run_pool(LongTailDetector(), 22, telemetry=False,
+                    vector={**queued, "tpot_p90": 60.0, "tpot_p99": 150.0, "tpot_max": 300.0}) == []
+    alerts = run_pool(LongTailDetector(), 22, telemetry=False,
+                      vector={**queued, "tpot_p90": 520.0, "tpot_p99": 900.0, "tpot_max": 1200.0})
+    assert [(a.replica, a.state) for a in alerts] == [("r0", "open")]
+    assert alerts[0].evidence["level_ms"] == pytest.approx(156.0) and alerts[0].evidence["exceeding"] == 21
+    assert "first tokens 3.0 x slower than theirs: the level 3.0 x higher" in alerts[0].message
+
+
 def test_exceedance_defers_to_the_live_rule_when_it_judged() -> None:
     slow_finished = {"count": 200, "tpot_p90": 60.0, "tpot_p99": 150.0, "tpot_max": 300.0}
     assert run_pool(LongTailDetector(), 22, vector=slow_finished) == []  # live says the tokens are fine now

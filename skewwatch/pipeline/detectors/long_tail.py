@@ -36,7 +36,9 @@ holds when either holds:
   ``Binomial(n, 0.01)`` (:func:`~skewwatch.pipeline.detectors.evidence.binomial_tail_bound`).
   The evidence minimum follows from ``alpha``: a tenth of the requests above the level needs
   ``n >= 48`` to count. Not claimed when the median TPOT is above ``shift_ratio`` x the baseline's
-  (a slow replica) or the median TTFT above ``ttft_ratio`` x the peers' (prefill).
+  (a slow replica). Where the median TTFT is above ``ttft_ratio`` x the peers' (long prompts, KV
+  reloads or a queue, which slow the decode of the batch they share by as much at most), the level
+  rises by that ratio: what the traffic explains is taken out, and a stall beyond it still counts.
 * **the same on end-to-end latency** (``latency_signal``): the window's latency P50, P95 and P99
   against ``tail_ratio`` x the peers' latency P99, peers only. A stall adds time to a request
   whatever its length, which TPOT dilutes on long outputs and inflates on short ones. Each signal
