@@ -1,13 +1,17 @@
-"""The seed's routing table, reproduced on the fleet simulator, on two traffic shapes (benchmark 2).
+"""The seed's routing table, reproduced on the fleet simulator, on every traffic shape (benchmark 2).
 
 Seed claim (seed §1), P99 latency deviation / GPU-utilisation spread: round robin
 ±380 ms / ±22 %, least connections ±290 ms / ±18 %, multi-signal dynamic weights ±65 ms / ±5 %.
-Target: ``dynamic_least_request`` at least 3x tighter P99 deviation than round robin and no worse
-than least connections, on both shapes.
+Targets (:func:`verdict`): ``dynamic_least_request``'s P99 deviation at most 0.8 x least
+connections' and at least 3x tighter than round robin's, its fleet P99 at most least connections',
+its throughput within 2 % of theirs; ``dynamic`` at least 3x tighter than round robin.
 
 **Scenario** (one for every policy, so only the router differs), on each trace of ``--trace``
-(default ``conv``, the Azure conversation trace, and ``mooncake``, the long-context FAST'25
-synthetic trace, on the engine its prompts need: :mod:`skewwatch.sim.shapes`): ``REPLICAS``
+(default all: ``conv``, the Azure conversation trace, ``code``, the Azure code trace, and
+``mooncake``, the long-context FAST'25 synthetic trace, on the engine its prompts need:
+:mod:`skewwatch.sim.shapes`), in each variant of ``--variant`` (``faults``, the default; ``hetero``:
+r2 on a GPU at ``HETERO_SPEED`` of the others' speed for the whole run and no fault; ``high``: the
+faults at ``HIGH_LOAD``; ``all``): ``REPLICAS``
 replicas of one 70B-class model, ``LOAD`` of the fleet's estimated capacity, ``RUN_S`` of
 arrivals, seed ``SEED``, and the faults of :data:`FAULTS` — a thermally throttled replica for
 most of the run, KV-cache fragmentation and a batch-scheduler collapse, each on another replica.
@@ -44,12 +48,13 @@ same two steps of lag), for comparison; ``--in-process`` runs only those (no bro
   measured span), CUDA-failed requests, and dropped requests (never served: could not fit the
   KV cache, or still in flight when the drain limit passed).
 
-    .venv/bin/python bench/routing.py                 # both traces, ~15 min on 2 cores
+    .venv/bin/python bench/routing.py                 # every trace, ~5 min on 2 cores
     .venv/bin/python bench/routing.py --quick         # 5 simulated minutes each
     .venv/bin/python bench/routing.py --in-process    # no broker: the loops in-process only
 
-Prints one table per trace, writes ``bench/results/routing.json`` and ``bench/results/routing.png``
-(``routing_mooncake.png`` for the second trace).
+Prints one table per run (with each fault's time to restore: from its end until the router
+applies a weight of at least ``RESTORED_SHARE`` x an equal share to its replica), writes
+``bench/results/routing.json`` and ``bench/results/routing.png`` (``routing_<run>.png`` for the others).
 
 >>> import numpy as np
 >>> from skewwatch.schemas.requests.columns import RequestColumns
