@@ -76,7 +76,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -257,7 +257,7 @@ def _simulator(scenario: Scenario, policy: str, on_step: Callable[..., None] | N
 
 
 def _finish(sim: Any, requests: list[RequestColumns], telemetry: list[TelemetrySample], scenario: Scenario,
-            extra: dict[str, Any], applied: Sequence[tuple[float, dict[str, float]]] | None = None) -> dict[str, Any]:
+            extra: dict[str, Any], applied: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
     stats = sim.stats()  # "failed": never served (could not fit the KV cache, or past the drain limit)
     metrics = routing_metrics(RequestColumns.concat(requests), telemetry, START_TS + scenario.warmup_s,
                               START_TS + scenario.run_s, dropped=int(stats["failed"]))
@@ -283,33 +283,36 @@ def run_local(scenario: Scenario, policy: str, profile: str | None = None) -> di
 
     began = time.monotonic()
     sim = _simulator(scenario, policy, keep)
-    applied = _record_weights(sim)
+    applied = _record_corrections(sim)
     for _ in sim.chunks():
         pass
     return _finish(sim, requests, telemetry, scenario, {"wall_s": round(time.monotonic() - began, 1)}, applied)
 
 
-def _record_weights(sim: Any) -> list[tuple[float, dict[str, float]]]:
-    """The weights of every correction the simulator's router applies, as (when, weights)."""
-    applied: list[tuple[float, dict[str, float]]] = []
+def _record_corrections(sim: Any) -> list[dict[str, Any]]:
+    """Every correction the simulator's router applies: its ``ts``, when it was applied (``now``),
+    its weights (4 decimals) and actions."""
+    applied: list[dict[str, Any]] = []
     original_apply = sim.apply_correction
 
     def apply_and_record(record: Any, now: float) -> None:
-        weights = {str(r): float(w) for r, w in dict(record.get("weights") or {}).items()}
-        applied.append((now, weights))
+        weights = {str(r): round(float(w), 4) for r, w in dict(record.get("weights") or {}).items()}
+        applied.append({"ts": record["ts"], "now": now, "weights": weights,
+                        "actions": [(a.get("replica"), a.get("action")) for a in record.get("actions") or []]})
         original_apply(record, now)
 
     sim.apply_correction = apply_and_record
     return applied
 
 
-def restore_times(applied: Sequence[tuple[float, dict[str, float]]], scenario: Scenario) -> dict[str, float | None]:
+def restore_times(applied: Sequence[Mapping[str, Any]], scenario: Scenario) -> dict[str, float | None]:
     """Per fault that ends before the run does (``kind@replica``): seconds from its end until the
     router applies a weight of at least :data:`RESTORED_SHARE` x an equal share to its replica
-    (None: not by the run's end).
+    (None: not by the run's end); ``applied``: the corrections as :func:`_record_corrections` keeps them.
 
     >>> s = Scenario(run_s=1200.0)
-    >>> w = [(START_TS + 700.0, {"r3": 0.02, "r0": 0.98}), (START_TS + 745.0, {"r3": 0.45, "r0": 0.55})]
+    >>> w = [{"now": START_TS + 700.0, "weights": {"r3": 0.02, "r0": 0.98}},
+    ...      {"now": START_TS + 745.0, "weights": {"r3": 0.45, "r0": 0.55}}]
     >>> restore_times(w, s)["kv_pressure@r3"], restore_times(w, s)["batch_collapse@r5"]
     (45.0, None)
     """
@@ -319,9 +322,9 @@ def restore_times(applied: Sequence[tuple[float, dict[str, float]]], scenario: S
         if at + dur >= scenario.run_s:
             continue
         out[f"{kind}@{replica}"] = next(
-            (round(now - end, 1) for now, weights in applied
-             if now >= end and weights and replica in weights
-             and weights[replica] >= RESTORED_SHARE * sum(weights.values()) / len(weights)), None)
+            (round(a["now"] - end, 1) for a in applied
+             if a["now"] >= end and replica in a["weights"]
+             and a["weights"][replica] >= RESTORED_SHARE * sum(a["weights"].values()) / len(a["weights"])), None)
     return out
 
 
@@ -335,22 +338,13 @@ def run_worker_loop(scenario: Scenario, bootstrap: str, workdir: Path, profile: 
     topics = settings.topics
     requests: list[RequestColumns] = []
     telemetry: list[TelemetrySample] = []
-    applied: list[dict[str, Any]] = []
 
     def keep(sim: Any, chunk: Any) -> None:
         requests.append(chunk.requests)
         telemetry.extend(chunk.telemetry)
 
     sim = _simulator(scenario, policy, keep)
-    original_apply = sim.apply_correction
-
-    def apply_and_record(record: Any, now: float) -> None:
-        weights = {str(r): round(float(w), 4) for r, w in dict(record.get("weights") or {}).items()}
-        applied.append({"ts": record["ts"], "now": now, "weights": weights,
-                        "actions": [(a.get("replica"), a.get("action")) for a in record.get("actions") or []]})
-        original_apply(record, now)
-
-    sim.apply_correction = apply_and_record
+    applied = _record_corrections(sim)
     corrections = KafkaCorrections(bootstrap, topics.routing_corrections)
     began = time.monotonic()
 
@@ -376,7 +370,7 @@ def run_worker_loop(scenario: Scenario, bootstrap: str, workdir: Path, profile: 
                     "corrections_applied": len(applied),
                     "weights_applied": [{"ts": a["ts"], "weights": a["weights"], "actions": a["actions"]}
                                         for a in applied]},
-                   [(a["now"], a["weights"]) for a in applied])
+                   applied)
 
 
 # ----------------------------------------------------------------------------- report

@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from skewwatch.pipeline.failstatic import ejection_time
 from skewwatch.pipeline.weights import WeightConfig
 
 
@@ -112,7 +113,7 @@ class Holds:
         """``replica``'s last demoting alert resolved: how long it stays demoted (s)."""
         cfg = self.config
         k = sum(1 for t in self._begun.get(replica, ()) if t > now - cfg.demote_memory_s)
-        hold = 0.0 if k < 2 else min(cfg.base_ejection_s * cfg.ejection_multiplier ** (k - 2), cfg.max_ejection_s)
+        hold = 0.0 if k < 2 else ejection_time(k - 1, cfg)  # the second demotion is held as a first ejection
         if hold > 0:
             self._until[replica] = now + hold
         return hold

@@ -95,6 +95,16 @@ class GuardConfig:
     max_ejection_s: float = 300.0  # Envoy's default max_ejection_time
 
 
+def ejection_time(count: int, config: GuardSettings) -> float:
+    """How long the ``count``-th repeat ejection lasts (s): ``base_ejection_s`` x
+    ``ejection_multiplier`` ^ (count - 1), at most ``max_ejection_s`` (Envoy's ejection times).
+
+    >>> [ejection_time(k, GuardConfig()) for k in (1, 2, 3, 5, 6)]
+    [30.0, 60.0, 120.0, 300.0, 300.0]
+    """
+    return min(config.base_ejection_s * config.ejection_multiplier ** (count - 1), config.max_ejection_s)
+
+
 @dataclass(slots=True)
 class _Ejection:
     cause: str
@@ -244,8 +254,7 @@ class PoolGuard:
                 if rec.last_end is not None and now - rec.last_end >= config.max_ejection_s:
                     rec.count = 0  # forgiven
                 rec.count += 1
-                duration = min(config.base_ejection_s * config.ejection_multiplier ** (rec.count - 1),
-                               config.max_ejection_s)
+                duration = ejection_time(rec.count, config)
                 rec.current = _Ejection(cause, now, now + duration)
             else:
                 rec.current.cause = cause
