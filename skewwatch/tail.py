@@ -18,7 +18,6 @@ False
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import sys
 import time
@@ -210,7 +209,8 @@ def tail_command(kind: Kind, model: str | None, replica: str | None, since: str 
     """Print skewwatch's alerts, routing corrections or feature vectors: a table on a terminal, JSON lines
     otherwise."""
     from skewwatch.client.command import reader_settings
-    from skewwatch.kafka_client import describe_exception, quiet_client_logs, run_blocking
+    from skewwatch.kafka_client import describe_exception, quiet_client_logs
+    from skewwatch.stopping import run_until_stopped
 
     quiet_client_logs()
     settings, servers, kwargs = reader_settings(config_path, bootstrap)
@@ -221,15 +221,15 @@ def tail_command(kind: Kind, model: str | None, replica: str | None, since: str 
     topic = {"alerts": settings.topics.alerts, "corrections": settings.topics.routing_corrections,
              "features": settings.topics.features}[kind]
     printer = Printer(kind, sys.stdout, table=sys.stdout.isatty() and not as_json)
-    with contextlib.suppress(KeyboardInterrupt):
-        try:
-            run_blocking(tail(servers, topic, kind, printer, since_s=since_s, follow=follow, model=model,
-                              replica=replica, client_kwargs=kwargs))
-        except click.ClickException:
-            raise
-        except Exception as exc:
-            raise click.ClickException(f"cannot read {topic} at {servers}: {describe_exception(exc)}") \
-                from None
+    try:
+        # SIGTERM / Ctrl-C end `--follow` with exit code 0, the consumer closed
+        run_until_stopped(tail(servers, topic, kind, printer, since_s=since_s, follow=follow, model=model,
+                               replica=replica, client_kwargs=kwargs))
+    except click.ClickException:
+        raise
+    except Exception as exc:
+        raise click.ClickException(f"cannot read {topic} at {servers}: {describe_exception(exc)}") \
+            from None
 
 
 __all__ = ["COLUMNS", "Printer", "format_row", "matches", "parse_duration", "tail", "tail_command"]

@@ -167,7 +167,11 @@ def create_bridge_app(bootstrap: str, alerts_topic: str, url: str, *, group_id: 
     app = faust.App(group_id, **faust_app_kwargs(kafka, bootstrap=bootstrap), autodiscover=False, store="memory://",
                     web_enabled=web_port is not None, web_port=web_port or 6067, web_host="127.0.0.1",
                     web_bind="127.0.0.1", topic_partitions=partitions,
-                    topic_replication_factor=replication_factor)
+                    topic_replication_factor=replication_factor,
+                    # a stop must not wait for the alert in hand: while Alertmanager does not answer its POST
+                    # retries for as long as the outage lasts, and SIGTERM would never end the process. The
+                    # alert's offset is not committed, so the next start sends it again.
+                    stream_wait_empty=False)
     client = AlertmanagerClient(url)
     topic = app.topic(alerts_topic, key_type=bytes, value_type=bytes, key_serializer="raw",
                       value_serializer="raw", partitions=partitions)
@@ -176,7 +180,11 @@ def create_bridge_app(bootstrap: str, alerts_topic: str, url: str, *, group_id: 
 
     @app.agent(topic)
     async def forward(stream: Any) -> Any:
-        async for event in stream.events():
+        # acked by hand once handled: a stop during an Alertmanager outage cancels the POST's retries,
+        # and the alert, unacked, is read again (its offset uncommitted) by the next start. Faust's own
+        # acks would ack it as the iteration is cancelled, and the alert would be lost.
+        events = stream.noack()
+        async for event in events.events():
             try:
                 record = orjson.loads(event.value)
                 key = alert_key(record)
@@ -186,6 +194,7 @@ def create_bridge_app(bootstrap: str, alerts_topic: str, url: str, *, group_id: 
                 alert = to_alertmanager(record, time.time(), resend_s, starts_at=starts)
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("alertmanager-bridge: skipped a malformed alert record: %s", exc)
+                await events.ack(event)
                 continue
             try:
                 await client.post([alert])
@@ -196,6 +205,7 @@ def create_bridge_app(bootstrap: str, alerts_topic: str, url: str, *, group_id: 
             else:
                 open_alerts.pop(key, None)
             log.info("alertmanager-bridge: %s %s", record["state"], key)
+            await events.ack(event)
             yield key
 
     @app.timer(resend_s)

@@ -295,7 +295,8 @@ def haproxy_command(socket_path: str | None, admin: str | None, backend_map: Pat
     """Follow the routing corrections and apply them to HAProxy (weights, drain/maint, panic = all ready)."""
     from skewwatch.client.command import reader_settings
     from skewwatch.client.corrections import CorrectionsError
-    from skewwatch.kafka_client import describe_exception, quiet_client_logs, run_blocking
+    from skewwatch.kafka_client import describe_exception, quiet_client_logs
+    from skewwatch.stopping import run_until_stopped
 
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_client_logs()
@@ -320,13 +321,12 @@ def haproxy_command(socket_path: str | None, admin: str | None, backend_map: Pat
         finally:
             await subscriber.stop()
 
-    with contextlib.suppress(KeyboardInterrupt):
-        try:
-            run_blocking(main())
-        except (HAProxyError, CorrectionsError) as exc:
-            raise click.ClickException(str(exc)) from None
-        except Exception as exc:
-            raise click.ClickException(describe_exception(exc)) from None
+    try:
+        run_until_stopped(main())  # SIGTERM / Ctrl-C: the subscriber closes, exit code 0
+    except (HAProxyError, CorrectionsError) as exc:
+        raise click.ClickException(str(exc)) from None
+    except Exception as exc:
+        raise click.ClickException(describe_exception(exc)) from None
 
 
 __all__ = ["BackendMap", "HAProxyBridge", "HAProxyError", "RuntimeAPI", "ServerState", "apply_command",
