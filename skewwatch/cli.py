@@ -1,23 +1,25 @@
 """The ``skewwatch`` command line (click). Each sub-command lives beside the code it drives.
 
 Exit codes: :mod:`skewwatch.errors` (0 done; 2 a usage error or invalid settings, :data:`EXIT_CONFIG`;
-3 Kafka unreachable for a one-shot command; 4 Kafka refused TLS or the login; 5 a port in use; 6 the
-broker's data directory locked; 7 nothing sent; 8 the embedded broker failed; 1 a bug). Every
-command loads its settings (:func:`command_settings`) before it starts anything, so invalid settings
-stop it with one line on stderr naming the key and where its value came from, and no traceback.
+3 Kafka (or HAProxy's runtime API) not answering as a one-shot command or a bridge starts; 4 Kafka
+refused TLS or the login; 5 a port in use; 6 the broker's data directory locked; 7 nothing sent; 8
+the embedded broker failed; 1 a bug). Every command loads its settings (:func:`command_settings`)
+before it starts anything, so invalid settings stop it with one line on stderr naming the key and
+where its value came from, and no traceback.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from skewwatch.config_section import ConfigError
-from skewwatch.errors import ConfigProblem
+from skewwatch.errors import ConfigProblem, KafkaUnreachable
 
 if TYPE_CHECKING:
     from skewwatch.config import Settings
@@ -82,6 +84,17 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except ConfigError as exc:  # a command that read settings without command_settings
             raise SettingsError(str(exc)) from None
+        except Exception as exc:
+            # A Kafka client that found no broker where a command did not expect it is still the documented
+            # exit code 3, not a traceback. Only when aiokafka is loaded can the exception be one of its own.
+            kafka_errors = sys.modules.get("aiokafka.errors")
+            if kafka_errors is not None and isinstance(exc, kafka_errors.KafkaConnectionError):
+                from skewwatch.kafka_client import describe_exception
+
+                raise KafkaUnreachable(f"no Kafka answers: {describe_exception(exc)}; start one with `skewwatch "
+                                       "broker` or point --bootstrap / KAFKA_BOOTSTRAP at a running cluster") \
+                    from None
+            raise
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

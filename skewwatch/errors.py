@@ -12,7 +12,9 @@ code class                         when
 0                                  success (also Ctrl-C / SIGTERM on a long-running command)
 1    (none: a bug)                 an unexpected exception; the traceback is worth a bug report
 2    :class:`ConfigProblem`        a setting or option cannot be used (click's usage errors are 2 too)
-3    :class:`KafkaUnreachable`     a one-shot command found no Kafka answering at the bootstrap address
+3    :class:`PeerUnreachable`      nothing answers where a command must connect as it starts: Kafka for a
+                                   one-shot command or a bridge (:class:`KafkaUnreachable`), HAProxy's
+                                   runtime API for ``apply haproxy``; or Kafka went away during a run
 4    :class:`KafkaRefused`         Kafka answered but refused the connection: TLS or SASL failed
 5    :class:`AddressInUse`         the port to listen on is taken
 6    :class:`DataDirLocked`        the broker's data directory is locked by another broker
@@ -45,10 +47,14 @@ class ConfigProblem(SkewwatchError):
     exit_code = 2
 
 
-class KafkaUnreachable(SkewwatchError):
-    """Nothing answered at the bootstrap address (a one-shot command; services wait instead)."""
+class PeerUnreachable(SkewwatchError):
+    """Nothing answered where the command must connect (services that wait for their peer do not raise it)."""
 
     exit_code = 3
+
+
+class KafkaUnreachable(PeerUnreachable):
+    """Nothing answered at the bootstrap address (a one-shot command or a bridge; services wait instead)."""
 
 
 class KafkaRefused(SkewwatchError):
@@ -107,6 +113,7 @@ __all__ = [
     "KafkaRefused",
     "KafkaUnreachable",
     "NothingSent",
+    "PeerUnreachable",
     "SkewwatchError",
     "listen_error",
 ]

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from skewwatch.config import KafkaSettings, Settings
+    from skewwatch.errors import SkewwatchError
 
 T = TypeVar("T")
 
@@ -63,14 +64,21 @@ def group_consumer_kwargs(kafka: KafkaSettings | None = None, *, bootstrap: str 
 
 
 def require_bootstrap(bootstrap: str | None, settings: Settings, what: str) -> str:
-    """``bootstrap`` (a command's option) or ``kafka.bootstrap``, also stored there; else the one-line
-    ConfigProblem (exit code 2) naming the ways to give one. ``what``: "to publish to", ..."""
+    """``bootstrap`` (a command's option) or ``kafka.bootstrap``, also stored there; else, or when it is
+    not ``host:port[,host:port]``, the one-line ConfigProblem (exit code 2) naming the ways to give one.
+    ``what``: "to publish to", ..."""
+    from skewwatch.config_section import ConfigError
     from skewwatch.errors import ConfigProblem
+    from skewwatch.kafka_security import bootstrap_hosts
 
     servers = bootstrap or settings.kafka.bootstrap
     if not servers:
         raise ConfigProblem(f"no Kafka {what}: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP "
                             "(`skewwatch broker` starts one)")
+    try:
+        bootstrap_hosts(servers)
+    except ConfigError as exc:
+        raise ConfigProblem(str(exc)) from None
     settings.kafka.bootstrap = servers
     return servers
 
@@ -156,6 +164,20 @@ async def describe_cluster(bootstrap: str, timeout: float = 10.0, kafka: KafkaSe
     return cluster
 
 
+def kafka_failure(exc: BaseException, bootstrap: str, what: str = "during the run") -> SkewwatchError:
+    """The one-line error of a Kafka client that failed after the command's first connection: the
+    broker went away (exit code 3), or refused TLS or the login (4)."""
+    from aiokafka import errors as kafka_errors
+
+    from skewwatch.errors import KafkaRefused, KafkaUnreachable
+
+    if isinstance(exc, kafka_errors.SaslAuthenticationFailed | kafka_errors.AuthenticationFailedError |
+                  kafka_errors.TopicAuthorizationFailedError | kafka_errors.GroupAuthorizationFailedError):
+        return KafkaRefused(f"Kafka at {bootstrap} refused {what}: {describe_exception(exc)}")
+    return KafkaUnreachable(f"Kafka at {bootstrap} failed {what}: {describe_exception(exc)}; is the cluster up "
+                            "(`skewwatch broker` starts one)?")
+
+
 def describe_exception(exc: BaseException) -> str:
     """``Type: message`` on one line, without the type twice (aiokafka's messages repeat it).
 
@@ -186,6 +208,7 @@ __all__ = [
     "describe_exception",
     "faust_app_kwargs",
     "group_consumer_kwargs",
+    "kafka_failure",
     "quiet_client_logs",
     "require_bootstrap",
     "run_blocking",

@@ -194,7 +194,12 @@ def describe_tls_error(exc: BaseException) -> str:
     return message or str(text) or type(exc).__name__
 
 
-def _hosts(bootstrap: str) -> list[tuple[str, int]]:
+def bootstrap_hosts(bootstrap: str) -> list[tuple[str, int]]:
+    """``(host, port)`` of each server in ``host:port[,host:port]``; ConfigError for anything else.
+
+    >>> bootstrap_hosts("kafka-1:9092,[::1]:9093")
+    [('kafka-1', 9092), ('::1', 9093)]
+    """
     hosts = []
     for item in bootstrap.split(","):
         host, _, port = item.strip().rpartition(":")
@@ -250,7 +255,7 @@ async def check_connection(bootstrap: str, kafka: KafkaSettings, timeout: float 
 
     options = client_options(kafka)
     problem: SkewwatchError | None = None
-    for host, port in _hosts(bootstrap):
+    for host, port in bootstrap_hosts(bootstrap):
         try:
             async with asyncio.timeout(timeout):
                 conn = await create_conn(host, port, client_id="skewwatch-check",
@@ -269,6 +274,7 @@ __all__ = [
     "SASL_MECHANISMS",
     "SECURITY_PROTOCOLS",
     "Secret",
+    "bootstrap_hosts",
     "check_connection",
     "check_security",
     "client_options",

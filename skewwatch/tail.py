@@ -139,6 +139,7 @@ async def tail(bootstrap: str, topic: str, kind: Kind, printer: Printer, *, sinc
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
+    from skewwatch.client.command import topic_missing
     from skewwatch.kafka_client import client_kwargs as connection
 
     options = {**connection(bootstrap=bootstrap), **(client_kwargs or {})}
@@ -156,7 +157,7 @@ async def tail(bootstrap: str, topic: str, kind: Kind, printer: Printer, *, sinc
             await consumer._client.force_metadata_update()  # aiokafka: metadata of an unsubscribed topic
             partitions = consumer.partitions_for_topic(topic)
         if not partitions:
-            raise click.ClickException(f"topic {topic} does not exist at {bootstrap} (is a worker running?)")
+            raise topic_missing(topic, bootstrap)
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         consumer.assign(tps)
         ends = await consumer.end_offsets(tps)
@@ -208,16 +209,18 @@ def tail_command(kind: Kind, model: str | None, replica: str | None, since: str 
                  as_json: bool, bootstrap: str | None, config_path: Path | None) -> None:
     """Print skewwatch's alerts, routing corrections or feature vectors: a table on a terminal, JSON lines
     otherwise."""
+    from aiokafka.errors import KafkaError
+
     from skewwatch.client.command import reader_settings
-    from skewwatch.kafka_client import describe_exception, quiet_client_logs
+    from skewwatch.kafka_client import kafka_failure, quiet_client_logs
     from skewwatch.stopping import run_until_stopped
 
     quiet_client_logs()
-    settings, servers, kwargs = reader_settings(config_path, bootstrap)
     try:
         since_s = parse_duration(since) if since else (None if kind == "corrections" else 600.0)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--since") from None
+    settings, servers, kwargs = reader_settings(config_path, bootstrap)
     topic = {"alerts": settings.topics.alerts, "corrections": settings.topics.routing_corrections,
              "features": settings.topics.features}[kind]
     printer = Printer(kind, sys.stdout, table=sys.stdout.isatty() and not as_json)
@@ -225,11 +228,8 @@ def tail_command(kind: Kind, model: str | None, replica: str | None, since: str 
         # SIGTERM / Ctrl-C end `--follow` with exit code 0, the consumer closed
         run_until_stopped(tail(servers, topic, kind, printer, since_s=since_s, follow=follow, model=model,
                                replica=replica, client_kwargs=kwargs))
-    except click.ClickException:
-        raise
-    except Exception as exc:
-        raise click.ClickException(f"cannot read {topic} at {servers}: {describe_exception(exc)}") \
-            from None
+    except (KafkaError, OSError, TimeoutError) as exc:  # the broker went away after the first connection
+        raise kafka_failure(exc, servers, f"while reading {topic}") from None
 
 
 __all__ = ["COLUMNS", "Printer", "format_row", "matches", "parse_duration", "tail", "tail_command"]

@@ -294,8 +294,9 @@ def haproxy_command(socket_path: str | None, admin: str | None, backend_map: Pat
                     config_path: Path | None, loglevel: str) -> None:
     """Follow the routing corrections and apply them to HAProxy (weights, drain/maint, panic = all ready)."""
     from skewwatch.client.command import reader_settings
-    from skewwatch.client.corrections import CorrectionsError
-    from skewwatch.kafka_client import describe_exception, quiet_client_logs
+    from skewwatch.client.corrections import CorrectionsError, CorrectionsTopicMissing
+    from skewwatch.errors import ConfigProblem, PeerUnreachable
+    from skewwatch.kafka_client import kafka_failure, quiet_client_logs
     from skewwatch.stopping import run_until_stopped
 
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -303,15 +304,19 @@ def haproxy_command(socket_path: str | None, admin: str | None, backend_map: Pat
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     if (socket_path is None) == (admin is None):
         raise click.UsageError("give exactly one of --socket PATH and --admin HOST:PORT")
-    settings, servers, kwargs = reader_settings(config_path, bootstrap)
     try:
         mapping = BackendMap.load(backend_map)
     except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise ConfigProblem(str(exc)) from None
+    settings, servers, kwargs = reader_settings(config_path, bootstrap)
     api = RuntimeAPI(socket_path=socket_path, address=admin)
 
     async def main() -> None:
-        await api.command("show info")  # fail now, in one line, if HAProxy is not there
+        try:
+            await api.command("show info")  # fail now, in one line, if HAProxy is not there
+        except HAProxyError as exc:
+            raise PeerUnreachable(f"{exc}; is HAProxy running with `stats socket ... level admin` there?") \
+                from None
         subscriber = CorrectionsSubscriber(servers, settings.topics.routing_corrections,
                                            heartbeat_s=heartbeat_s, stale_after=stale_after, on_stale=on_stale,
                                            client_kwargs=kwargs)
@@ -323,10 +328,11 @@ def haproxy_command(socket_path: str | None, admin: str | None, backend_map: Pat
 
     try:
         run_until_stopped(main())  # SIGTERM / Ctrl-C: the subscriber closes, exit code 0
-    except (HAProxyError, CorrectionsError) as exc:
-        raise click.ClickException(str(exc)) from None
-    except Exception as exc:
-        raise click.ClickException(describe_exception(exc)) from None
+    except CorrectionsTopicMissing as exc:
+        raise ConfigProblem(str(exc)) from None
+    except CorrectionsError as exc:  # Kafka went away under the subscriber
+        raise kafka_failure(exc.__cause__ or exc, servers, f"while reading {settings.topics.routing_corrections}") \
+            from None
 
 
 __all__ = ["BackendMap", "HAProxyBridge", "HAProxyError", "RuntimeAPI", "ServerState", "apply_command",

@@ -71,6 +71,10 @@ class CorrectionsError(RuntimeError):
     """The corrections topic cannot be read (no such topic, no Kafka); one actionable line."""
 
 
+class CorrectionsTopicMissing(CorrectionsError):
+    """The corrections topic does not exist (a [topics] name that is wrong, or nothing created it)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ModelState:
     """The latest correction kept for one model, with when it arrived."""
@@ -205,7 +209,7 @@ class CorrectionsSubscriber:
             if partitions:
                 return set(partitions)
             if time.monotonic() > deadline:
-                raise CorrectionsError(f"topic {self.topic} does not exist at {self.bootstrap} (create it with "
+                raise CorrectionsTopicMissing(f"topic {self.topic} does not exist at {self.bootstrap} (create it with "
                                        "`skewwatch topics create`, or start a worker)")
             await consumer._client.force_metadata_update()  # aiokafka: metadata for an unsubscribed topic
             await asyncio.sleep(0.2)
@@ -388,5 +392,6 @@ class ChangeStream:
         with contextlib.suppress(ValueError):
             self._subscriber._queues.remove(self._queue)
 
-__all__ = ["Change", "ChangeStream", "CorrectionsError", "CorrectionsSubscriber", "ModelState", "OnStale"]
+__all__ = ["Change", "ChangeStream", "CorrectionsError", "CorrectionsSubscriber", "CorrectionsTopicMissing",
+           "ModelState", "OnStale"]
 

@@ -179,8 +179,8 @@ def collect_gpu_command(
         reader = NvmlReader(replica_map=replica_map, node=node)
     try:
         reader.open()
-    except NvmlUnavailable as exc:
-        raise click.ClickException(str(exc)) from None
+    except NvmlUnavailable as exc:  # the option cannot be used on this machine: --simulate can
+        raise ConfigProblem(str(exc)) from None
     try:
         if once:
             for sample in reader.read(time.time()):

@@ -43,6 +43,7 @@ from skewwatch.client.bounded_producer import BoundedProducer
 from skewwatch.collect.engine_maps import ENGINE_MAPS, CounterTracker, EngineMap, map_exposition
 from skewwatch.collect.publish import encode_sample, publish_sample, require_delivered, stop_on_signals
 from skewwatch.config import KafkaSettings
+from skewwatch.errors import PeerUnreachable
 from skewwatch.kafka_client import require_bootstrap
 from skewwatch.kafka_security import client_options, describe_listener
 from skewwatch.logs import logging_options, setup_logging, skewwatch_version
@@ -240,8 +241,8 @@ def scrape_command(
     if once:
         try:
             samples = asyncio.run(_scrape_once(scraper))
-        except ScrapeError as exc:
-            raise click.ClickException(str(exc)) from None
+        except ScrapeError as exc:  # the target does not answer, or not with metrics
+            raise PeerUnreachable(str(exc)) from None
         for sample in samples:
             click.echo(encode_sample(sample).decode())
         return

@@ -216,6 +216,6 @@ def test_apply_haproxy_without_haproxy_is_one_line(tmp_path: Path, kafka_bootstr
     done = subprocess.run([sys.executable, "-m", "skewwatch", "apply", "haproxy", "--socket",
                            str(tmp_path / "none.sock"), "--backend-map", str(backend_map),
                            "--bootstrap", kafka_bootstrap], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1
+    assert done.returncode == 3  # PeerUnreachable
     assert done.stderr.strip().startswith("Error: HAProxy runtime API at") and "does not answer" in done.stderr
     assert "Traceback" not in done.stderr

@@ -24,7 +24,14 @@ import pytest
 
 from skewwatch.broker import EmbeddedBroker
 from skewwatch.config import Settings
-from skewwatch.errors import AddressInUse, ConfigProblem, DataDirLocked, KafkaUnreachable, NothingSent
+from skewwatch.errors import (
+    AddressInUse,
+    ConfigProblem,
+    DataDirLocked,
+    KafkaUnreachable,
+    NothingSent,
+    PeerUnreachable,
+)
 from skewwatch.ports import free_port
 from tests.integration.commands import one_line_error, wait_listening
 from tests.integration.test_telemetry_publish import _Exposition
@@ -99,6 +106,57 @@ def test_one_shot_commands_without_kafka_are_one_line_and_exit_3(command: list[s
     started = time.monotonic()
     one_line_error(run(*command, "--bootstrap", NOWHERE), KafkaUnreachable.exit_code, NOWHERE, "no Kafka answers")
     assert time.monotonic() - started < 30
+
+
+@pytest.fixture
+def backend_map(tmp_path: Path) -> Path:
+    path = tmp_path / "backends.toml"
+    path.write_text('[models."m"]\nbackend = "b"\n')
+    return path
+
+
+READERS = [["tail", "alerts"], ["apply", "haproxy", "--admin", "127.0.0.1:1", "--backend-map", "{map}"],
+           ["alertmanager-bridge", "--url", "http://127.0.0.1:1"]]
+READER_IDS = ["tail", "apply-haproxy", "alertmanager-bridge"]
+
+
+def reader_args(command: list[str], backend_map: Path) -> list[str]:
+    return [arg.format(map=backend_map) for arg in command]
+
+
+@pytest.mark.parametrize("command", READERS, ids=READER_IDS)
+def test_readers_without_kafka_are_one_line_and_exit_3(command: list[str], backend_map: Path) -> None:
+    done = run(*reader_args(command, backend_map), "--bootstrap", NOWHERE)
+    one_line_error(done, KafkaUnreachable.exit_code, NOWHERE, "no Kafka answers")
+
+
+@pytest.mark.parametrize("command", READERS, ids=READER_IDS)
+def test_readers_without_a_bootstrap_are_one_line_and_exit_2(command: list[str], backend_map: Path) -> None:
+    one_line_error(run(*reader_args(command, backend_map)), ConfigProblem.exit_code, "no Kafka", "--bootstrap")
+
+
+@pytest.mark.parametrize("command", [*READERS, ["topics", "create"]], ids=[*READER_IDS, "topics-create"])
+def test_a_malformed_bootstrap_is_refused_alike_by_every_command(command: list[str], backend_map: Path) -> None:
+    done = run(*reader_args(command, backend_map), "--bootstrap", "localhost")
+    one_line_error(done, ConfigProblem.exit_code, "kafka.bootstrap", "host:port", "'localhost'")
+
+
+def test_apply_haproxy_without_haproxy_is_exit_3(backend_map: Path, kafka_bootstrap: str) -> None:
+    done = run("apply", "haproxy", "--admin", "127.0.0.1:1", "--backend-map", str(backend_map),
+               "--bootstrap", kafka_bootstrap)
+    one_line_error(done, PeerUnreachable.exit_code, "HAProxy runtime API at 127.0.0.1:1", "does not answer")
+
+
+def test_apply_haproxy_with_a_missing_backend_map_is_exit_2(tmp_path: Path) -> None:
+    done = run("apply", "haproxy", "--admin", "127.0.0.1:1", "--backend-map", str(tmp_path / "none.toml"),
+               "--bootstrap", NOWHERE)
+    one_line_error(done, ConfigProblem.exit_code, "none.toml", "does not exist")
+
+
+def test_tail_of_a_missing_topic_is_exit_2(kafka_bootstrap: str) -> None:
+    done = run("tail", "alerts", "--bootstrap", kafka_bootstrap,
+               env=env_without_kafka(SKEWWATCH_TOPICS__ALERTS="llm.alerts.none"))
+    one_line_error(done, ConfigProblem.exit_code, "topic llm.alerts.none does not exist")
 
 
 def test_a_second_broker_on_a_locked_data_directory_names_the_lock(embedded_broker: EmbeddedBroker | None) -> None:

@@ -273,7 +273,7 @@ def test_missing_nvml_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> Non
         NvmlReader(node="n").open()
     assert "\n" not in str(raised.value) and "NVML Shared Library Not Found" in str(raised.value)
     result = CliRunner().invoke(collect_gpu_command, ["--once"])
-    assert result.exit_code == 1 and "--simulate" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 2 and "--simulate" in result.output and "Traceback" not in result.output
 
 
 def nvml_really_present() -> bool:
@@ -286,11 +286,11 @@ def nvml_really_present() -> bool:
 
 
 @pytest.mark.skipif(nvml_really_present(), reason="NVML works here: the real path is tested in tests/gpu")
-def test_the_real_cli_without_nvml_prints_one_line_and_exits_1() -> None:
+def test_the_real_cli_without_nvml_prints_one_line_and_exits_2() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "skewwatch", "collect-gpu", "--once"], capture_output=True,
                           text=True, timeout=60, env=env, cwd=REPO)
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # ConfigProblem: --simulate works here, the default does not
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("Error: NVML is not available") and proc.stdout == ""
