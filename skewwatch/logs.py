@@ -88,7 +88,8 @@ class RateLimitFilter(logging.Filter):
         self.min_level = min_level
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < self.min_level:
+        # a record flagged ``rate_limited`` was limited by its producer (a summary with counts)
+        if record.levelno < self.min_level or getattr(record, "rate_limited", False):
             return True
         message = record.getMessage()
         held = self.limiter.hit((record.name, record.levelno, _NUMBERS.sub("#", message)))

@@ -1,4 +1,8 @@
-"""``skewwatch tail alerts|corrections|features``: read skewwatch's output topics as a person or a pipe would.
+"""``skewwatch tail alerts|corrections|features|dead-letter``: read skewwatch's topics as a person or a pipe would.
+
+``dead-letter`` is the input that was rejected (``dead-letter.v1``): where it came from, its key, and
+why, by reason code, with the first reason's text; ``--json`` gives the whole record (the original
+bytes in ``value_b64``).
 
 On a terminal the records are a table (rich); otherwise (a pipe, a file) each record is printed as
 it is on the topic, one JSON object per line, so ``skewwatch tail alerts | jq`` works. ``--since``
@@ -13,11 +17,20 @@ when the worker published them); without ``--follow`` the command stops at the e
 ['m', '60000', 'normal', 'r1=0.75 r2=0.25', 'r2:drain']
 >>> matches("alerts", {"model": "m", "replica": "r1"}, model="m", replica="r2")
 False
+>>> dead = {"rejected_at": 60.0, "source_topic": "llm.requests", "partition": 3, "offset": 17, "key_b64": "cjE=",
+...         "rejects": [{"reason_code": "out_of_range", "reason": "latency_ms: must be >= 0, got -3"}],
+...         "rejects_total": 1}
+>>> format_row("dead-letter", dead)[1:]
+['llm.requests/3@17', 'r1', '1', 'out_of_range 1', 'latency_ms: must be >= 0, got -3']
+>>> matches("dead-letter", dead, model=None, replica="r1"), matches("dead-letter", dead, model="m", replica=None)
+(True, False)
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import re
 import sys
 import time
@@ -29,7 +42,8 @@ from typing import Any, Literal, TextIO
 import click
 import orjson
 
-Kind = Literal["alerts", "corrections", "features"]
+Kind = Literal["alerts", "corrections", "features", "dead-letter"]
+KINDS: tuple[Kind, ...] = ("alerts", "corrections", "features", "dead-letter")
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -38,8 +52,10 @@ COLUMNS: dict[str, list[str]] = {
     "corrections": ["time", "model", "seq", "mode", "weights", "actions"],
     "features": ["window_end", "model", "replica", "count", "rps", "p50 ms", "p99 ms", "tpot p99",
                  "batch fill", "errors"],
+    "dead-letter": ["time", "source", "key", "rejects", "reasons", "first reason"],
 }
-_MIN_WIDTH = {"time": 19, "window_end": 19, "state": 8, "severity": 8, "model": 16, "replica": 10, "detector": 14,
+_MIN_WIDTH = {"source": 20, "reasons": 16,
+              "time": 19, "window_end": 19, "state": 8, "severity": 8, "model": 16, "replica": 10, "detector": 14,
               "seq": 14, "mode": 6, "weights": 32, "actions": 12}
 _SEVERITY_STYLE = {"CRITICAL": "bold red", "WARNING": "yellow", "INFO": "cyan"}
 
@@ -63,8 +79,32 @@ def _num(value: Any, digits: int = 1) -> str:
     return "-" if not isinstance(value, int | float) else f"{value:.{digits}f}"
 
 
+def dead_letter_key(record: Mapping[str, Any]) -> str | None:
+    """The rejected message's key as text (None: it had none, or it is not base64)."""
+    key = record.get("key_b64")
+    if not isinstance(key, str):
+        return None
+    try:
+        return base64.b64decode(key, validate=True).decode("utf-8", "replace")
+    except (binascii.Error, ValueError):
+        return None
+
+
 def format_row(kind: Kind, record: Mapping[str, Any]) -> list[str]:
     """The table row of one record (the columns of :data:`COLUMNS`)."""
+    if kind == "dead-letter":
+        rejects = [r for r in record.get("rejects") or [] if isinstance(r, Mapping)]
+        counts = record.get("rejects_by_code") or {}
+        if not counts:
+            counts = {}
+            for reject in rejects:
+                code = str(reject.get("reason_code", "?"))
+                counts[code] = counts.get(code, 0) + 1
+        reasons = " ".join(f"{code} {n}" for code, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+        return [_time(record.get("rejected_at")),
+                f"{record.get('source_topic', '?')}/{record.get('partition', '?')}@{record.get('offset', '?')}",
+                dead_letter_key(record) or "-", str(record.get("rejects_total", len(rejects))), reasons or "-",
+                str(rejects[0].get("reason", "")) if rejects else "-"]
     if kind == "alerts":
         return [_time(record.get("ts")), str(record.get("state", "")), str(record.get("severity", "")),
                 str(record.get("model", "")), str(record.get("replica") or "*"), str(record.get("detector", "")),
@@ -84,6 +124,10 @@ def format_row(kind: Kind, record: Mapping[str, Any]) -> list[str]:
 
 def matches(kind: Kind, record: Mapping[str, Any], model: str | None, replica: str | None) -> bool:
     """Does ``record`` pass the ``--model`` / ``--replica`` filters? (corrections: the replica is in the pool)"""
+    if kind == "dead-letter":  # by the rejected message's key: a replica, or model/replica
+        key = dead_letter_key(record) or ""
+        model_ok = model is None or key == model or key.startswith(f"{model}/")
+        return model_ok and (replica is None or key == replica or key.endswith(f"/{replica}"))
     if model is not None and record.get("model") != model:
         return False
     if replica is None:
@@ -119,7 +163,7 @@ class Printer:
 
         table = Table(show_header=not self.headed, box=None, pad_edge=False)
         for name in COLUMNS[self.kind]:  # fixed widths: the batches of --follow line up
-            table.add_column(name, no_wrap=name not in ("message", "weights", "actions"),
+            table.add_column(name, no_wrap=name not in ("message", "weights", "actions", "first reason"),
                              min_width=_MIN_WIDTH.get(name, len(name)))
         for _, record in records:
             style = _SEVERITY_STYLE.get(str(record.get("severity"))) if self.kind == "alerts" else None
@@ -194,12 +238,12 @@ async def tail(bootstrap: str, topic: str, kind: Kind, printer: Printer, *, sinc
 
 
 @click.command("tail")
-@click.argument("kind", type=click.Choice(["alerts", "corrections", "features"]))
-@click.option("--model", help="Only this model.")
-@click.option("--replica", help="Only this replica (corrections: pools that include it).")
+@click.argument("kind", type=click.Choice(KINDS))
+@click.option("--model", help="Only this model (dead-letter: keys model or model/...).")
+@click.option("--replica", help="Only this replica (corrections: pools that include it; dead-letter: by key).")
 @click.option("--since", "since", metavar="DURATION",
-              help="Start this long ago (30s, 10m, 2h, 1d), by publication time. Default: 10m for alerts "
-                   "and features, the whole compacted topic for corrections.")
+              help="Start this long ago (30s, 10m, 2h, 1d), by publication time. Default: 10m for alerts, "
+                   "features and dead letters, the whole compacted topic for corrections.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new records until interrupted.")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines even on a terminal.")
 @click.option("--bootstrap", envvar="KAFKA_BOOTSTRAP", metavar="HOST:PORT", help="Kafka to read from.")
@@ -207,8 +251,8 @@ async def tail(bootstrap: str, topic: str, kind: Kind, printer: Printer, *, sinc
               help="Settings TOML file (topic names, Kafka); default: env SKEWWATCH_CONFIG.")
 def tail_command(kind: Kind, model: str | None, replica: str | None, since: str | None, follow: bool,
                  as_json: bool, bootstrap: str | None, config_path: Path | None) -> None:
-    """Print skewwatch's alerts, routing corrections or feature vectors: a table on a terminal, JSON lines
-    otherwise."""
+    """Print skewwatch's alerts, routing corrections, feature vectors or rejected input (dead-letter): a
+    table on a terminal, JSON lines otherwise."""
     from aiokafka.errors import KafkaError
 
     from skewwatch.client.command import reader_settings
@@ -222,7 +266,7 @@ def tail_command(kind: Kind, model: str | None, replica: str | None, since: str 
         raise click.BadParameter(str(exc), param_hint="--since") from None
     settings, servers, kwargs = reader_settings(config_path, bootstrap)
     topic = {"alerts": settings.topics.alerts, "corrections": settings.topics.routing_corrections,
-             "features": settings.topics.features}[kind]
+             "features": settings.topics.features, "dead-letter": settings.topics.dead_letter}[kind]
     printer = Printer(kind, sys.stdout, table=sys.stdout.isatty() and not as_json)
     try:
         # SIGTERM / Ctrl-C end `--follow` with exit code 0, the consumer closed
@@ -232,4 +276,5 @@ def tail_command(kind: Kind, model: str | None, replica: str | None, since: str 
         raise kafka_failure(exc, servers, f"while reading {topic}") from None
 
 
-__all__ = ["COLUMNS", "Printer", "format_row", "matches", "parse_duration", "tail", "tail_command"]
+__all__ = ["COLUMNS", "KINDS", "Printer", "dead_letter_key", "format_row", "matches", "parse_duration", "tail",
+           "tail_command"]

@@ -30,6 +30,7 @@ from skewwatch.agents.checkpoint import Checkpoint, CheckpointStore
 from skewwatch.agents.commit import CommitPipeline, Snapshot, commit_offsets
 from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.rebalance import StageRebalanceListener
+from skewwatch.agents.rejects import RejectLog
 from skewwatch.config import Settings
 from skewwatch.kafka_client import client_kwargs, group_consumer_kwargs
 from skewwatch.schemas.dead_letter import dead_letter_record
@@ -66,6 +67,7 @@ class Stage(ABC):
         self.consumer: AIOKafkaConsumer | None = None
         self.ready = asyncio.Event()  # set once the stage polls with partitions assigned (or records)
         self._stopping = asyncio.Event()
+        self.rejects = RejectLog(self.stage, settings.topics.dead_letter)  # a log line per 30 s about rejects
 
     @abstractmethod
     def topics(self) -> list[str]:
@@ -93,6 +95,7 @@ class Stage(ABC):
         original bytes and the reasons, each counted; returns the send's future (not waited for)."""
         for reject in rejects:
             self.metrics.rejected.labels(reject.reason_code).inc()
+        self.rejects.add(rejects)
         record = dead_letter_record(source_topic=tp.topic, partition=tp.partition, offset=message.offset,
                                     key=message.key, value=message.value, rejects=rejects, ts=time.time())
         return await self.producer.send(self.settings.topics.dead_letter, key=message.key, value=record)
@@ -124,10 +127,12 @@ class Stage(ABC):
                 self.before_poll()
                 batches = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=self.max_records)
                 await self.handle(batches)
+                self.rejects.flush_due()
                 if batches or consumer.assignment():
                     self.ready.set()
             await self.finish()
         finally:
+            self.rejects.flush()
             self.close()
             await consumer.stop()
 

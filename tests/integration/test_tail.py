@@ -105,3 +105,26 @@ def test_tail_without_kafka_is_one_line() -> None:
     assert done.returncode == 3  # KafkaUnreachable, as for `topics create`
     assert done.stderr.startswith("Error: no Kafka answers at 127.0.0.1:1")
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_tail_dead_letter_shows_the_rejected_input_and_why(kafka_settings: Settings) -> None:
+    from skewwatch.schemas.dead_letter import dead_letter_record
+    from skewwatch.schemas.rejection import Rejection
+
+    bootstrap = kafka_settings.kafka.bootstrap or ""
+    bad = b'{"events": [{"latency_ms": -3}]}'
+    records = [dead_letter_record(source_topic=kafka_settings.topics.requests, partition=1, offset=41, key=key,
+                                  value=bad, rejects=[Rejection("out_of_range", "latency_ms: must be >= 0, got -3",
+                                                                event_index=0)], ts=time.time())
+               for key in (b"r1", b"r2")]
+    asyncio.run(produce(bootstrap, kafka_settings.topics.dead_letter, [(b"r1", records[0]), (b"r2", records[1])]))
+
+    code, out = run_tail(kafka_settings, "dead-letter", "--replica", "r1")
+    assert code == 0, out
+    lines = [orjson.loads(line) for line in out.splitlines()]  # a pipe: the records as they are
+    assert len(lines) == 1 and lines[0]["rejects"][0]["reason_code"] == "out_of_range"
+
+    code, out = run_tail(kafka_settings, "dead-letter", tty=True)
+    assert code == 0, out
+    assert "first reason" in out and f"{kafka_settings.topics.requests}/1@41" in out
+    assert "out_of_range 1" in out and "latency_ms: must be >= 0, got -3" in out and "r2" in out

@@ -136,6 +136,11 @@ def test_bad_messages_go_to_dead_letter_and_good_ones_count(kafka_settings: Sett
     assert got[("m/r0", T0 + 20)]["count"] == 5 + len(good[6:])
     metrics = worker.get("/metrics").decode()
     assert 'skewwatch_rejected_total{reason="malformed_json"} 1.0' in metrics
+    # the log says so at once, with the counts by reason, and then at most once per 30 s
+    lines = [line for line in worker.log_path.read_text().splitlines() if "inputs rejected" in line]
+    assert len(lines) == 1, lines
+    assert " WARNING skewwatch.worker.rejects: stage1: 2 inputs rejected (batch_over_capacity 1, out_of_range 1)" \
+        in lines[0] and f"on {kafka_settings.topics.dead_letter}" in lines[0] and "tail dead-letter" in lines[0]
 
 
 def test_a_hand_off_record_of_another_format_goes_to_dead_letter(kafka_settings: Settings,
