@@ -24,7 +24,7 @@ import click
 
 from skewwatch.cli import command_settings
 from skewwatch.config import KafkaSettings, Settings
-from skewwatch.errors import KafkaRefused, KafkaUnreachable
+from skewwatch.errors import ConfigProblem, KafkaRefused, KafkaUnreachable
 from skewwatch.kafka_client import (
     check_kafka,
     client_kwargs,
@@ -173,6 +173,63 @@ async def delete_topics(bootstrap: str, names: list[str], timeout: float = 30.0,
             await admin.close()
 
 
+@dataclass(frozen=True, slots=True)
+class TopicState:
+    """One topic as the cluster has it: partitions (id -> leader, replicas, in-sync replicas), configs."""
+
+    name: str
+    partitions: dict[int, tuple[int, list[int], list[int]]]
+    configs: dict[str, str]
+    end_offsets: dict[int, int] = field(default_factory=dict)
+
+
+async def describe_topics(bootstrap: str, settings: Settings, names: list[str], timeout: float = 30.0,
+                          offsets: bool = False) -> dict[str, TopicState | None]:
+    """name -> its :class:`TopicState` at the cluster, or None where it does not exist."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    options = client_kwargs(settings.kafka, bootstrap=bootstrap)
+    admin = AIOKafkaAdminClient(**options, client_id=f"{settings.kafka.client_id}-admin",
+                                request_timeout_ms=int(timeout * 1000))
+    try:
+        async with asyncio.timeout(timeout):
+            await admin.start()
+            found = {t["topic"]: t for t in await admin.describe_topics(names) if t["error_code"] == 0}
+            configs: dict[str, dict[str, str]] = {name: {} for name in found}
+            if found:
+                responses = await admin.describe_configs(
+                    [ConfigResource(ConfigResourceType.TOPIC, name) for name in found])
+                for response in responses:
+                    for resource in response.to_object()["resources"]:
+                        configs[resource["resource_name"]] = {
+                            entry["config_names"]: entry["config_value"] for entry in resource["config_entries"]
+                            if entry["config_value"] is not None}
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+    ends: dict[TopicPartition, int] = {}
+    if offsets and found:
+        consumer = AIOKafkaConsumer(**options, group_id=None)
+        try:
+            await consumer.start()
+            ends = await consumer.end_offsets([TopicPartition(name, p["partition"])
+                                               for name, topic in found.items() for p in topic["partitions"]])
+        finally:
+            await consumer.stop()
+    out: dict[str, TopicState | None] = {}
+    for name in names:
+        topic = found.get(name)
+        if topic is None:
+            out[name] = None
+            continue
+        partitions = {p["partition"]: (p["leader"], list(p["replicas"]), list(p["isr"])) for p in topic["partitions"]}
+        out[name] = TopicState(name, dict(sorted(partitions.items())), configs.get(name, {}),
+                               {tp.partition: offset for tp, offset in ends.items() if tp.topic == name})
+    return out
+
+
 # --------------------------------------------------------------------------------------------------
 # `skewwatch topics ...`
 
@@ -214,5 +271,78 @@ def create_command(bootstrap: str | None, config_path: Path | None) -> None:
         click.echo(f"{state:8} {spec.name} partitions={spec.partitions} {configs}".rstrip())
 
 
-__all__ = ["ClusterUnreachable", "TopicError", "TopicSpec", "delete_topics", "ensure_topics", "topic_specs",
-           "topics_command"]
+_BOOTSTRAP_HELP = "Kafka to use; default: settings kafka.bootstrap or env KAFKA_BOOTSTRAP."
+_CONFIG_HELP = "Settings TOML file (default: env SKEWWATCH_CONFIG)."
+
+
+def _cluster_topics(bootstrap: str | None, config_path: Path | None, names: list[str] | None,
+                    offsets: bool = False) -> tuple[Settings, dict[str, TopicState | None]]:
+    """The settings and the state of ``names`` (default: the settings' topics), after the checks every
+    command makes: the bootstrap (exit code 2), Kafka answering (3), TLS or the login (4)."""
+    from aiokafka.errors import KafkaError
+
+    quiet_client_logs()
+    quiet_libraries()
+    settings = command_settings(config_path)
+    bootstrap = require_bootstrap(bootstrap, settings, "to read topics from")
+    check_kafka(bootstrap, settings)
+    wanted = names or [spec.name for spec in topic_specs(settings)]
+    try:
+        return settings, run_blocking(describe_topics(bootstrap, settings, wanted, offsets=offsets))
+    except (KafkaError, OSError, TimeoutError) as exc:
+        from skewwatch.kafka_client import kafka_failure
+
+        raise kafka_failure(exc, bootstrap, "to describe the topics") from None
+
+
+@topics_command.command("list")
+@click.option("--bootstrap", metavar="HOST:PORT", help=_BOOTSTRAP_HELP)
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), help=_CONFIG_HELP)
+def list_command(bootstrap: str | None, config_path: Path | None) -> None:
+    """Each of skewwatch's topics: exists or missing, its partitions, and where its configs differ from
+    what `topics create` would set."""
+    settings, states = _cluster_topics(bootstrap, config_path, None)
+    for spec in topic_specs(settings):
+        state = states.get(spec.name)
+        if state is None:
+            click.echo(f"missing  {spec.name} (`skewwatch topics create` creates it)")
+            continue
+        differs = [f"{key}={state.configs.get(key)} (want {value})" for key, value in spec.configs.items()
+                   if state.configs.get(key) != value]
+        if len(state.partitions) != spec.partitions:
+            differs.append(f"partitions want {spec.partitions}")
+        note = f"  differs: {', '.join(differs)}" if differs else ""
+        click.echo(f"exists   {spec.name} partitions={len(state.partitions)}{note}")
+
+
+@topics_command.command("describe")
+@click.argument("names", nargs=-1, metavar="[TOPIC]...")
+@click.option("--bootstrap", metavar="HOST:PORT", help=_BOOTSTRAP_HELP)
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), help=_CONFIG_HELP)
+def describe_command(names: tuple[str, ...], bootstrap: str | None, config_path: Path | None) -> None:
+    """Partitions (leader, replicas, in-sync replicas, end offset), cleanup, size and retention configs of
+    the named topics (default: skewwatch's)."""
+    settings, states = _cluster_topics(bootstrap, config_path, list(names) or None, offsets=True)
+    missing = [name for name, state in states.items() if state is None]
+    if names and missing:
+        raise ConfigProblem(f"no such topic at {settings.kafka.bootstrap}: {', '.join(missing)}")
+    for name, state in states.items():
+        if state is None:
+            click.echo(f"{name}: missing (`skewwatch topics create` creates it)\n")
+            continue
+        click.echo(f"{name}: {len(state.partitions)} partitions, {sum(state.end_offsets.values())} records written")
+        for key, value in sorted(state.configs.items()):
+            if key in _SHOWN_CONFIGS:
+                click.echo(f"  {key}={value}")
+        for partition, (leader, replicas, isr) in state.partitions.items():
+            click.echo(f"  partition {partition}: leader {leader}, replicas {replicas}, in-sync {isr}, "
+                       f"end offset {state.end_offsets.get(partition, '?')}")
+        click.echo("")
+
+
+# what an operator checks on skewwatch's topics: the ones `topics create` sets, and how long records stay
+_SHOWN_CONFIGS = {"cleanup.policy", "max.message.bytes", "retention.ms", "retention.bytes", "min.insync.replicas"}
+
+
+__all__ = ["ClusterUnreachable", "TopicError", "TopicSpec", "TopicState", "delete_topics", "describe_topics",
+           "ensure_topics", "topic_specs", "topics_command"]
