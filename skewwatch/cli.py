@@ -52,6 +52,7 @@ def command_settings(path: str | Path | None = None, profile: str | None = None)
 COMMANDS: dict[str, str] = {
     "broker": "skewwatch.broker.command:broker_command",
     "topics": "skewwatch.topics:topics_command",
+    "config": "skewwatch.config_command:config_command",
     "worker": "skewwatch.agents.app:worker_command",
     "generate": "skewwatch.sim.generate_command:generate_command",
     "simulate": "skewwatch.sim.simulate_command:simulate_command",

@@ -286,6 +286,13 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
 
     Raises ConfigError (one line: the key, its value, the file or variable it came from, the problem).
     """
+    return load_settings_and_sources(path, env)[0]
+
+
+def load_settings_and_sources(path: str | Path | None = None, env: Mapping[str, str] | None = None
+                              ) -> tuple[Settings, dict[tuple[str, ...], str]]:
+    """:func:`load_settings`, and where each value that is not a default came from: key path -> the file,
+    the variable or ``profile <name>`` (``skewwatch config show``)."""
     env = os.environ if env is None else env
     raw: dict[str, Any] = {}
     sources: dict[tuple[str, ...], str] = {}
@@ -310,7 +317,7 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
         _merge(raw, nested, sources, name)
     if isinstance(raw.get("detectors"), Mapping):  # the profile's values beneath the user's own
         raw["detectors"] = with_profile(raw["detectors"], sources, ("detectors",))
-    return convert(raw, Settings, sources)
+    return convert(raw, Settings, sources), sources
 
 
 __all__ = [
@@ -327,4 +334,5 @@ __all__ = [
     "WebSettings",
     "WindowSettings",
     "load_settings",
+    "load_settings_and_sources",
 ]
