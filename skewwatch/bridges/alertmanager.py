@@ -43,6 +43,9 @@ from typing import TYPE_CHECKING, Any
 import click
 import orjson
 
+from skewwatch.kafka_security import describe_listener
+from skewwatch.logs import logging_options, setup_logging, skewwatch_version
+
 if TYPE_CHECKING:
     from skewwatch.config import KafkaSettings
 
@@ -236,10 +239,9 @@ def create_bridge_app(bootstrap: str, alerts_topic: str, url: str, *, group_id: 
 @click.option("--bootstrap", envvar="KAFKA_BOOTSTRAP", metavar="HOST:PORT", help="Kafka to read from.")
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
               help="Settings TOML file (topic names, Kafka); default: env SKEWWATCH_CONFIG.")
-@click.option("--loglevel", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
+@logging_options
 def alertmanager_bridge_command(url: str, resend_s: float, group_id: str, bootstrap: str | None,
-                                config_path: Path | None, loglevel: str) -> None:
+                                config_path: Path | None, loglevel: str, log_format: str) -> None:
     """Forward skewwatch's alerts (llm.alerts) to Prometheus Alertmanager; resolve ends them."""
     import faust
 
@@ -249,6 +251,7 @@ def alertmanager_bridge_command(url: str, resend_s: float, group_id: str, bootst
         raise click.BadParameter("must be > 0", param_hint="--resend-s")
     from skewwatch.kafka_client import quiet_client_logs, run_blocking
 
+    setup_logging(loglevel, log_format)
     settings, servers, kwargs = reader_settings(config_path, bootstrap)
     quiet_client_logs()
     # one line, before Faust starts, when Kafka or the topic is missing (Faust would print a traceback);
@@ -257,9 +260,11 @@ def alertmanager_bridge_command(url: str, resend_s: float, group_id: str, bootst
     app = create_bridge_app(servers, settings.topics.alerts, url, group_id=group_id, resend_s=resend_s,
                             partitions=partitions, kafka=settings.kafka,
                             replication_factor=settings.kafka.replication_factor)
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
-    logging.getLogger("skewwatch").setLevel(loglevel.upper())
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    log.info("skewwatch alertmanager-bridge %s: %s at %s, group %s -> %s", skewwatch_version(),
+             settings.topics.alerts, describe_listener(servers, settings.kafka), group_id, url)
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False,
+                          override_logging=False)  # logging is ours (skewwatch.logs): text or JSON, rate limits
+    worker.spinner = None  # Faust's spinner writes terminal control codes even when stdout is not a TTY
     worker.execute_from_commandline()
 
 

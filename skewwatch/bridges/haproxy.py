@@ -51,6 +51,7 @@ from typing import Any, Literal
 import click
 
 from skewwatch.client.corrections import CorrectionsSubscriber, OnStale
+from skewwatch.logs import logging_options, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -288,10 +289,10 @@ def apply_command() -> None:
 @click.option("--bootstrap", envvar="KAFKA_BOOTSTRAP", metavar="HOST:PORT", help="Kafka to read from.")
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
               help="Settings TOML file (topic names, Kafka); default: env SKEWWATCH_CONFIG.")
-@click.option("--loglevel", default="info", show_default=True, type=click.Choice(["debug", "info", "warning"]))
+@logging_options
 def haproxy_command(socket_path: str | None, admin: str | None, backend_map: Path, on_stale: OnStale,
                     stale_after: float, heartbeat_s: float, resync_s: float, bootstrap: str | None,
-                    config_path: Path | None, loglevel: str) -> None:
+                    config_path: Path | None, loglevel: str, log_format: str) -> None:
     """Follow the routing corrections and apply them to HAProxy (weights, drain/maint, panic = all ready)."""
     from skewwatch.client.command import reader_settings
     from skewwatch.client.corrections import CorrectionsError, CorrectionsTopicMissing
@@ -299,9 +300,8 @@ def haproxy_command(socket_path: str | None, admin: str | None, backend_map: Pat
     from skewwatch.kafka_client import kafka_failure, quiet_client_logs
     from skewwatch.stopping import run_until_stopped
 
-    logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(loglevel, log_format)
     quiet_client_logs()
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)
     if (socket_path is None) == (admin is None):
         raise click.UsageError("give exactly one of --socket PATH and --admin HOST:PORT")
     try:

@@ -119,7 +119,7 @@ def test_the_alertmanager_bridge_stops_on_sigterm_while_alertmanager_does_not_an
     asyncio.run(produce(bootstrap, topic, [(b"llama/r1", alert())]))
     group = f"skewwatch-am-stop-{uuid.uuid4().hex[:8]}"
     log_path = tmp_path / "bridge.log"
-    bridge = start(["alertmanager-bridge", "--url", "http://127.0.0.1:1", "--group-id", group],
+    bridge = start(["alertmanager-bridge", "--url", "http://127.0.0.1:1", "--group-id", group, "--log-format", "json"],
                    env_for(kafka_settings), log_path, tmp_path)
     try:
         wait_for_text(bridge, log_path, "does not answer")  # the POST is being retried with back-off
@@ -127,6 +127,7 @@ def test_the_alertmanager_bridge_stops_on_sigterm_while_alertmanager_does_not_an
     finally:
         took = stop_with_sigterm(bridge, log_path)
     assert took < STOP_WITHIN_S
+    assert_json_lines(log_path, "skewwatch alertmanager-bridge")
     # the alert it could not deliver is not committed: the next start sends it
     assert all(offset == 0 for offset in run_blocking(committed_offsets(bootstrap, group, topic)).values())
 
@@ -137,13 +138,21 @@ def test_apply_haproxy_stops_on_sigterm_with_haproxy_up_and_down(kafka_settings:
     backend_map.write_text('[models."llama"]\nbackend = "llama"\n')
     log_path = tmp_path / "apply.log"
     bridge = start(["apply", "haproxy", "--admin", runtime_api.address, "--backend-map", str(backend_map),
-                    "--resync-s", "1"], env_for(kafka_settings), log_path, tmp_path)
+                    "--resync-s", "1", "--log-format", "json"], env_for(kafka_settings), log_path, tmp_path)
     try:
         wait_for_text(bridge, log_path, "caught up on")
         runtime_api.close()  # HAProxy goes away: the bridge retries at every tick
         time.sleep(2)
     finally:
         stop_with_sigterm(bridge, log_path)
+    assert_json_lines(log_path, "caught up on")
+
+
+def assert_json_lines(log_path: Path, first: str) -> None:
+    """--log-format json: every line of the log is one JSON object (Faust's and aiokafka's too)."""
+    records = [orjson.loads(line) for line in log_path.read_text().splitlines()]
+    assert records and all({"ts", "level", "logger", "message"} <= record.keys() for record in records)
+    assert any(first in record["message"] for record in records)
 
 
 def test_tail_follow_stops_on_sigterm(kafka_settings: Settings, tmp_path: Path) -> None:
