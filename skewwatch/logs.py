@@ -14,6 +14,9 @@
 * the Kafka client's "Group Coordinator Request failed: GroupCoordinatorNotAvailableError" while
   the broker elects the coordinator of a new group is a normal step of the first start, retried by
   the client: it is logged at INFO, not ERROR (:class:`CoordinatorElectionFilter`);
+* likewise the fetcher's "Failed fetch offsets from 1: [Error 6] NotLeaderForPartitionError" while
+  the partitions of new topics elect their leaders: WARNING, not ERROR (:class:`LeaderElectionFilter`),
+  so a first start does not trip ERROR-based alerting;
 * the libraries' own INFO lines (aiokafka, Faust, mode, aiohttp) show at ``--loglevel debug`` only.
 
 >>> limiter = RateLimiter(interval_s=30.0, clock=iter([0.0, 1.0, 2.0, 31.0]).__next__)
@@ -101,18 +104,53 @@ class RateLimitFilter(logging.Filter):
         return True
 
 
-class CoordinatorElectionFilter(logging.Filter):
-    """The coordinator of a new consumer group is being elected: INFO, not ERROR (the client retries)."""
+class RetriedErrorFilter(logging.Filter):
+    """Rewrite an ERROR of the Kafka client that the client itself retries to a lower ``level``.
 
-    _NORMAL = ("GroupCoordinatorNotAvailableError", "NotCoordinatorForGroupError", "CoordinatorLoadInProgress")
+    A record is rewritten when its format string starts with one of ``PREFIXES`` and its text names one
+    of ``NORMAL``; anything else (a refused connection, an unknown error) stays ERROR.
+    """
+
+    LOGGER = ""
+    PREFIXES: tuple[str, ...] = ()
+    NORMAL: tuple[str, ...] = ()
+    LEVEL = logging.INFO
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if (record.levelno >= logging.ERROR and str(record.msg).startswith("Group Coordinator Request failed")
-                and any(name in record.getMessage() for name in self._NORMAL)):
-            record.levelno, record.levelname = logging.INFO, "INFO"
+        if (record.levelno >= logging.ERROR and str(record.msg).startswith(self.PREFIXES)
+                and any(name in record.getMessage() for name in self.NORMAL)):
+            record.levelno, record.levelname = self.LEVEL, logging.getLevelName(self.LEVEL)
             # the logger's own level was checked before the filter: re-check it for the new level
-            return logging.getLogger(record.name).isEnabledFor(logging.INFO)
+            return logging.getLogger(record.name).isEnabledFor(self.LEVEL)
         return True
+
+
+class CoordinatorElectionFilter(RetriedErrorFilter):
+    """The coordinator of a new consumer group is being elected: INFO, not ERROR (the client retries)."""
+
+    LOGGER = "aiokafka.consumer.group_coordinator"
+    PREFIXES = ("Group Coordinator Request failed",)
+    NORMAL = ("GroupCoordinatorNotAvailableError", "NotCoordinatorForGroupError", "CoordinatorLoadInProgress")
+    LEVEL = logging.INFO
+
+
+class LeaderElectionFilter(RetriedErrorFilter):
+    """A new topic's partition leaders are still being elected: WARNING, not ERROR.
+
+    On a first start the fetcher asks for offsets before the broker has a leader for every new
+    partition and logs "Failed fetch offsets from 1: [Error 6] NotLeaderForPartitionError" at ERROR;
+    it refreshes its metadata and retries, so this is not an error for ERROR-based alerting. WARNING
+    (not INFO) keeps a leader that never comes visible, once per 30 s through :class:`RateLimitFilter`.
+    """
+
+    LOGGER = "aiokafka.consumer.fetcher"
+    PREFIXES = ("Failed fetch offsets from", "Failed fetch messages from")
+    NORMAL = ("NotLeaderForPartitionError", "LeaderNotAvailableError")
+    LEVEL = logging.WARNING
+
+
+# each filter on the logger whose records it rewrites (a logger's filters see only its own records)
+RETRIED_ERROR_FILTERS: tuple[type[RetriedErrorFilter], ...] = (CoordinatorElectionFilter, LeaderElectionFilter)
 
 
 class JsonFormatter(logging.Formatter):
@@ -146,9 +184,10 @@ def setup_logging(level: str = "info", fmt: str = "text", stream: IO[str] | None
     root.setLevel(numeric)
     for name in LIBRARY_LOGGERS:
         logging.getLogger(name).setLevel(numeric if numeric <= logging.DEBUG else max(numeric, logging.WARNING))
-    coordinator = logging.getLogger("aiokafka.consumer.group_coordinator")
-    if not any(isinstance(f, CoordinatorElectionFilter) for f in coordinator.filters):
-        coordinator.addFilter(CoordinatorElectionFilter())
+    for kind in RETRIED_ERROR_FILTERS:
+        client_logger = logging.getLogger(kind.LOGGER)
+        if not any(isinstance(f, kind) for f in client_logger.filters):
+            client_logger.addFilter(kind())
     logging.captureWarnings(True)  # "Unclosed ..." ResourceWarnings go through the same handler
     return handler
 
@@ -184,8 +223,10 @@ def logging_options(command: F) -> F:
 __all__ = [
     "CoordinatorElectionFilter",
     "JsonFormatter",
+    "LeaderElectionFilter",
     "RateLimitFilter",
     "RateLimiter",
+    "RetriedErrorFilter",
     "logging_options",
     "quiet_libraries",
     "setup_logging",

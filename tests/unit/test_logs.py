@@ -1,5 +1,6 @@
 """skewwatch.logs: repeated errors once per interval with a count, JSON lines, the coordinator election at
-INFO, no terminal control codes; and --loglevel / --log-format on every long-running command."""
+INFO and a new partition's leader election at WARNING, no terminal control codes; and --loglevel /
+--log-format on every long-running command."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import io
 import logging
 from collections.abc import Iterator
 
+import aiokafka.errors as kafka_errors
 import orjson
 import pytest
+from aiokafka.consumer import fetcher
 from click.testing import CliRunner
 
 from skewwatch import logs
@@ -63,6 +66,31 @@ def test_the_coordinator_election_is_info_not_error() -> None:
     lines = stream.getvalue().splitlines()
     # the election is a normal step (INFO, below the libraries' WARNING: not shown); a real failure stays ERROR
     assert len(lines) == 1 and " ERROR " in lines[0] and "KafkaConnectionError" in lines[0]
+
+
+def test_a_new_partitions_leader_election_is_a_warning_not_an_error() -> None:
+    # the record aiokafka's fetcher logs on a first start, with the exception object as its argument
+    record = logging.LogRecord(
+        "aiokafka.consumer.fetcher", logging.ERROR, fetcher.__file__, 987, "Failed fetch offsets from %s: %s",
+        (1, kafka_errors.NotLeaderForPartitionError(0)), None)
+    assert logs.LeaderElectionFilter().filter(record)
+    assert (record.levelno, record.levelname) == (logging.WARNING, "WARNING")
+    refused = logging.LogRecord(
+        "aiokafka.consumer.fetcher", logging.ERROR, fetcher.__file__, 749, "Failed fetch messages from %s: %s",
+        (1, kafka_errors.KafkaConnectionError("Connection at 127.0.0.1:1 closed")), None)
+    assert logs.LeaderElectionFilter().filter(refused) and refused.levelno == logging.ERROR
+
+
+def test_setup_logging_installs_the_leader_election_filter_on_the_fetcher() -> None:
+    stream = io.StringIO()
+    handler = logs.setup_logging("info", "text", stream=stream)
+    try:
+        logging.getLogger("aiokafka.consumer.fetcher").error(
+            "Failed fetch offsets from %s: %s", 1, kafka_errors.NotLeaderForPartitionError(0))
+    finally:
+        logging.getLogger().removeHandler(handler)
+    (line,) = stream.getvalue().splitlines()
+    assert " WARNING aiokafka.consumer.fetcher: " in line and "NotLeaderForPartitionError" in line
 
 
 def test_json_lines_and_no_control_codes() -> None:
