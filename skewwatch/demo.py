@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -125,23 +124,16 @@ async def _watch(bootstrap: str, settings: Settings, duration: float | None,
 def check_generate_arguments(args: list[str]) -> None:
     """Parse ``skewwatch generate`` arguments as the child process will, --inject included: ConfigProblem
     (exit code 2) naming what is wrong, before a broker or a worker is started."""
-    from skewwatch.sim.faults import FAULT_KINDS, FaultError
-    from skewwatch.sim.generate_command import build_injections, generate_command
+    from skewwatch.sim.generate_command import generate_command, injections_from_options
 
     try:
         params = generate_command.make_context("generate", list(args)).params
-        for kind in params["inject_kinds"]:
-            if kind.partition(":")[0] not in FAULT_KINDS:
-                raise ConfigProblem(f"--inject {kind!r}: unknown fault kind (kinds: {', '.join(FAULT_KINDS)}; "
-                                    "e.g. --inject 'long_tail --replica r1 --at 30 --for 60')")
-        build_injections(params["inject_kinds"], params["inject_replicas"], params["inject_at"],
-                         params["inject_for"], params["inject_params"])
     except ConfigProblem:
         raise
     except click.ClickException as exc:
         raise ConfigProblem(f"--inject: {exc.format_message()}") from None
-    except (FaultError, ValueError) as exc:
-        raise ConfigProblem(f"--inject: {exc}") from None
+    injections_from_options(params["inject_kinds"], params["inject_replicas"], params["inject_at"],
+                            params["inject_for"], params["inject_params"])
 
 
 @click.command("demo")
@@ -158,6 +150,7 @@ def demo_command(duration: float | None, replicas: int, models: str, rate: float
                  injections: tuple[str, ...], loglevel: str, log_format: str) -> None:
     """Start a broker, a worker and the generator, and show features, alerts and weights live."""
     from skewwatch.broker import BrokerError, EmbeddedBroker
+    from skewwatch.sim.generate_command import injection_arguments
 
     setup_logging(loglevel, log_format)
     settings = command_settings()
@@ -165,7 +158,7 @@ def demo_command(duration: float | None, replicas: int, models: str, rate: float
                 "--replicas", str(replicas), "--rate", str(rate), "--speed", "1", "--loglevel", loglevel,
                 "--log-format", log_format]
     for injection in injections:
-        generate += ["--inject", *shlex.split(injection)]
+        generate += injection_arguments(injection)
     check_generate_arguments(generate[4:])  # a bad --inject is reported before anything starts
     broker: EmbeddedBroker | None = None
     bootstrap = settings.kafka.bootstrap

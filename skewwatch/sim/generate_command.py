@@ -13,12 +13,15 @@ producing in :mod:`skewwatch.sim.emit`; this module only parses options.
 (True, 10.0)
 >>> [i.kind for i in build_injections(("gpu_fault:class=resource",), ("r1",), (30.0,), (), ())]
 ['gpu_fault']
+>>> expand_injections(["--inject", "long_tail --replica r1 --at 30", "--seed", "1"])
+['--inject', 'long_tail', '--replica', 'r1', '--at', '30', '--seed', '1']
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import shlex
 import signal
 import sys
 import time
@@ -97,7 +100,72 @@ def build_injections(kinds: Sequence[str], replicas: Sequence[str], at: Sequence
     return out
 
 
-@click.command("generate")
+# the two forms of --inject, for the errors: one quoted value (as `skewwatch demo` takes it) or separate options
+INJECT_FORMS = ("--inject 'KIND --replica R [--at S] [--for S] [--param NAME=VALUE]' "
+                "(e.g. --inject 'long_tail --replica r1 --at 30 --for 60'), "
+                "or the same as separate options: --inject KIND --replica R ...")
+_INJECT_OPTIONS = ("inject_kinds", "inject_replicas", "inject_at", "inject_for", "inject_params")
+
+
+def injection_arguments(text: str) -> list[str]:
+    """One quoted injection (``'long_tail --replica r1 --at 30 --for 60'``) as the separate options
+    ``generate`` pairs up in order; the one parser of that form, for ``generate`` and ``demo``."""
+    try:
+        return ["--inject", *shlex.split(text)]
+    except ValueError as exc:  # an unclosed quote
+        raise ConfigProblem(f"--inject {text!r}: {exc}; expected {INJECT_FORMS}") from None
+
+
+def expand_injections(args: Sequence[str]) -> list[str]:
+    """``args`` with each ``--inject`` value that holds more than a kind split into separate options."""
+    out: list[str] = []
+    rest = iter(args)
+    for arg in rest:
+        if arg == "--inject":
+            value = next(rest, None)
+            if value is None:
+                out.append(arg)
+            elif len(value.split()) > 1:
+                out += injection_arguments(value)
+            else:
+                out += [arg, value]
+        elif arg.startswith("--inject=") and len(arg.split()) > 1:
+            out += injection_arguments(arg.partition("=")[2])
+        else:
+            out.append(arg)
+    return out
+
+
+def injections_from_options(kinds: Sequence[str], replicas: Sequence[str], at: Sequence[float],
+                            for_: Sequence[float], params: Sequence[str]) -> list[Injection]:
+    """:func:`build_injections`, its errors a :class:`ConfigProblem` (one line, exit 2) that shows the
+    forms --inject takes."""
+    try:
+        for kind in kinds:  # before the pairing: `--inject nonsense` is an unknown kind, not a missing --replica
+            if kind.partition(":")[0] not in FAULT_KINDS:
+                raise FaultError(f"unknown fault kind {kind!r} (kinds: {', '.join(FAULT_KINDS)})")
+        return build_injections(kinds, replicas, at, for_, params)
+    except click.ClickException as exc:
+        raise ConfigProblem(f"--inject: {exc.format_message().rstrip('.')}; expected {INJECT_FORMS}") from None
+    except (FaultError, ValueError) as exc:
+        raise ConfigProblem(f"--inject: {exc}; expected {INJECT_FORMS}") from None
+
+
+class InjectionCommand(click.Command):
+    """A command whose ``--inject`` also takes one quoted injection, as ``skewwatch demo --inject`` does;
+    a bad value of an injection's options is one line that shows the forms."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, expand_injections(args))
+        except click.BadParameter as exc:
+            if exc.param is not None and exc.param.name in _INJECT_OPTIONS:
+                problem = exc.format_message().rstrip(".")
+                raise ConfigProblem(f"--inject: {problem}; expected {INJECT_FORMS}") from None
+            raise
+
+
+@click.command("generate", cls=InjectionCommand)
 @click.option("--bootstrap",
               help="Kafka bootstrap host:port (default: config kafka.bootstrap / KAFKA_BOOTSTRAP).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="skewwatch TOML config file.")
@@ -129,7 +197,8 @@ def build_injections(kinds: Sequence[str], replicas: Sequence[str], at: Sequence
 @click.option("--latency-sigma", default=0.2, show_default=True, type=float,
               help="Log-normal sigma of latency; keep it modest (0.2 gives P99/P50 ~ 1.8).")
 @click.option("--inject", "inject_kinds", multiple=True, metavar="KIND[:name=value,...]",
-              help=f"Inject a fault (repeatable): {', '.join(FAULT_KINDS)}.")
+              help=f"Inject a fault (repeatable): {', '.join(FAULT_KINDS)}; also one quoted injection, "
+                   "as demo takes it: 'long_tail --replica r1 --at 30 --for 60'.")
 @click.option("--replica", "inject_replicas", multiple=True, help="Replica of each --inject (r0, r1, ...).")
 @click.option("--at", "inject_at", multiple=True, type=float,
               help=f"Seconds after the start when each fault begins (default {DEFAULT_INJECT_AT_S:g}).")
@@ -166,7 +235,8 @@ def generate_command(bootstrap: str | None, config_path: str | None, topic: str 
     start = parse_start_ts(start_ts)
     try:
         trace = load_trace(trace_name, ColumnMapping.parse(columns) if columns else None)
-        injections = build_injections(inject_kinds, inject_replicas, inject_at, inject_for, inject_params)
+        injections = injections_from_options(inject_kinds, inject_replicas, inject_at, inject_for,
+                                             inject_params)
         config = GeneratorConfig(models=model_names, replicas=replicas, rate=rate, seed=seed, trace=trace,
                                  batch_capacity=batch_capacity, latency_median_ms=latency_median_ms,
                                  latency_sigma=latency_sigma, injections=tuple(injections),

@@ -179,6 +179,20 @@ def test_a_bad_inject_is_refused_before_anything_starts(tmp_path: Path) -> None:
     one_line_error(run("demo", "--inject", "long_tail --replica r1 --at soon"), 2, "--at")
 
 
+@pytest.mark.parametrize(("inject", "words"), [
+    (["--inject", "nonsense"], ["unknown fault kind 'nonsense'"]),
+    (["--inject", "long_tail"], ["--replica once per --inject"]),
+    (["--inject", "long_tail --replica r1 --at soon"], ["'--at'", "'soon'"]),
+    (["--inject", "long_tail", "--replica", "r1", "--at", "soon"], ["'--at'", "'soon'"]),
+    (["--inject", "long_tail --replica 'r1"], ["No closing quotation"]),
+])
+def test_a_bad_generate_inject_says_which_forms_it_takes(inject: list[str], words: list[str]) -> None:
+    # refused before Kafka is looked for: NOWHERE would be exit 3
+    done = run("generate", "--bootstrap", NOWHERE, "--duration", "1", *inject)
+    one_line_error(done, ConfigProblem.exit_code, *words, "expected --inject 'KIND --replica R",
+                   "--inject 'long_tail --replica r1 --at 30 --for 60'", "separate options")
+
+
 def test_scrape_that_sends_nothing_exits_7() -> None:
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Exposition)
     threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()

@@ -97,13 +97,17 @@ async def test_missing_topic_is_a_clear_error(kafka_bootstrap: str) -> None:
         await produce_events(kafka_bootstrap, "llm.requests.no-such-topic", [], topic_wait_s=2.0)
 
 
-def test_generate_command_with_injection_and_labels(kafka_settings: Settings, tmp_path: Path) -> None:
+@pytest.mark.parametrize("inject", [
+    ["--inject", "gpu_fault", "--replica", "r1", "--at", "10", "--for", "10", "--param", "class=resource"],
+    ["--inject", "gpu_fault --replica r1 --at 10 --for 10 --param class=resource"],  # as `demo --inject` takes it
+], ids=["separate-options", "one-quoted-value"])
+def test_generate_command_with_injection_and_labels(kafka_settings: Settings, tmp_path: Path,
+                                                    inject: list[str]) -> None:
     labels = tmp_path / "labels.json"
     result = CliRunner().invoke(generate_command, [
         "--bootstrap", str(kafka_settings.kafka.bootstrap), "--topic", kafka_settings.topics.requests,
         "--telemetry-topic", kafka_settings.topics.gpu_telemetry, "--replicas", "3", "--duration", "30",
-        "--speed", "max", "--batch", "20", "--seed", "3", "--start-ts", str(T0),
-        "--inject", "gpu_fault", "--replica", "r1", "--at", "10", "--for", "10", "--param", "class=resource",
+        "--speed", "max", "--batch", "20", "--seed", "3", "--start-ts", str(T0), *inject,
         "--labels", str(labels),
     ])
     assert result.exit_code == 0, result.output

@@ -11,7 +11,7 @@ import pytest
 from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.faults import CUDA_ERROR_CLASSES, CUDA_ERRORS, FaultError, Injection, read_labels, write_labels
-from skewwatch.sim.generate_command import build_injections
+from skewwatch.sim.generate_command import build_injections, generate_command
 from skewwatch.sim.generator import GeneratorConfig, generate_chunks, labels
 from skewwatch.sim.trace import load_trace
 
@@ -185,6 +185,24 @@ def test_cli_pairs_repeated_inject_options() -> None:
         build_injections(("long_tail",), (), (), (), ())
     with pytest.raises(click.UsageError, match="no --inject kind takes it"):
         build_injections(("long_tail",), ("r0",), (), (), ("class=hardware",))
+
+
+def test_generate_takes_the_demos_quoted_injection_and_the_separate_options_alike() -> None:
+    def injections(*args: str) -> list[tuple[str, str, float, float, dict[str, object]]]:
+        params = generate_command.make_context("generate", list(args)).params
+        built = build_injections(params["inject_kinds"], params["inject_replicas"], params["inject_at"],
+                                 params["inject_for"], params["inject_params"])
+        return [(i.kind, i.replica, i.at_s, i.for_s, dict(i.params)) for i in built]
+
+    separate = injections("--inject", "long_tail", "--replica", "r1", "--at", "30", "--for", "60",
+                          "--inject", "gpu_fault", "--replica", "r2", "--at", "40", "--for", "50",
+                          "--param", "class=hardware")
+    assert separate == [("long_tail", "r1", 30, 60, {}), ("gpu_fault", "r2", 40, 50, {"class": "hardware"})]
+    assert injections("--inject", "long_tail --replica r1 --at 30 --for 60",
+                      "--inject=gpu_fault --replica r2 --at 40 --for 50 --param class=hardware") == separate
+    assert injections("--inject", "long_tail --replica r1 --at 30 --for 60",  # the two forms mixed
+                      "--inject", "gpu_fault", "--replica", "r2", "--at", "40", "--for", "50",
+                      "--param", "class=hardware") == separate
 
 
 def test_ttft_drift_ramps_ttft_to_factor_and_leaves_decode_alone() -> None:
