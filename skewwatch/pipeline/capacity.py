@@ -6,46 +6,45 @@ A router that sends each request to ``argmin (in_flight + 1) / weight`` (weighte
 Envoy's and nginx's) approximates "shortest expected completion" when the weight is the replica's
 service rate: its in-flight count says how much work is queued there, the weight how fast it goes.
 gRPC's weighted round robin (proposal A58) estimates the same from what each backend reports
-(queries per second over utilisation). Here the estimate is the replica's **service time of the
-pool's typical request** from its own finished requests, per 60 s window:
+(queries per second over utilisation). Here the estimate is the replica's **time per output token**
+relative to its pool's, per step:
 
-``service_s = TPOT_p50 x (C - 1) + TTFT_p50``  (seconds)
+``ratio = TPOT_p50 / median over the pool's replicas (it included) of TPOT_p50``  (seconds / seconds)
 
-with ``C`` the pool's mean output length in tokens (the requests' count-weighted mean over the
-replicas' windows; TPOT counts the tokens after the first) and each replica's median time per
-output token and median time to first token (prefill, and any wait for a batch slot). Where some
-replica of the pool lacks a TPOT or TTFT, the pool's replicas are compared on their median
-end-to-end latency instead (the same request mix, since each replica sees the pool's traffic).
-Then
+from the window's finished requests (``tpot``); where some replica of the pool lacks one, from the
+engines' live time per output token since their previous sample (``live``: vLLM's
+``time_per_output_token_seconds`` histogram, where every replica that served has a fresh one), else
+the median latency (``latency``: each replica sees the pool's request mix). Decode time is what a
+slower GPU or a throttled one changes, and it does not count the wait for a batch slot: the queue is
+the router's in-flight count already, and a cost that counted it would count it twice.
 
-``cost = service_s / median over the pool's replicas (it included) of service_s``
+The ratio's log goes into each replica's long-horizon mean (:mod:`skewwatch.pipeline.relative_speed`:
+``capacity_horizon_s`` = 300 s, restarted at a change that persists, shrunk toward 0 by what its
+noise cannot tell apart: ``capacity_z`` = 2 standard errors, at least ``log(capacity_dead_band)``,
+1.05), so ``cost = exp(shrunk mean)`` and
 
-shrunk toward 1 by what the pool's own spread explains: ``log cost`` moves toward 0 by the larger of
-``log(capacity_dead_band)`` (1.2: the ordinary difference between two windows' medians) and
-``capacity_mad_z`` (3) robust standard deviations of the pool's log costs (1.4826 x their median
-absolute deviation, which one slow replica among healthy ones barely moves), so a healthy replica
-is at an equal share and a replica 3 x slower than its peers still costs about 2.5;
+``raw score = 1 / cost``, kept within ``[min_denominator, 1 / min_denominator]`` (a replica at
+most 20 x another's share), times its health, normalised over the pool. A replica without an
+estimate yet has cost 1, the pool's typical; the decider then shrinks every replica's score toward
+the pool's by credibility ``n / (n + k)`` (:mod:`skewwatch.pipeline.pool_evidence`), so a replica
+with few requests moves little.
 
-and ``raw score = 1 / cost``, kept within ``[min_denominator, 1 / min_denominator]`` (a replica at
-most 20 x another's share), times its health, normalised over the pool. A replica without a
-service time this step (an empty window) has cost 1, the pool's typical; the decider then holds its
-last score, and shrinks every replica's score toward the pool's by credibility ``n / (n + k)``
-(:mod:`skewwatch.pipeline.pool_evidence`), so a window of a few requests moves little.
-
-Units: seconds over seconds. The anchor: a replica whose tokens come 3 x slower (a throttled GPU)
-costs about 3 and gets a third of a healthy replica's weight; a replica whose first tokens wait in a
-queue costs more by that wait.
+Units: seconds over seconds. The anchor: a replica whose tokens come 1.67 x slower (a GPU at 0.6 x
+its peers' speed) costs about 1.6 once its mean has a few minutes of evidence, and gets about 0.6 of
+a healthy replica's weight; one window of a sudden 3 x slowdown is a change after three steps.
 
 >>> import numpy as np
 >>> from skewwatch.schemas.feature_vector import FeatureVector
 >>> from skewwatch.pipeline.detectors.step_columns import StepColumns
->>> def fv(replica, tpot):
-...     return FeatureVector(model="m", replica=replica, window_start=0.0, window_end=60.0, count=100,
-...                          tpot_p50=tpot, ttft_p50=200.0, completion_tokens_mean=101.0)
->>> step = StepColumns([fv("a", 20.0), fv("b", 20.0), fv("c", 60.0)], [None] * 3)
->>> w = capacity_weights(step, ["a", "b", "c"], [(1.0, None)] * 3, WeightConfig())
+>>> def fv(replica, tpot, end):
+...     return FeatureVector(model="m", replica=replica, window_start=end - 60.0, window_end=end, count=100,
+...                          tpot_p50=tpot, latency_p50=2000.0)
+>>> speed = RelativeSpeed()
+>>> for end in range(60, 660, 5):  # c's tokens come 3 x slower than a's and b's, for ten minutes (2.86 x their median)
+...     step = StepColumns([fv("a", 20.0, end), fv("b", 21.0, end), fv("c", 60.0, end)], [None] * 3)
+...     w = capacity_weights(step, ["a", "b", "c"], [(1.0, None)] * 3, WeightConfig(), speed, float(end), 60.0)
 >>> [round(w[r].weight, 3) for r in "abc"], round(w["c"].components["cost"], 2)
-([0.412, 0.412, 0.176], 2.35)
+([0.422, 0.422, 0.155], 2.72)
 """
 
 from __future__ import annotations
@@ -55,45 +54,44 @@ from collections.abc import Sequence
 import numpy as np
 
 from skewwatch.pipeline.detectors.step_columns import StepColumns
+from skewwatch.pipeline.relative_speed import RelativeSpeed
 from skewwatch.pipeline.weights import ReplicaWeight, WeightConfig
 
-CAPACITY_FIELDS = ("count", "tpot_p50", "ttft_p50", "latency_p50", "completion_tokens_mean")
+CAPACITY_FIELDS = ("count", "tpot_p50", "latency_p50")  # what capacity_weights reads as columns
+CAPACITY_TELEMETRY_FIELDS = ("tpot_p50_s", "tpot_count")  # ... of telemetry
 
 
-def service_times(step: StepColumns) -> tuple[np.ndarray, str]:
-    """Each replica's service time of the pool's typical request (seconds; NaN without one) and
-    which measure the pool is compared on (``tpot+ttft`` or ``latency``)."""
-    count = step.column("count")
-    tpot, ttft = step.column("tpot_p50"), step.column("ttft_p50")
-    served = count > 0
-    completion = step.column("completion_tokens_mean")
-    known = served & ~np.isnan(completion)
-    tokens = float(np.sum(count[known] * completion[known]) / np.sum(count[known])) if known.any() else 1.0
+def service_costs(step: StepColumns) -> tuple[np.ndarray, str]:
+    """Each replica's time per output token (seconds; NaN without one) and which measure the pool
+    is compared on: ``live`` (the engines' mean time per output token since their previous sample,
+    where every replica that served has a fresh one), ``tpot`` (the window's median time per output
+    token of its finished requests, where every one has it) or ``latency`` (their median latency)."""
+    served = step.column("count") > 0
+    tpot = step.column("tpot_p50")
+    has_tpot = served & ~np.isnan(tpot)
+    if served.any() and has_tpot[served].all():
+        return np.where(has_tpot, tpot / 1000.0, np.nan), "tpot"
+    live = step.telemetry_column("tpot_p50_s")
     with np.errstate(invalid="ignore"):
-        both = served & ~np.isnan(tpot) & ~np.isnan(ttft)
-    if served.any() and both[served].all():
-        return np.where(both, (tpot * max(tokens - 1.0, 0.0) + ttft) / 1000.0, np.nan), "tpot+ttft"
-    latency = step.column("latency_p50")
-    return np.where(served, latency / 1000.0, np.nan), "latency"
+        has_live = ~np.isnan(live) & (step.telemetry_column("tpot_count") > 0)
+    if served.any() and has_live[served].all():
+        return np.where(has_live, live, np.nan), "live"
+    return np.where(served, step.column("latency_p50") / 1000.0, np.nan), "latency"
 
 
 def capacity_weights(step: StepColumns, replicas: Sequence[str], health: Sequence[tuple[float, str | None]],
-                     config: WeightConfig) -> dict[str, ReplicaWeight]:
+                     config: WeightConfig, speed: RelativeSpeed, now: float,
+                     window_s: float) -> dict[str, ReplicaWeight]:
     """The pool's weights as relative service capacity (module docstring), in ``replicas`` order;
-    ``health``: each replica's (score, note)."""
-    service, measure = service_times(step)
+    ``health``: each replica's (score, note); ``speed`` keeps each replica's long-horizon cost."""
+    service, measure = service_costs(step)
     usable = ~np.isnan(service) & (service > 0)
     reference = float(np.median(service[usable])) if usable.any() else float("nan")
     with np.errstate(invalid="ignore", divide="ignore"):
-        cost = np.where(usable, service / reference, np.nan) if reference > 0 else np.full(len(replicas), np.nan)
-        log_cost = np.log(cost)
-    # what the pool's own spread explains is no difference: log costs shrink toward 0 by the larger of
-    # the dead band and capacity_mad_z robust standard deviations of the pool's log costs
-    spread = log_cost[usable]
-    sigma = 1.4826 * float(np.median(np.abs(spread - np.median(spread)))) if len(spread) >= 3 else 0.0
-    band = max(np.log(config.capacity_dead_band), config.capacity_mad_z * sigma)
-    shrunk = np.sign(log_cost) * np.maximum(np.abs(log_cost) - band, 0.0)
-    cost = np.where(np.isnan(cost), np.nan, np.exp(shrunk))
+        ratio = np.where(usable, service / reference, np.nan) if reference > 0 else np.full(len(replicas), np.nan)
+        log_ratio = np.log(ratio)
+    shrunk = speed.update(now, replicas, log_ratio, config, None if measure == "live" else window_s)
+    cost = np.exp(shrunk)
     bound = config.min_denominator
     guarded = np.where(np.isnan(cost), 1.0, np.clip(cost, bound, 1.0 / bound))
     raws = (1.0 / guarded).tolist()
@@ -115,12 +113,14 @@ def capacity_weights(step: StepColumns, replicas: Sequence[str], health: Sequenc
             "service_s": None if np.isnan(service[row]) else float(service[row]),
             "cost": None if np.isnan(cost[row]) else float(cost[row]),
             "reference_s": None if np.isnan(reference) else reference,
-            "band": float(band),
-            "latency_measure": 1.0 if measure == "latency" else 0.0,
+            "ratio": None if np.isnan(ratio[row]) else float(ratio[row]),
+            "measure": _MEASURES[measure],
         }
         result[replica] = ReplicaWeight(replica, raws[row] * scores[row] / total if total > 0 else 0.0, raws[row],
                                         scores[row], "; ".join(notes) if notes else "ok", components)
     return result
 
 
-__all__ = ["CAPACITY_FIELDS", "capacity_weights", "service_times"]
+_MEASURES = {"live": 0.0, "tpot": 1.0, "latency": 2.0}  # components are numbers
+
+__all__ = ["CAPACITY_FIELDS", "CAPACITY_TELEMETRY_FIELDS", "capacity_weights", "service_costs"]

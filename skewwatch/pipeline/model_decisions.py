@@ -61,7 +61,7 @@ from typing import Any, cast
 import numpy as np
 
 from skewwatch.gc_pause import gc_paused
-from skewwatch.pipeline.capacity import CAPACITY_FIELDS, capacity_weights
+from skewwatch.pipeline.capacity import CAPACITY_FIELDS, CAPACITY_TELEMETRY_FIELDS, capacity_weights
 from skewwatch.pipeline.corrections import (
     RoutingCorrection,
     publish_reason,
@@ -76,6 +76,7 @@ from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.failstatic import DETECTOR as POOL_DETECTOR
 from skewwatch.pipeline.health import HEALTHY
 from skewwatch.pipeline.pool_evidence import EJECTING_ACTIONS, PoolEvidence
+from skewwatch.pipeline.relative_speed import RelativeSpeed
 from skewwatch.pipeline.weights import POOL_WEIGHT_FIELDS, POOL_WEIGHT_TELEMETRY_FIELDS, ReplicaWeight, pool_weights
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
@@ -147,12 +148,14 @@ class ModelDecider:
         self._alerted: dict[str, set[str]] = {}
         # when each replica's demotions began, and until when a repeat one is held after its alerts resolve
         self._holds = Holds(self.settings.weights)
+        self._speed = RelativeSpeed()  # the capacity formula's long-horizon costs
         # the vectors' fields the step reads as columns, read in one pass (StepColumns.prefetch)
         self._step_fields = tuple(dict.fromkeys(
             ["count", *(CAPACITY_FIELDS if self.settings.weights.formula == "capacity" else POOL_WEIGHT_FIELDS),
              *(name for d in self.detectors.values() for name in d.step_fields())]))
         self._step_telemetry_fields = tuple(dict.fromkeys(
             [*POOL_WEIGHT_TELEMETRY_FIELDS,
+             *(CAPACITY_TELEMETRY_FIELDS if self.settings.weights.formula == "capacity" else ()),
              *(name for d in self.detectors.values() for name in d.step_telemetry_fields())]))
 
     # ------------------------------------------------------------------ the step
@@ -301,7 +304,8 @@ class ModelDecider:
             health_actions = [action for _, _, action in health]
             self._last_health = dict(zip(order, [score for score, _, _ in health], strict=True))
         if self.settings.weights.formula == "capacity":
-            weights = capacity_weights(columns, order, score_notes, self.settings.weights)
+            weights = capacity_weights(columns, order, score_notes, self.settings.weights, self._speed, now,
+                                       self.settings.decider.window_s)
         else:
             weights = pool_weights(columns, order, telemetry, score_notes, self.settings.weights)
         settled = self._evidence.settle(model, now, order, summaries, weights, health_actions,
@@ -534,6 +538,7 @@ class ModelDecider:
         self._tracks.pop(replica, None)
         self._alerted.pop(replica, None)
         self._holds.forget(replica)
+        self._speed.forget(replica)
         self._order = None
         self._open_alerts = None
         for detector in self.detectors.values():
@@ -558,6 +563,7 @@ class ModelDecider:
             "last_health": dict(self._last_health),
             "evidence": self._evidence.state_dict(),
             "demotion_holds": self._holds.state_dict(),
+            "relative_speed": self._speed.state_dict(),
         }
 
     @classmethod
@@ -593,4 +599,5 @@ class ModelDecider:
         decider._evidence.load_state(state.get("evidence", {}), decider.settings.weights)
         decider._alerted = decider._alerted_from_detectors()
         decider._holds.load_state(state.get("demotion_holds") or {})
+        decider._speed.load_state(state.get("relative_speed") or {})
         return decider

@@ -81,8 +81,9 @@ class WeightConfig(FrozenConfigSection, frozen=True):
     # "seed" (this module's formula) or "capacity" (pipeline/capacity.py: relative service capacity; it
     # finds slow replicas the seed's formula misses, and moves healthy ones more: bench/README.md)
     formula: Literal["capacity", "seed"] = "seed"
-    capacity_dead_band: Annotated[float, Meta(ge=1)] = 1.2  # capacity: costs within this factor of the pool's are equal
-    capacity_mad_z: NonNegative = 3.0  # ... or within this many robust standard deviations of the pool's log costs
+    capacity_horizon_s: Positive = 300.0  # capacity: time constant of each replica's mean cost (restarted at a change)
+    capacity_dead_band: Annotated[float, Meta(ge=1)] = 1.05  # ... costs within this factor of the pool's are equal
+    capacity_z: NonNegative = 2.0  # ... or within this many standard errors of the replica's mean cost
     mem_coef: NonNegative = 0.4  # seed
     queue_coef: NonNegative = 0.3  # seed
     latency_coef: NonNegative = 0.3  # seed

@@ -1,73 +1,135 @@
-"""Weights as relative service capacity (pipeline/capacity.py)."""
+"""Weights as relative service capacity (pipeline/capacity.py, pipeline/relative_speed.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
-from skewwatch.pipeline.capacity import capacity_weights, service_times
+from skewwatch.pipeline.capacity import capacity_weights, service_costs
 from skewwatch.pipeline.detector_settings import DetectorSettings
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.model_decisions import ModelDecider
+from skewwatch.pipeline.relative_speed import RelativeSpeed
 from skewwatch.pipeline.weights import WeightConfig
 from skewwatch.schemas.feature_vector import FeatureVector
+from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 CFG = WeightConfig(formula="capacity")
+STEP_S = 5.0
 
 
-def fv(replica: str, **kw: Any) -> FeatureVector:
-    values: dict[str, Any] = {"count": 100, "tpot_p50": 20.0, "ttft_p50": 200.0, "latency_p50": 2200.0,
-                              "completion_tokens_mean": 101.0, **kw}
-    return FeatureVector(model="m", replica=replica, window_start=0.0, window_end=60.0, **values)
+def fv(replica: str, end: float = 60.0, **kw: Any) -> FeatureVector:
+    values: dict[str, Any] = {"count": 100, "tpot_p50": 20.0, "latency_p50": 2200.0, **kw}
+    return FeatureVector(model="m", replica=replica, window_start=end - 60.0, window_end=end, **values)
 
 
-def weights(vectors: list[FeatureVector], health: list[float] | None = None) -> dict[str, float]:
-    names = [v.replica or "" for v in vectors]
-    health = health or [1.0] * len(vectors)
-    out = capacity_weights(StepColumns(vectors, [None] * len(vectors)), names, [(h, None) for h in health], CFG)
-    return {r: w.weight for r, w in out.items()}
+class Pool:
+    """A pool's capacity weights step after step (one RelativeSpeed, as the decider keeps)."""
+
+    def __init__(self) -> None:
+        self.speed = RelativeSpeed()
+        self.now = 0.0
+
+    def step(self, tpot: dict[str, float | None], health: list[float] | None = None,
+             telemetry: list[TelemetrySample | None] | None = None, **kw: Any) -> dict[str, float]:
+        self.now += STEP_S
+        vectors = [fv(r, self.now, tpot_p50=t, **kw) for r, t in tpot.items()]
+        health = health or [1.0] * len(vectors)
+        columns = StepColumns(vectors, telemetry or [None] * len(vectors))
+        out = capacity_weights(columns, list(tpot), [(h, None) for h in health], CFG, self.speed, self.now, 60.0)
+        return {r: w.weight for r, w in out.items()}
 
 
 def test_a_replica_decoding_three_times_slower_gets_about_a_third_of_a_healthy_share() -> None:
-    w = weights([fv("a"), fv("b"), fv("c"), fv("d", tpot_p50=60.0)])
+    pool = Pool()
+    for _ in range(60):
+        w = pool.step({"a": 20.0, "b": 20.0, "c": 20.0, "d": 60.0})
     assert w["a"] == pytest.approx(w["b"]) == pytest.approx(w["c"])
-    assert 0.3 < w["d"] / w["a"] < 0.5
+    assert 0.3 < w["d"] / w["a"] < 0.4
     assert sum(w.values()) == pytest.approx(1.0)
 
 
-def test_the_pools_own_spread_is_no_difference() -> None:
-    # healthy replicas 10 % apart: within the dead band, equal shares
-    w = weights([fv("a", tpot_p50=19.0), fv("b", tpot_p50=21.0), fv("c"), fv("d", tpot_p50=20.5)])
+def test_a_slower_gpu_among_noisy_windows_gets_its_speed_and_healthy_ones_stay_near_an_equal_share() -> None:
+    # windows' medians scatter 25 % around each replica's speed; d's GPU is at 0.6 x the others'
+    rng = np.random.default_rng(7)
+    pool = Pool()
+    lowest_healthy = 1.0
+    for step in range(240):  # 20 minutes
+        noise = np.exp(rng.normal(0.0, 0.25, 8))
+        tpot = {f"r{i}": 20.0 * float(noise[i]) for i in range(7)} | {"d": 20.0 / 0.6 * float(noise[7])}
+        w = pool.step(tpot)
+        if step >= 24:
+            lowest_healthy = min(lowest_healthy, *(w[f"r{i}"] * 8 for i in range(7)))
+    ratio = w["d"] / float(np.mean([w[f"r{i}"] for i in range(7)]))
+    assert 0.5 < ratio < 0.8  # its speed is 0.6; the shrink toward equal costs a little
+    assert lowest_healthy > 0.8  # no healthy replica below 80 % of an equal share on noise
+
+
+def test_one_wild_window_is_an_outlier_and_a_change_that_persists_is_taken_at_once() -> None:
+    pool = Pool()
+    base = {"a": 20.0, "b": 21.0, "c": 19.5, "d": 20.5}
+    for step in range(60):
+        pool.step({**base, "d": 20.5 * (1.0 + 0.05 * (-1) ** step)})
+    for _ in range(5):  # 25 s of windows 10 x slower: the same requests seen again, not yet a change
+        w = pool.step({**base, "d": 200.0})
+        assert w["d"] == pytest.approx(0.25, abs=0.02)
+    for _ in range(3):
+        pool.step(base)
+    for _ in range(7):  # half a window's worth of windows 3 x slower: a change
+        w = pool.step({**base, "d": 61.5})
+    assert w["d"] < 0.5 * w["a"]
+    for _ in range(7):  # and back: restored as fast
+        w = pool.step(base)
+    assert w["d"] == pytest.approx(0.25, abs=0.02)
+
+
+def test_the_measure_falls_back_to_the_live_gauges_then_to_latency_and_an_empty_window_is_typical() -> None:
+    def live(seconds: float) -> TelemetrySample:
+        return TelemetrySample(ts=0.0, replica="x", source="vllm", tpot_count=500, tpot_p50_s=seconds)
+
+    vectors = [fv("a", tpot_p50=None), fv("b"), fv("c", latency_p50=9000.0), fv("d", count=0)]
+    cost, measure = service_costs(StepColumns(vectors, [None] * 4))
+    assert measure == "latency" and cost[0] == pytest.approx(2.2) and np.isnan(cost[3])
+    cost, measure = service_costs(StepColumns(vectors, [live(0.02), live(0.02), live(0.06), None]))
+    assert measure == "live" and cost[2] == pytest.approx(0.06)
+    cost, measure = service_costs(StepColumns([fv("a"), fv("b", tpot_p50=30.0)], [live(0.02), live(0.02)]))
+    assert measure == "tpot" and cost[1] == pytest.approx(0.03)
+    pool = Pool()
+    for _ in range(30):
+        w = pool.step({"a": None, "b": None, "c": None, "d": None},
+                      latency_p50=2200.0)
     assert list(w.values()) == pytest.approx([0.25] * 4)
 
 
-def test_waiting_for_a_first_token_costs_what_it_waits() -> None:
-    # 4 s more before the first token on a 2.2 s request: about 2.9 x the cost, less the dead band
-    w = weights([fv("a"), fv("b"), fv("c", ttft_p50=4200.0)])
-    assert w["c"] < 0.5 * w["a"]
-
-
-def test_latency_is_the_measure_where_a_replica_lacks_tpot_and_an_empty_window_is_typical() -> None:
-    vectors = [fv("a", tpot_p50=None), fv("b"), fv("c", latency_p50=9000.0), fv("d", count=0)]
-    service, measure = service_times(StepColumns(vectors, [None] * 4))
-    assert measure == "latency" and service[0] == pytest.approx(2.2)
-    w = weights(vectors)
-    assert w["d"] == pytest.approx(w["a"]) and w["c"] < 0.5 * w["a"]
-
-
 def test_health_multiplies_and_a_drained_replica_gets_nothing() -> None:
-    w = weights([fv("a"), fv("b"), fv("c")], health=[1.0, 0.4, 0.0])
+    w = Pool().step({"a": 20.0, "b": 20.0, "c": 20.0}, health=[1.0, 0.4, 0.0])
     assert w["c"] == 0.0 and w["b"] == pytest.approx(0.4 * w["a"])
 
 
-def test_the_decider_uses_it_when_chosen_and_the_seed_profile_keeps_the_seeds_formula() -> None:
+def test_the_decider_uses_it_when_chosen_keeps_it_in_its_checkpoint_and_the_seed_profile_keeps_the_seeds() -> None:
     settings = DetectorSettings.from_overrides({"weights": {"formula": "capacity"}})
     decider = ModelDecider(settings)
-    vectors = [fv("a"), fv("b"), fv("c", tpot_p50=60.0)]
-    for vector in vectors:
-        vector.window_start, vector.window_end = 1000.0 - 60.0, 1000.0
-    d = decider.step("m", 1000.0, vectors, None, {})
-    assert d.weights["c"].weight < 0.6 * d.weights["a"].weight and "cost" in d.weights["c"].components
+
+    def step(d: ModelDecider, end: float) -> dict[str, float]:
+        vectors = [fv("a", end), fv("b", end, tpot_p50=21.0), fv("c", end, tpot_p50=60.0)]
+        return {r: w.weight for r, w in d.step("m", end, vectors, None, {}).weights.items()}
+
+    for end in np.arange(1000.0, 1300.0, STEP_S):
+        w = step(decider, float(end))
+    assert w["c"] < 0.6 * w["a"]
+    restored = ModelDecider.from_state(decider.state_dict(), settings)
+    for end in np.arange(1300.0, 1400.0, STEP_S):
+        assert step(restored, float(end)) == step(decider, float(end))
     seed = DetectorSettings.from_overrides({"profile": "seed"})
-    assert seed.weights.formula == "seed" and DetectorSettings().weights.formula == "seed"
+    assert seed.weights.formula == "seed"
+
+
+def test_a_forgotten_replica_starts_again() -> None:
+    speed = RelativeSpeed()
+    for step in range(20):
+        speed.update(STEP_S * step, ["a", "b", "c"], np.log(np.array([1.0, 1.0, 3.0])), CFG, 60.0)
+    speed.forget("c")
+    out = speed.update(200.0, ["a", "b", "c"], np.array([0.0, 0.0, np.nan]), CFG, 60.0)
+    assert np.isnan(out[2]) and "c" not in speed.state_dict()["replicas"]

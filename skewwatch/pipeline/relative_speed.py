@@ -1,0 +1,162 @@
+"""Each replica's cost relative to its pool over a long horizon that restarts at a change: the
+capacity formula's evidence (:mod:`skewwatch.pipeline.capacity`).
+
+One 60 s window's ratio of a replica's median time per token to its pool's is noisy (a few dozen
+requests, a burst of long prompts). A GPU that is slower than its peers is slower every window, so
+the estimate is the replica's exponentially weighted mean log ratio over ``capacity_horizon_s``
+(300 s). A fault that begins or ends moves the ratio by more than its noise: a ratio further from
+the mean than ``capacity_z`` noises (and ``log(capacity_dead_band)``) for half the evidence one ratio
+summarises (30 s of a 60 s window: new requests, not the same ones again; at least two steps)
+restarts the mean from it, and a shorter run of them is an outlier the mean does not take. So the
+estimate follows a change half a window after the windows show it, and is as precise as five
+minutes of windows otherwise.
+
+**Noise.** The noise of one ratio is the larger of the replica's own (its mean absolute distance
+from its mean, as a normal standard deviation, over the same horizon; one wild ratio counts at most
+``2 capacity_z`` noises) and the pool's (1.4826 x the median distance of a step's ratios from their
+replicas' means, over the same horizon): relative to each replica's own mean, so a pool of two GPU
+types is not one noisy pool, and no replica is more certain than its pool. Nothing is estimated
+before the pool's noise holds one window of steps. An exponentially weighted mean over ``S``
+seconds of evidence holds ``2 S / evidence_s`` independent ratios (the weights' squared sum over
+their sum of squares; consecutive 60 s windows share most requests), so its standard error is the
+noise x ``sqrt(evidence_s / 2 S)``, the noise itself right after a restart.
+
+**Estimate.** ``log cost`` = the mean shrunk toward 0 by the larger of ``log(capacity_dead_band)`` and
+``capacity_z`` standard errors: what the evidence cannot tell from noise is no difference.
+
+>>> import numpy as np
+>>> speed = RelativeSpeed()
+>>> cost = None
+>>> for step in range(60):  # c is 1.6 x slower than a and b, with a little noise
+...     x = np.log([1.0, 1.0, 1.6]) + np.array([0.02, -0.02, 0.0]) * (-1) ** step
+...     cost = speed.update(5.0 * step, ["a", "b", "c"], x, WeightConfig(), evidence_s=60.0)
+>>> [round(float(c), 2) for c in np.exp(cost)]
+[1.0, 1.0, 1.52]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from skewwatch.pipeline.weights import WeightConfig
+
+
+class RelativeSpeed:
+    """Per replica: the mean log cost since its last change, the seconds of evidence in it, its noise,
+    when it was last updated and since when its ratios disagree with it (module docstring);
+    JSON-able state."""
+
+    def __init__(self) -> None:
+        self._mean: dict[str, float] = {}
+        self._span: dict[str, float] = {}  # seconds of evidence in the mean (decayed)
+        self._noise: dict[str, float] = {}  # standard deviation of one ratio around the mean (decayed)
+        self._seen: dict[str, float] = {}
+        self._apart: dict[str, float] = {}  # since when its ratios are far from its mean, signed by the side
+        self._last: float | None = None
+        self._pool_noise = 0.0  # the pool's noise of one ratio (decayed), and the seconds it holds
+        self._pool_span = 0.0
+
+    def update(self, now: float, replicas: Sequence[str], log_ratio: npt.NDArray[np.float64], config: WeightConfig,
+               evidence_s: float | None) -> npt.NDArray[np.float64]:
+        """Take this step's log ratios (NaN: no evidence this step), each summarising ``evidence_s``
+        seconds of the replica's work (a window of finished requests; None: the time since the last
+        step, for live gauges), and return each replica's shrunk log cost (NaN: no estimate yet), in
+        ``replicas`` order."""
+        step = now - self._last if self._last is not None and now > self._last else _FIRST_STEP_S
+        self._last = now
+        evidence = step if evidence_s is None else evidence_s
+        horizon = config.capacity_horizon_s
+        floor = math.log(config.capacity_dead_band)
+        z = config.capacity_z
+        # the pool's noise: the median distance of this step's ratios from their replicas' means, as a
+        # normal standard deviation (1.4826 x), over the same horizon; until it holds a window of
+        # steps nothing is estimated (a pool's first ratios say nothing about their noise)
+        ratios = log_ratio.tolist()
+        distances = [abs(x - self._mean[r]) for r, x in zip(replicas, ratios, strict=True)
+                     if not math.isnan(x) and r in self._mean]
+        if distances:
+            decay = math.exp(-step / horizon)
+            spread = 1.4826 * float(np.median(distances))
+            self._pool_noise = spread if self._pool_span == 0 else decay * self._pool_noise + (1 - decay) * spread
+            self._pool_span = decay * self._pool_span + step
+        pool_noise = self._pool_noise
+        for replica, x in zip(replicas, ratios, strict=True):
+            if math.isnan(x):
+                continue
+            mean = self._mean.get(replica)
+            if mean is None:
+                self._mean[replica], self._span[replica], self._seen[replica] = x, evidence, now
+                continue
+            elapsed = min(max(now - self._seen[replica], 0.0), evidence)
+            decay = math.exp(-elapsed / horizon)
+            noise = self._noise.get(replica)
+            scale = max(noise if noise is not None else pool_noise, pool_noise)
+            residual = x - mean
+            if noise is not None and abs(residual) > max(floor, z * scale):
+                # far from the mean: a change once it has lasted half the evidence a ratio
+                # summarises (new requests in the window, not the same ones seen again) and two
+                # steps; then the mean restarts from this ratio; until then an outlier it does not take
+                side = 1.0 if residual > 0 else -1.0
+                since = self._apart.get(replica)
+                if since is None or math.copysign(1.0, since) != side:
+                    self._apart[replica] = side * max(now, 1e-9)  # when the run began, signed by its side
+                elif now - abs(since) >= max(evidence / 2.0, 2.0 * step):
+                    self._mean[replica], self._span[replica] = x, evidence
+                    self._apart.pop(replica)
+            else:
+                self._apart.pop(replica, None)
+                span = decay * self._span[replica] + elapsed
+                self._mean[replica] = mean + residual * elapsed / span if span > 0 else x
+                self._span[replica] = span
+            # the mean absolute residual, as a normal standard deviation, over the same horizon; a
+            # residual counts at most 2 z noises (one wild ratio does not make every ratio noise)
+            spread = _MAD_TO_SD * (abs(residual) if noise is None else min(abs(residual), 2.0 * z * scale))
+            self._noise[replica] = spread if noise is None else decay * noise + (1.0 - decay) * spread
+            self._seen[replica] = now
+        out = np.full(len(replicas), np.nan)
+        if self._pool_span < evidence:
+            return out
+        for row, replica in enumerate(replicas):
+            mean = self._mean.get(replica)
+            if mean is None:
+                continue
+            noise = self._noise.get(replica)
+            scale = max(noise if noise is not None else pool_noise, pool_noise)
+            # an exponentially weighted mean over a span of S seconds holds 2 S / evidence independent
+            # ratios (the weights' (sum)^2 / sum of squares)
+            error = scale * math.sqrt(min(evidence / (2.0 * self._span[replica]), 1.0))
+            band = max(floor, z * error)
+            out[row] = math.copysign(max(abs(mean) - band, 0.0), mean)
+        return out
+
+    def forget(self, replica: str) -> None:
+        for table in (self._mean, self._span, self._noise, self._seen, self._apart):
+            table.pop(replica, None)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last": self._last, "pool_noise": [self._pool_noise, self._pool_span],
+                "replicas": {replica: [self._mean[replica], self._span[replica], self._noise.get(replica),
+                                       self._seen[replica], self._apart.get(replica)] for replica in self._mean}}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+        self._last = state.get("last")
+        self._pool_noise, self._pool_span = (float(v) for v in state.get("pool_noise") or (0.0, 0.0))
+        for replica, (mean, span, noise, seen, apart) in (state.get("replicas") or {}).items():
+            self._mean[replica], self._span[replica], self._seen[replica] = float(mean), float(span), float(seen)
+            if noise is not None:
+                self._noise[replica] = float(noise)
+            if apart is not None:
+                self._apart[replica] = float(apart)
+
+
+_FIRST_STEP_S = 5.0  # the step before the first one is known (the windows' step)
+_MAD_TO_SD = math.sqrt(math.pi / 2.0)  # mean absolute deviation -> standard deviation of a normal
+
+
+__all__ = ["RelativeSpeed"]
