@@ -83,6 +83,10 @@ class KafkaSettings(ConfigSection):
     # group.min.session.timeout.ms (6 s by default). Defaults: aiokafka's own.
     session_timeout_ms: Annotated[int, Meta(ge=1_000, le=30_000)] = 10_000
     heartbeat_interval_ms: Annotated[int, Meta(ge=100)] = 3_000
+    # where the Faust apps (the worker, alertmanager-bridge) keep their local data (nothing that needs
+    # keeping: their tables are in memory, changelogged to Kafka, as are the checkpoints); None: Faust's default,
+    # "<app name>-data" in the working directory (skewwatch-data, skewwatch-alertmanager-data)
+    faust_datadir: str | None = None
 
     def __post_init__(self) -> None:
         # Kafka's rule of thumb (and aiokafka's): at most a third of the session, so two heartbeats can

@@ -97,12 +97,15 @@ def faust_app_kwargs(kafka: KafkaSettings | None = None, *, bootstrap: str | Non
     """The connection options of a ``faust.App``, from the same settings as :func:`client_kwargs`:
     the broker URL and, on a secured cluster, Faust's ``broker_credentials`` (SASL over TLS or not, or
     TLS alone) built from the same TLS context and SASL options, and the group's session timeout and
-    heartbeat interval (Faust takes seconds)."""
+    heartbeat interval (Faust takes seconds), and the apps' local data directory where one is set
+    (``kafka.faust_datadir``)."""
     options = client_kwargs(kafka, bootstrap=bootstrap)
     app: dict[str, Any] = {"broker": f"kafka://{options['bootstrap_servers']}"}
     if kafka is not None:
         app.update(broker_session_timeout=kafka.session_timeout_ms / 1000,
                    broker_heartbeat_interval=kafka.heartbeat_interval_ms / 1000)
+        if kafka.faust_datadir is not None:
+            app["datadir"] = kafka.faust_datadir
     protocol = options.get("security_protocol", "PLAINTEXT")
     if protocol.startswith("SASL"):
         import faust

@@ -46,6 +46,15 @@ def test_the_group_timeouts_reach_every_group_consumer_and_faust() -> None:
     assert "session_timeout_ms" not in client_kwargs(kafka)  # producers and admin clients take no group options
 
 
+def test_the_faust_apps_keep_their_data_where_the_settings_say(tmp_path: Path) -> None:
+    import faust
+
+    assert "datadir" not in faust_app_kwargs(KafkaSettings(bootstrap="b:9092"))  # Faust's default
+    kafka = KafkaSettings(bootstrap="b:9092", faust_datadir=str(tmp_path / "faust"))
+    app = faust.App("skewwatch-test", **faust_app_kwargs(kafka), autodiscover=False, store="memory://")
+    assert Path(app.conf.datadir) == tmp_path / "faust"
+
+
 def test_every_stage_consumer_is_built_with_the_group_timeouts() -> None:
     from aiokafka import AIOKafkaConsumer
 
