@@ -31,7 +31,7 @@ with few requests moves little.
 
 Units: seconds over seconds. The anchor: a replica whose tokens come 1.67 x slower (a GPU at 0.6 x
 its peers' speed) costs about 1.6 once its mean has a few minutes of evidence, and gets about 0.6 of
-a healthy replica's weight; one window of a sudden 3 x slowdown is a change after three steps.
+a healthy replica's weight; a sudden 3 x slowdown is a change once the windows have shown it for 30 s.
 
 >>> import numpy as np
 >>> from skewwatch.schemas.feature_vector import FeatureVector
@@ -101,7 +101,7 @@ def capacity_weights(step: StepColumns, replicas: Sequence[str], health: Sequenc
     for row, replica in enumerate(replicas):
         notes = []
         if np.isnan(cost[row]):
-            notes.append("no service time this step: the pool's typical")
+            notes.append("no estimate yet: the pool's typical")
         elif cost[row] != guarded[row]:
             notes.append(f"cost {cost[row]:.3g} kept within [{bound:g}, {1.0 / bound:g}]")
         score, note = health[row]
