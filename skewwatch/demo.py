@@ -29,7 +29,7 @@ from rich.table import Table
 
 from skewwatch.cli import command_settings
 from skewwatch.config import Settings
-from skewwatch.errors import BrokerFailed, ConfigProblem
+from skewwatch.errors import BrokerFailed, ChildFailed, ConfigProblem
 from skewwatch.kafka_client import client_kwargs
 from skewwatch.logs import logging_options, setup_logging
 from skewwatch.topics import ensure_topics
@@ -96,7 +96,7 @@ class DemoView:
 
 
 async def _watch(bootstrap: str, settings: Settings, duration: float | None,
-                 children: list[subprocess.Popen[bytes]]) -> None:
+                 children: list[subprocess.Popen[bytes]], log_dir: Path) -> None:
     topics = settings.topics
     consumer = AIOKafkaConsumer(topics.features, topics.alerts, topics.routing_corrections,
                                 **client_kwargs(settings.kafka, bootstrap=bootstrap),
@@ -110,7 +110,8 @@ async def _watch(bootstrap: str, settings: Settings, duration: float | None,
             while deadline is None or time.monotonic() < deadline:
                 for name, child in (("worker", children[0]), ("generator", children[1])):
                     if child.poll() is not None and (name == "worker" or child.returncode != 0):
-                        raise click.ClickException(f"the {name} exited with code {child.returncode}")
+                        raise ChildFailed(f"the {name} exited with code {child.returncode}; its log is "
+                                          f"{log_dir / (name + '.log')}")
                 batches = await consumer.getmany(timeout_ms=500)
                 for tp, messages in batches.items():
                     for message in messages:
@@ -189,7 +190,7 @@ def demo_command(duration: float | None, replicas: int, models: str, rate: float
         click.echo(f"worker: http://127.0.0.1:{web_port}/api/v1/weights  (log: {log_dir / 'worker.log'})",
                    err=True)
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_watch(bootstrap, settings, duration, children))
+            asyncio.run(_watch(bootstrap, settings, duration, children, log_dir))
     finally:
         for child in reversed(children):
             if child.poll() is None:

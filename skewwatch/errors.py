@@ -20,12 +20,13 @@ code class                         when
 6    :class:`DataDirLocked`        the broker's data directory is locked by another broker
 7    :class:`NothingSent`          a bounded run (``scrape --rounds``) ended with nothing delivered
 8    :class:`BrokerFailed`         the embedded broker could not be fetched or started, or it stopped
+9    :class:`ChildFailed`          a process the command started (``demo``'s worker or generator) exited
 ==== ============================ ====================================================================
 
 >>> KafkaUnreachable("no Kafka answers at 127.0.0.1:9").exit_code
 3
 >>> sorted({cls.exit_code for cls in SkewwatchError.__subclasses__()})
-[2, 3, 4, 5, 6, 7, 8]
+[2, 3, 4, 5, 6, 7, 8, 9]
 """
 
 from __future__ import annotations
@@ -87,6 +88,12 @@ class BrokerFailed(SkewwatchError):
     exit_code = 8
 
 
+class ChildFailed(SkewwatchError):
+    """A process the command started and depends on (``demo``'s worker or generator) exited on its own."""
+
+    exit_code = 9
+
+
 def listen_error(exc: OSError, host: str, port: int, what: str) -> SkewwatchError:
     """The one-line error for a failed bind of ``host:port``.
 
@@ -108,6 +115,7 @@ def listen_error(exc: OSError, host: str, port: int, what: str) -> SkewwatchErro
 __all__ = [
     "AddressInUse",
     "BrokerFailed",
+    "ChildFailed",
     "ConfigProblem",
     "DataDirLocked",
     "KafkaRefused",

@@ -50,7 +50,7 @@ from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.faults import FAULT_KINDS, FaultError, target_model, write_labels
 from skewwatch.sim.fleet import FleetConfig, FleetSimulator, fleet_replicas
-from skewwatch.sim.generate_command import build_injections, parse_speed, parse_start_ts
+from skewwatch.sim.generate_command import InjectionCommand, injections_from_options, parse_speed, parse_start_ts
 from skewwatch.sim.generator import TrafficChunk, event_rows
 from skewwatch.sim.loop import LocalWeightsLoop
 from skewwatch.sim.router import CORRECTION_POLICIES, POLICIES
@@ -101,7 +101,7 @@ def _jsonl_lines(chunk: TrafficChunk, requests_topic: str, telemetry_topic: str)
         yield orjson.dumps({"topic": telemetry_topic, "key": sample.replica, "value": sample.to_dict()})
 
 
-@click.command("simulate")
+@click.command("simulate", cls=InjectionCommand)
 @click.option("--models", default="llama-3-70b", show_default=True, help="Model names, comma separated.")
 @click.option("--replicas", default=4, show_default=True, type=click.IntRange(min=1), help="Replicas per model.")
 @click.option("--policy", type=click.Choice(POLICIES), default="round_robin", show_default=True,
@@ -172,7 +172,7 @@ def simulate_command(models: str, replicas: int, policy: str, load: float, rate:
     start = parse_start_ts(start_ts)
     pace = parse_speed(speed)
     try:
-        injections = build_injections(inject_kinds, inject_replicas, inject_at, inject_for, inject_params)
+        injections = injections_from_options(inject_kinds, inject_replicas, inject_at, inject_for, inject_params)
         names = tuple(m.strip() for m in models.split(",") if m.strip())
         common: dict[str, Any] = {"models": names, "replicas": replicas, "policy": policy, "seed": seed,
                                   "max_batch": max_batch, "injections": tuple(injections),

@@ -26,6 +26,7 @@ from skewwatch.broker import EmbeddedBroker
 from skewwatch.config import Settings
 from skewwatch.errors import (
     AddressInUse,
+    ChildFailed,
     ConfigProblem,
     DataDirLocked,
     KafkaUnreachable,
@@ -177,6 +178,19 @@ def test_a_bad_inject_is_refused_before_anything_starts(tmp_path: Path) -> None:
     assert time.monotonic() - started < 30
     assert not (tmp_path / "demo-kafka").exists()  # no broker was started
     one_line_error(run("demo", "--inject", "long_tail --replica r1 --at soon"), 2, "--at")
+
+
+def test_a_demo_whose_worker_exits_is_exit_9_naming_its_log(kafka_bootstrap: str, busy_port: int,
+                                                            tmp_path: Path) -> None:
+    # the worker cannot listen on its HTTP port, exits 5; the demo must not show a live view of nothing
+    env = env_without_kafka(KAFKA_BOOTSTRAP=kafka_bootstrap, SKEWWATCH_WEB__PORT=str(busy_port))
+    done = run("demo", "--duration", "60", "--data-dir", str(tmp_path / "demo-kafka"), env=env)
+    # the demo's own progress lines come first; the failure is the last line, without a traceback
+    assert done.returncode == ChildFailed.exit_code, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1] == (f"Error: the worker exited with code 5; its log is "
+                                            f"{tmp_path / 'worker.log'}")
+    assert "already in use" in (tmp_path / "worker.log").read_text()
 
 
 @pytest.mark.parametrize(("inject", "words"), [

@@ -45,6 +45,19 @@ def test_simulate_refuses_an_unknown_replica() -> None:
     assert result.exit_code != 0 and "no replica 'r5'" in result.output
 
 
+def test_simulate_takes_the_quoted_inject_form_as_demo_and_generate_do(tmp_path: Path) -> None:
+    labels = tmp_path / "labels.json"
+    result = CliRunner().invoke(simulate_command, ["--replicas", "2", "--duration", "30", "--start-ts", str(T0),
+                                                   "--inject", "slow_replica --replica r1 --at 10 --for 15",
+                                                   "--labels", str(labels), "--output", "/dev/null"],
+                                env={"KAFKA_BOOTSTRAP": ""})
+    assert result.exit_code == 0, result.output
+    [label] = orjson.loads(labels.read_bytes())
+    assert (label["replica"], label["kind"], label["end"] - label["start"]) == ("r1", "slow_replica", 15)
+    bad = CliRunner().invoke(simulate_command, ["--inject", "slow_replica --replica r1 --at soon"])
+    assert bad.exit_code == 2 and "--inject 'KIND --replica R" in bad.output
+
+
 def test_simulate_closes_the_loop_in_process_under_both_dynamic_policies() -> None:
     for policy in ("dynamic", "dynamic_least_request"):
         result = CliRunner().invoke(simulate_command, ["--replicas", "2", "--duration", "30", "--start-ts", str(T0),
