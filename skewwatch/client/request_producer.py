@@ -121,8 +121,8 @@ class RequestEventProducer:
         latency_ms: float,
         prompt_tokens: int,
         completion_tokens: int,
-        batch_size: int,
-        batch_capacity: int,
+        batch_size: int | None = None,
+        batch_capacity: int | None = None,
         ttft_ms: float | None = None,
         queue_length: int | None = None,
         kv_cache_hit_rate: float | None = None,
@@ -141,13 +141,14 @@ class RequestEventProducer:
             "latency_ms": latency_ms,
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
-            "batch_size": batch_size,
-            "batch_capacity": batch_capacity,
             "status": status,
         }
-        # Optional fields are left out when unknown: absent means "not reported", never zero.
-        for name, value in (("ttft_ms", ttft_ms), ("queue_length", queue_length),
-                            ("kv_cache_hit_rate", kv_cache_hit_rate), ("cuda_error", cuda_error)):
+        # Optional fields are left out when unknown: absent means "not reported", never zero. A server
+        # that does not know its running batch (a gateway, an SDK hook) leaves the batch fields out and
+        # the worker derives them from the replica's telemetry (contract v1.1).
+        for name, value in (("batch_size", batch_size), ("batch_capacity", batch_capacity), ("ttft_ms", ttft_ms),
+                            ("queue_length", queue_length), ("kv_cache_hit_rate", kv_cache_hit_rate),
+                            ("cuda_error", cuda_error)):
             if value is not None:
                 event[name] = value
         rejection = check_request_event(event, self._limits)

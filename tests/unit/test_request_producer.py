@@ -56,6 +56,15 @@ def test_optional_fields_are_left_out_when_unknown_and_kept_when_given() -> None
     assert (second["model"], second["replica"]) == ("m", "r1")
 
 
+def test_a_gateway_without_the_batch_leaves_the_batch_fields_out() -> None:
+    producer = offline()
+    producer.record(latency_ms=120.0, prompt_tokens=10, completion_tokens=20)
+    producer.record(latency_ms=120.0, prompt_tokens=10, completion_tokens=20, batch_capacity=2)
+    first, second = list(producer._events)
+    assert "batch_size" not in first and "batch_capacity" not in first and check_request_event(first) is None
+    assert second["batch_capacity"] == 2 and "batch_size" not in second and check_request_event(second) is None
+
+
 def test_full_buffer_drops_the_oldest_and_counts() -> None:
     producer = offline(max_buffer=100)
     for i in range(250):
