@@ -1,7 +1,7 @@
 """Prometheus exposition -> TelemetrySample, through one DATA TABLE per engine.
 
 Deployments already expose engine and GPU state on Prometheus endpoints (vLLM, SGLang, TGI,
-DCGM exporter); the bridge maps them onto the ``gpu-telemetry`` schema without changing the
+llama.cpp's server, DCGM exporter); the bridge maps them onto the ``gpu-telemetry`` schema without changing the
 servers, whose field names map one to one to what DCGM exporter and vLLM expose (docs/design.md,
 "GPU telemetry"). This module is pure (text in, samples out);
 the HTTP scraping lives in :mod:`skewwatch.collect.scrape_command`.
@@ -14,10 +14,14 @@ after), so adding an engine version is adding a name to a tuple. Rule kinds:
   0..1 (vLLM 0.6 exports -1 when prefix caching is off: that is unknown, not a ratio);
   ``counter`` -- a running total corrected for counter resets (engine restarts).
 * :class:`DeltaRatioRule` -- delta(numerator) / delta(denominator) between two scrapes
-  (vLLM prefix-cache hit rate from its hits/queries counters). Unknown on the first scrape.
+  (vLLM prefix-cache hit rate from its hits/queries counters), or delta(numerator) /
+  (delta(numerator) + delta(denominator)) when the denominator counts the misses only (llama.cpp's
+  cached and processed prompt tokens). Unknown on the first scrape.
 * :class:`SumRule` -- the sum of several metrics (DCGM total memory = used + free + reserved).
 * :class:`HistogramDeltaRule` -- what a latency histogram observed between two scrapes (vLLM's and
   SGLang's per-token and first-token latency histograms): count, mean, P50 and P99, four fields.
+* :class:`DeltaMeanRule` -- the same count and mean from two plain counters, a count and the seconds
+  it took (llama.cpp keeps totals, no histogram): two of those fields, no quantiles.
 
 Counter state between scrapes lives in :class:`CounterTracker`, a small pure class.
 
@@ -101,6 +105,9 @@ class DeltaRatioRule:
     field: str
     numerator: tuple[str, ...]  # counter names (aliases)
     denominator: tuple[str, ...]
+    # the denominator counts only what the numerator does not (misses, not queries): the ratio is
+    # delta(numerator) / (delta(numerator) + delta(denominator))
+    complement: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +133,23 @@ class HistogramDeltaRule:
         return f"{self.prefix}_count"
 
 
-Rule = MetricRule | DeltaRatioRule | SumRule | HistogramDeltaRule
+@dataclass(frozen=True, slots=True)
+class DeltaMeanRule:
+    """What a count counter and a seconds counter say between two scrapes, as two of
+    :class:`HistogramDeltaRule`'s fields: ``<prefix>_count`` (delta count) and ``<prefix>_mean_s``
+    (delta seconds / delta count). For an engine that keeps totals rather than a histogram, so there
+    are no quantiles. Unknown on the first scrape; a count of 0 leaves the mean unknown."""
+
+    prefix: str  # "tpot" | "ttft" (contract gpu-telemetry v1.3)
+    count: tuple[str, ...]  # counter names (aliases)
+    seconds: tuple[str, ...]
+
+    @property
+    def field(self) -> str:
+        return f"{self.prefix}_count"
+
+
+Rule = MetricRule | DeltaRatioRule | SumRule | HistogramDeltaRule | DeltaMeanRule
 Finalizer = Callable[[dict[str, Any], Group], None]
 
 
@@ -249,6 +272,23 @@ _TGI = EngineMap(
     ),
 )
 
+# llama.cpp's llama-server (--metrics): unlabelled totals and gauges, no histogram, no KV-cache usage and
+# no slot count (-np) on /metrics (docs/telemetry.md, "llama.cpp"). A request waiting for a free slot is
+# "deferred"; one holding a slot is "processing".
+_LLAMACPP = EngineMap(
+    source="llamacpp",
+    rules=(
+        MetricRule("queue_length", ("llamacpp:requests_deferred",)),
+        MetricRule("running_requests", ("llamacpp:requests_processing",)),
+        # prompt tokens reused from a slot's cache / all prompt tokens; prompt_tokens excludes the cached
+        DeltaRatioRule("kv_cache_hit_rate", numerator=("llamacpp:prompt_tokens_cached",),
+                       denominator=("llamacpp:prompt_tokens",), complement=True),
+        # generated tokens and their generation time, added when a request releases its slot (not as
+        # tokens are produced); the time runs from each request's first token, which the count includes
+        DeltaMeanRule("tpot", count=("llamacpp:tokens_predicted",), seconds=("llamacpp:tokens_predicted_seconds",)),
+    ),
+)
+
 
 def _dcgm_xid(values: dict[str, Any], group: Group) -> None:
     """DCGM_FI_DEV_XID_ERRORS is LATCHED (the last XID ever seen, 0 = none) while
@@ -309,7 +349,8 @@ _DCGM = EngineMap(
     finalize=_dcgm_xid,
 )
 
-ENGINE_MAPS: dict[str, EngineMap] = {"vllm": _VLLM, "sglang": _SGLANG, "tgi": _TGI, "dcgm": _DCGM}
+ENGINE_MAPS: dict[str, EngineMap] = {"vllm": _VLLM, "sglang": _SGLANG, "tgi": _TGI, "llamacpp": _LLAMACPP,
+                                     "dcgm": _DCGM}
 
 
 # --------------------------------------------------------------------------- mapping
@@ -353,6 +394,35 @@ def _as_ratio(value: float) -> float | None:
     return None  # e.g. vLLM's -1 "prefix caching disabled": unknown, not a ratio
 
 
+def _counter_delta(series: list[Series], group_key: tuple[str, ...], tracker: CounterTracker,
+                   seen: list[Hashable]) -> float | None:
+    """The increase of a counter's series (summed) since the previous scrape; None on a series' first."""
+    deltas = []
+    for s in series:
+        key = (group_key, s.key())
+        deltas.append(tracker.observe(key, s.value))
+        seen.append(key)
+    known = [d for d in deltas if d is not None]
+    return math.fsum(known) if len(known) == len(deltas) else None
+
+
+def _delta_mean(rule: DeltaMeanRule, group: Group, group_key: tuple[str, ...], tracker: CounterTracker,
+                seen: list[Hashable]) -> dict[str, float] | None:
+    """``<prefix>_count`` and ``<prefix>_mean_s`` from the rule's two counters (see the rule)."""
+    count_series = _first_present(group, rule.count)
+    seconds_series = _first_present(group, rule.seconds)
+    if count_series is None or seconds_series is None:
+        return None
+    count = _counter_delta(count_series, group_key, tracker, seen)
+    seconds = _counter_delta(seconds_series, group_key, tracker, seen)
+    if count is None or seconds is None:
+        return None  # the first scrape of a series: no interval yet
+    out = {f"{rule.prefix}_count": count}
+    if count > 0:
+        out[f"{rule.prefix}_mean_s"] = max(seconds, 0.0) / count
+    return out
+
+
 def _apply_rule(rule: MetricRule | DeltaRatioRule | SumRule, group: Group, group_key: tuple[str, ...],
                 tracker: CounterTracker, seen: list[Hashable]) -> float | None:
     if isinstance(rule, MetricRule):
@@ -374,16 +444,10 @@ def _apply_rule(rule: MetricRule | DeltaRatioRule | SumRule, group: Group, group
         denominator = _first_present(group, rule.denominator)
         if numerator is None or denominator is None:
             return None
-        sums: list[float | None] = []
-        for series in (numerator, denominator):
-            deltas = []
-            for s in series:
-                key = (group_key, s.key())
-                deltas.append(tracker.observe(key, s.value))
-                seen.append(key)
-            known = [d for d in deltas if d is not None]
-            sums.append(math.fsum(known) if len(known) == len(deltas) else None)
-        num, den = sums
+        num = _counter_delta(numerator, group_key, tracker, seen)
+        den = _counter_delta(denominator, group_key, tracker, seen)
+        if num is not None and den is not None and rule.complement:
+            den += num
         if num is None or den is None or den <= 0:
             return None  # first scrape, or no queries in between: the hit rate is unknown
         return _as_ratio(num / den) if num <= den else 1.0
@@ -491,6 +555,9 @@ def map_series(series: list[Series], engine: EngineMap, tracker: CounterTracker,
                 continue
             if isinstance(rule, HistogramDeltaRule):
                 values.update(_histogram_delta(rule, group, group_key, tracker, seen) or {})
+                continue
+            if isinstance(rule, DeltaMeanRule):
+                values.update(_delta_mean(rule, group, group_key, tracker, seen) or {})
                 continue
             value = _apply_rule(rule, group, group_key, tracker, seen)
             if value is not None:

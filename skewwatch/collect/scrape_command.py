@@ -1,4 +1,4 @@
-"""``skewwatch scrape``: bridge a Prometheus endpoint (vLLM, SGLang, TGI, DCGM exporter) to telemetry.
+"""``skewwatch scrape``: bridge a Prometheus endpoint (vLLM, SGLang, TGI, llama.cpp, DCGM exporter) to telemetry.
 
 A deployment plugs in without changing its servers: point one bridge at each engine's
 ``/metrics`` (``--replica`` = the replica id the router uses) and one at each node's DCGM
@@ -14,7 +14,7 @@ as stale after three intervals.
 
 ``--batch-capacity N`` (contract v1.1) fills ``batch_capacity``, the most requests the replica
 runs at once, for engines that do not expose it (vLLM ``--max-num-seqs``, TGI
-``--max-batch-size``; see :mod:`~skewwatch.collect.engine_maps`): the worker derives the
+``--max-batch-size``, llama.cpp ``-np``; see :mod:`~skewwatch.collect.engine_maps`): the worker derives the
 batch fill of OTLP requests from it. A capacity the endpoint does expose wins over the flag
 (it is what the engine runs with now), with one warning when they differ.
 
@@ -51,7 +51,7 @@ from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 log = logging.getLogger(__name__)
 
-ENGINE_KINDS: tuple[str, ...] = ("sglang", "tgi", "vllm")  # the kinds that serve requests (not dcgm)
+ENGINE_KINDS: tuple[str, ...] = ("llamacpp", "sglang", "tgi", "vllm")  # the kinds that serve requests (not dcgm)
 
 
 class ScrapeError(RuntimeError):
@@ -204,7 +204,7 @@ async def _publish_loop(scraper: Scraper, bootstrap: str, topic: str, interval_s
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=4.0, show_default=True)
 @click.option("--batch-capacity", type=click.IntRange(min=1), default=None,
               help="Engines only: the most requests the replica runs at once (vLLM --max-num-seqs, TGI "
-                   "--max-batch-size), for engines that do not expose it; an exposed value wins.")
+                   "--max-batch-size, llama.cpp -np), for engines that do not expose it; an exposed value wins.")
 @click.option("--once", is_flag=True, help="Scrape once, print one JSON sample per line, no Kafka.")
 @click.option("--rounds", "max_rounds", type=click.IntRange(min=1), default=None,
               help="Stop after this many scrapes (default: run until interrupted).")
@@ -229,7 +229,7 @@ def scrape_command(
     loglevel: str,
     log_format: str,
 ) -> None:
-    """Bridge a vLLM / SGLang / TGI / DCGM Prometheus endpoint onto llm.gpu-telemetry."""
+    """Bridge a vLLM / SGLang / TGI / llama.cpp / DCGM Prometheus endpoint onto llm.gpu-telemetry."""
     setup_logging(loglevel, log_format)
     if replica is None and kind != "dcgm":
         raise click.UsageError(f"--replica is required for --kind {kind}")

@@ -8,7 +8,7 @@ sample" is not one message:
 * **several GPUs** (tensor parallel; a DCGM bridge covering a node) publish one sample each, with
   the same replica and different ``gpu_uuid`` / ``gpu_index``;
 * **several sources**: GPU samples (``nvml``, ``dcgm``: memory, power, XID, ECC) and engine samples
-  (``vllm``, ``sglang``, ``tgi``: queue, running batch, KV cache) share the replica id.
+  (``vllm``, ``sglang``, ``tgi``, ``llamacpp``: queue, running batch, KV cache) share the replica id.
 
 So the join keeps the latest samples per **(replica, source, GPU)** and merges them when a step
 asks (:meth:`TelemetryJoin.view`), field by field:
@@ -89,7 +89,7 @@ from skewwatch.pipeline.weights import ENGINE_SOURCES
 from skewwatch.schemas.telemetry_sample import TELEMETRY_SOURCES, TelemetrySample
 
 # Which producer's reading wins when two give the same counter (and which names the merged sample).
-SOURCE_PRIORITY: tuple[str, ...] = ("nvml", "dcgm", "vllm", "sglang", "tgi", "simulated")
+SOURCE_PRIORITY: tuple[str, ...] = ("nvml", "dcgm", "vllm", "sglang", "tgi", "llamacpp", "simulated")
 IDENTITY_FIELDS = frozenset({"ts", "replica", "source", "node", "gpu_index", "gpu_uuid", "v"})
 MEASUREMENT_FIELDS: tuple[str, ...] = tuple(
     f.name for f in fields(TelemetrySample) if f.name not in IDENTITY_FIELDS

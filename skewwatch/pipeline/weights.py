@@ -70,7 +70,7 @@ from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
-ENGINE_SOURCES = ("vllm", "sglang", "tgi", "simulated")
+ENGINE_SOURCES = ("vllm", "sglang", "tgi", "llamacpp", "simulated")
 
 
 class WeightConfig(FrozenConfigSection, frozen=True):

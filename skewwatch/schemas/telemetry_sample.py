@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 TELEMETRY_SCHEMA_VERSION = 1
-TELEMETRY_SOURCES = ("nvml", "dcgm", "vllm", "sglang", "tgi", "simulated")
+TELEMETRY_SOURCES = ("nvml", "dcgm", "vllm", "sglang", "tgi", "llamacpp", "simulated")
 
 
 @dataclass(slots=True)

@@ -3,7 +3,9 @@
 Each engine's fixture maps to the expected sample; counters become rates correctly across two
 scrapes and across a counter reset. The fixtures under tests/fixtures/ are written the way the
 exporters format them (prometheus_client for vLLM and SGLang, metrics-exporter-prometheus for TGI,
-dcgm-exporter for DCGM); a local http.server serves them, so the real aiohttp + parser path runs.
+dcgm-exporter for DCGM); llamacpp_b11312.txt is what the real llama-server (scripts/engines.sh) answered
+with two slots busy and a third request deferred. A local http.server serves them, so the real aiohttp +
+parser path runs.
 """
 
 from __future__ import annotations
@@ -110,6 +112,9 @@ ENGINE_CASES = [
     ("sglang_v0.3.txt", "sglang",
      {"queue_length": 4, "running_requests": 31, "kv_cache_usage": 0.42, "batch_capacity": 256}),
     ("tgi_v2.txt", "tgi", {"queue_length": 11, "running_requests": 28}),
+    # both slots busy (requests_processing 2), one request waiting for a slot (requests_deferred 1); the
+    # hit rate and the per-token time are counter deltas, so they need a second scrape
+    ("llamacpp_b11312.txt", "llamacpp", {"queue_length": 1, "running_requests": 2}),
 ]
 
 
@@ -131,12 +136,13 @@ async def test_engine_fixture_maps_to_expected_sample(server: ExpositionServer, 
 
 
 # batch_capacity per fixture: only SGLang's first exporter exposes it (vLLM's cache_config_info labels
-# hold no --max-num-seqs, TGI exports no --max-batch-size, DCGM is not an engine); the others need
+# hold no --max-num-seqs, TGI exports no --max-batch-size, llama.cpp no -np, DCGM is not an engine); the others need
 # `skewwatch scrape --batch-capacity N`, which fills it in and never overrides an exposed value.
 CAPACITY_CASES = [
     ("vllm_v0.6.txt", "vllm", None, None), ("vllm_v0.8.txt", "vllm", None, None),
     ("vllm_v0.10.txt", "vllm", None, None), ("sglang_v0.4.txt", "sglang", None, None),
     ("sglang_v0.3.txt", "sglang", None, 256), ("tgi_v2.txt", "tgi", None, None),
+    ("llamacpp_b11312.txt", "llamacpp", None, None), ("llamacpp_b11312.txt", "llamacpp", 2, 2),
     ("vllm_v0.10.txt", "vllm", 512, 512), ("sglang_v0.4.txt", "sglang", 48, 48), ("tgi_v2.txt", "tgi", 64, 64),
     ("sglang_v0.3.txt", "sglang", 128, 256),  # the engine's own figure wins over the flag
 ]
@@ -257,6 +263,34 @@ async def test_vllm_legacy_gpu_prefix_counters(server: ExpositionServer) -> None
     assert sample.kv_cache_hit_rate == pytest.approx(250 / 1000)
 
 
+def test_llamacpp_hit_rate_and_time_per_token_from_its_counters_across_scrapes() -> None:
+    first = fixture_text("llamacpp_b11312.txt")
+    scraper = Scraper("http://unused", "llamacpp", replica="r")
+    [s1] = scraper.map(first, now=0.0)
+    assert (s1.kv_cache_hit_rate, s1.tpot_count, s1.tpot_mean_s) == (None, None, None)  # totals, no interval
+    # the same server once the three requests finished (each 200 tokens): what its /metrics said then
+    second = set_value(set_value(first, "llamacpp:prompt_tokens_total", 67), "llamacpp:prompt_tokens_cached_total", 74)
+    second = set_value(set_value(second, "llamacpp:tokens_predicted_total", 620),
+                       "llamacpp:tokens_predicted_seconds_total", 12.0083)
+    second = set_value(set_value(second, "llamacpp:requests_processing", 0), "llamacpp:requests_deferred", 0)
+    [s2] = scraper.map(second, now=5.0)
+    # prompt_tokens excludes the cached ones: 23 cached of 23 + 25 prompt tokens in between
+    assert s2.kv_cache_hit_rate == pytest.approx(23 / (23 + 25))
+    assert s2.tpot_count == 600  # 620 - 20: the three requests' tokens, counted when they released their slots
+    assert s2.tpot_mean_s == pytest.approx((12.0083 - 0.192875) / 600)
+    assert (s2.tpot_p50_s, s2.tpot_p99_s, s2.ttft_count) == (None, None, None)  # no histogram to read them from
+    assert (s2.running_requests, s2.queue_length) == (0, 0)
+    assert decode_telemetry(encode_sample(s2)) == s2
+    # nothing finished and no prompt since: no tokens, so no time per token and no hit rate (unknown, not 0)
+    [s3] = scraper.map(second, now=10.0)
+    assert (s3.tpot_count, s3.tpot_mean_s, s3.kv_cache_hit_rate) == (0, None, None)
+    # the server restarted: its counters began again, and what they hold is the interval
+    restarted = set_value(set_value(second, "llamacpp:tokens_predicted_total", 64),
+                          "llamacpp:tokens_predicted_seconds_total", 1.28)
+    [s4] = scraper.map(restarted, now=15.0)
+    assert (s4.tpot_count, s4.tpot_mean_s) == (64, pytest.approx(0.02))
+
+
 def test_vllm_v0_hit_rate_of_minus_one_means_prefix_caching_off() -> None:
     text = set_value(fixture_text("vllm_v0.6.txt"), "vllm:gpu_prefix_cache_hit_rate{", -1)
     [sample] = map_exposition(text, ENGINE_MAPS["vllm"], CounterTracker(), ts=1.0, replica="r")
@@ -302,7 +336,7 @@ def test_wrong_kind_yields_no_sample() -> None:
 def test_every_table_rule_names_a_sample_field() -> None:
     fields = set(TelemetrySample.__dataclass_fields__)
     for engine in ENGINE_MAPS.values():
-        assert engine.source in ("vllm", "sglang", "tgi", "dcgm")
+        assert engine.source in ("vllm", "sglang", "tgi", "llamacpp", "dcgm")
         for rule in engine.rules:
             assert rule.field in fields
 
