@@ -41,7 +41,8 @@ build_llama_server() {
   pip_download "$work" --no-binary :all: "llama-cpp-python==$version"
   tar -xzf "$work/llama_cpp_python-$version.tar.gz" -C "$work"
   src="$work/llama_cpp_python-$version/vendor/llama.cpp"
-  # GGML_NATIVE=OFF: portable x86-64 code, so the cached binary runs on another CPU of the same cache.
+  # GGML_NATIVE=OFF: ggml's fixed x86 set (SSE4.2, AVX2, FMA, F16C, BMI2) rather than this CPU's, so a
+  # cache copied to another machine runs on any x86-64 CPU with AVX2.
   # No curl, no OpenSSL, no web UI (LLAMA_USE_PREBUILT_UI would fetch it from Hugging Face): the tests
   # give it a local model and speak plain HTTP on loopback. GGML_OPENMP=OFF: ggml's own thread pool, so
   # the binary needs no libgomp either.
