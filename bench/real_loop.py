@@ -106,8 +106,8 @@ class RunConfig:
     rate: float | None = None  # requests per second, the whole fleet; None: ``load`` x the measured capacity
     load: float = 0.5  # of the fleet's capacity, measured before the run (LoadGenerator.calibrate)
     warmup_s: float = 90.0  # before the fault: the worker's windows fill and its detectors warm up
-    fault_for_s: float = 150.0
-    after_s: float = 90.0
+    fault_for_s: float = 180.0
+    after_s: float = 60.0
     clean_s: float = 600.0  # the clean run's measured span
     seed: int = 1
     profile: str = "default"  # the worker's (bench/common.py: default, seed, tuned or NAME=PATH)
@@ -131,7 +131,8 @@ def _process(command: list[str], log: Path, env: dict[str, str]) -> Iterator[sub
             proc.kill()
 
 
-def run_once(config: RunConfig, bootstrap: str, paths: tuple[Path, Path, Path], workdir: Path) -> dict[str, Any]:
+def run_once(config: RunConfig, bootstrap: str, paths: tuple[Path, Path, Path], workdir: Path,
+             calibrate_s: float = CALIBRATE_S) -> dict[str, Any]:
     """One fault under one policy, every part started and stopped here; the run's measurements."""
     server, model, haproxy_bin = paths
     balance, corrected = POLICIES[config.policy]
@@ -170,7 +171,7 @@ def run_once(config: RunConfig, bootstrap: str, paths: tuple[Path, Path, Path], 
                              batch_capacity=config.slots, seed=config.seed)
         capacity = None
         if config.rate is None:
-            capacity = asyncio.run(load.calibrate(CALIBRATE_S, config.replicas * config.slots))
+            capacity = asyncio.run(load.calibrate(calibrate_s, config.replicas * config.slots))
             load.rate = config.load * capacity
         fault = Fault(config.fault, engines[FAULTY]) if config.fault != "none" else None
         stop = threading.Event()
@@ -366,12 +367,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=RunConfig.load, help="share of the measured capacity")
     parser.add_argument("--warmup-s", type=float, default=RunConfig.warmup_s)
     parser.add_argument("--fault-for", type=float, default=RunConfig.fault_for_s)
+    parser.add_argument("--seed", type=int, default=RunConfig.seed, help="the load generator's")
     parser.add_argument("--after-s", type=float, default=RunConfig.after_s)
     parser.add_argument("--clean-s", type=float, default=RunConfig.clean_s)
     parser.add_argument("--profile", default=RunConfig.profile,
                         help="the worker's profile: default, seed, tuned or NAME=PATH (a TOML file)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real_loop.json")
     parser.add_argument("--plot", type=Path, default=None, help="default: beside --out, .png")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the runs already in --out that this invocation does not repeat")
     args = parser.parse_args(argv)
     paths = engine_paths()
     faults = args.fault or list(FAULTS)
@@ -384,12 +388,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # one rate for every run: the first run measures the capacity, the others reuse its rate
                 rate = args.rate if args.rate is not None else (runs[0]["rate"] if runs else None)
                 config = RunConfig(fault, policy, args.replicas, args.slots, rate, args.load, args.warmup_s,
-                                   args.fault_for, args.after_s, args.clean_s, profile=args.profile)
+                                   args.fault_for, args.after_s, args.clean_s, args.seed, profile=args.profile)
                 print(f"{fault} / {policy}: {config.duration_s:.0f} s at "
                       f"{'a measured rate' if rate is None else f'{rate:.2f} requests/s'} ...", file=sys.stderr,
                       flush=True)
                 runs.append(run_once(config, bootstrap, paths, Path(tmp) / f"{fault}-{policy}"))
                 print(table(runs[-1:]), file=sys.stderr, flush=True)
+    if args.update and args.out.exists():
+        done = {(r["fault"], r["policy"]) for r in runs}
+        kept = [r for r in json.loads(args.out.read_text())["runs"] if (r["fault"], r["policy"]) not in done]
+        runs = sorted(kept + runs, key=lambda r: (FAULTS.index(r["fault"]), list(POLICIES).index(r["policy"])))
     print(table(runs))
     for line in verdicts(runs):
         print(line)
