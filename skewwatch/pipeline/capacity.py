@@ -18,6 +18,18 @@ the median latency (``latency``: each replica sees the pool's request mix). Deco
 slower GPU or a throttled one changes, and it does not count the wait for a batch slot: the queue is
 the router's in-flight count already, and a cost that counted it would count it twice.
 
+**Batch.** A decode step takes longer the more sequences it runs, and an iteration that admits
+prompts prefills them first, so a replica running a smaller batch than its peers has quicker tokens
+for that alone: a stuck scheduler's batch of 1-2, a replica whose KV cache holds only a few long
+prompts. Each replica is compared at its pool's batch: ``log ratio -= slope x min(log batch -
+median log batch, 0)``, the pool's median time per token still the reference, where ``slope`` is
+the pool's own slope of log time per token on log ``batch_size_mean`` over the last window of
+steps, every replica of every step a point
+(:class:`~skewwatch.pipeline.relative_speed.BatchSlope`: robust, within [0, 1]). One-sided: a
+replica with a larger batch keeps its ratio, because a slower replica's requests last longer and
+fill a larger batch (Little's law), and crediting that would hide the slower GPU. Without batch
+sizes, with fewer than 3 replicas that have one, or on the latency measure: the plain ratio.
+
 The ratio's log goes into each replica's long-horizon mean (:mod:`skewwatch.pipeline.relative_speed`:
 ``capacity_horizon_s`` = 300 s, restarted at a change that persists, shrunk toward 0 by what its
 noise cannot tell apart: ``capacity_z`` = 2 standard errors, at least ``log(capacity_dead_band)``,
@@ -52,12 +64,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.relative_speed import RelativeSpeed
 from skewwatch.pipeline.weights import ReplicaWeight, WeightConfig
 
-CAPACITY_FIELDS = ("count", "tpot_p50", "latency_p50")  # what capacity_weights reads as columns
+CAPACITY_FIELDS = ("count", "tpot_p50", "latency_p50", "batch_size_mean")  # what capacity_weights reads as columns
 CAPACITY_TELEMETRY_FIELDS = ("tpot_p50_s", "tpot_count")  # ... of telemetry
 
 
@@ -90,6 +103,10 @@ def capacity_weights(step: StepColumns, replicas: Sequence[str], health: Sequenc
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = np.where(usable, service / reference, np.nan) if reference > 0 else np.full(len(replicas), np.nan)
         log_ratio = np.log(ratio)
+        log_batch = np.log(step.column("batch_size_mean"))
+        log_service = np.log(np.where(usable, service, np.nan))
+    log_ratio, batch_term = _at_pool_batch(log_ratio, log_service, log_batch, measure, speed, config, now,
+                                           window_s)
     shrunk = speed.update(now, replicas, log_ratio, config, None if measure == "live" else window_s)
     cost = np.exp(shrunk)
     bound = config.min_denominator
@@ -115,12 +132,44 @@ def capacity_weights(step: StepColumns, replicas: Sequence[str], health: Sequenc
             "reference_s": None if np.isnan(reference) else reference,
             "ratio": None if np.isnan(ratio[row]) else float(ratio[row]),
             "measure": _MEASURES[measure],
+            "batch_term": None if np.isnan(batch_term[row]) else float(batch_term[row]),
+            "batch_slope": speed.batch.slope,
         }
         result[replica] = ReplicaWeight(replica, raws[row] * scores[row] / total if total > 0 else 0.0, raws[row],
                                         scores[row], "; ".join(notes) if notes else "ok", components)
     return result
 
 
+def _at_pool_batch(log_ratio: npt.NDArray[np.float64], log_service: npt.NDArray[np.float64],
+                   log_batch: npt.NDArray[np.float64], measure: str,
+                   speed: RelativeSpeed, config: WeightConfig, now: float,
+                   window_s: float) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Each replica's log ratio at its pool's batch (module docstring, "Batch"), and the term taken
+    off it (log seconds / seconds; NaN where none was); the plain ratio where fewer than
+    ``_MIN_BATCH_REPLICAS`` replicas have both a time per token and a batch size, or the measure is
+    the latency (it holds the queue, not a batch's step)."""
+    term = np.full(len(log_ratio), np.nan)
+    if measure == "latency":
+        return log_ratio, term
+    # the slope from how the pool's times per token move with its batches, across replicas and
+    # steps (a burst of load fills every batch and slows every step: the pool's own relation)
+    speed.batch.update(now, log_batch, log_service, window_s, config.capacity_z)
+    both = np.isfinite(log_ratio) & np.isfinite(log_batch)
+    if int(both.sum()) < _MIN_BATCH_REPLICAS:
+        return log_ratio, term
+    # one-sided: a replica whose batch is smaller than its pool's median is compared at the pool's
+    # batch (it is not credited with the speed a small batch gives); one whose batch is larger keeps
+    # its ratio, since a slower replica's requests last longer and so fill a larger batch (Little)
+    below = np.minimum(log_batch - float(np.median(log_batch[both])), 0.0)
+    term = np.where(both, speed.batch.slope * below, np.nan)
+    adjusted = np.where(both, log_ratio - np.where(both, term, 0.0), log_ratio)
+    # re-centred on the adjusted ratios' median: the pool's typical replica stays the reference (kept
+    # on the plain median instead, the lifted small batches pushed healthy peers' ratios below 1)
+    finite = np.isfinite(adjusted)
+    return (adjusted - float(np.median(adjusted[finite])) if finite.any() else adjusted), term
+
+
+_MIN_BATCH_REPLICAS = 3  # fewer replicas with a batch size: no pool to compare a batch against
 _MEASURES = {"live": 0.0, "tpot": 1.0, "latency": 2.0}  # components are numbers
 
 __all__ = ["CAPACITY_FIELDS", "CAPACITY_TELEMETRY_FIELDS", "capacity_weights", "service_costs"]

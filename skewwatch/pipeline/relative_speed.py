@@ -37,6 +37,7 @@ noise x ``sqrt(evidence_s / 2 S)``, the noise itself right after a restart.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -60,6 +61,7 @@ class RelativeSpeed:
         self._last: float | None = None
         self._pool_noise = 0.0  # the pool's noise of one ratio (decayed), and the seconds it holds
         self._pool_span = 0.0
+        self.batch = BatchSlope()  # the pool's own relation of time per token to batch (capacity.py)
 
     def update(self, now: float, replicas: Sequence[str], log_ratio: npt.NDArray[np.float64], config: WeightConfig,
                evidence_s: float | None) -> npt.NDArray[np.float64]:
@@ -140,6 +142,7 @@ class RelativeSpeed:
 
     def state_dict(self) -> dict[str, Any]:
         return {"last": self._last, "pool_noise": [self._pool_noise, self._pool_span],
+                "batch_slope": self.batch.state_dict(),
                 "replicas": {replica: [self._mean[replica], self._span[replica], self._noise.get(replica),
                                        self._seen[replica], self._apart.get(replica)] for replica in self._mean}}
 
@@ -147,6 +150,7 @@ class RelativeSpeed:
         self.__init__()  # type: ignore[misc]
         self._last = state.get("last")
         self._pool_noise, self._pool_span = (float(v) for v in state.get("pool_noise") or (0.0, 0.0))
+        self.batch.load_state(state.get("batch_slope") or [])
         for replica, (mean, span, noise, seen, apart) in (state.get("replicas") or {}).items():
             self._mean[replica], self._span[replica], self._seen[replica] = float(mean), float(span), float(seen)
             if noise is not None:
@@ -155,8 +159,68 @@ class RelativeSpeed:
                 self._apart[replica] = float(apart)
 
 
+class BatchSlope:
+    """The pool's own slope of log time per output token on log batch size, over the steps of the
+    last ``span_s`` seconds: every replica of every such step is a point, centred on the points'
+    medians, and the slope is a Huber regression's (a point further from the line than ``z`` times
+    the residuals' normal-scaled median distance counts as that far, so one slow replica does not
+    tilt it), kept within [0, 1]: a decode step does not get faster with more sequences, nor slower
+    than in proportion to them (a batch's throughput, batch / time per token, does not fall as it
+    grows). Evidence from the pool alone: no engine's constants.
+
+    >>> fit = BatchSlope()
+    >>> for end in range(0, 60, 5):  # time per token grows as batch^0.5, one replica twice as slow
+    ...     b = np.array([4.0, 8.0, 16.0, 8.0]) * (1.0 + end / 100.0)
+    ...     fit.update(float(end), np.log(b), 0.5 * np.log(b) + np.log([1.0, 1.0, 1.0, 2.0]), 60.0, 2.0)
+    >>> round(fit.slope, 2)
+    0.5
+    """
+
+    def __init__(self) -> None:
+        self._steps: deque[tuple[float, list[float], list[float]]] = deque()  # (when, log batch, log cost)
+        self.slope = 0.0
+
+    def update(self, now: float, log_batch: npt.NDArray[np.float64], log_cost: npt.NDArray[np.float64],
+               span_s: float, z: float) -> None:
+        """Take a step's points (rows with both finite) and refit over the last ``span_s`` seconds."""
+        ok = np.isfinite(log_batch) & np.isfinite(log_cost)
+        if ok.any():
+            self._steps.append((now, log_batch[ok].tolist(), log_cost[ok].tolist()))
+        while self._steps and self._steps[0][0] <= now - span_s:
+            self._steps.popleft()
+        x = np.array([v for _, xs, _ in self._steps for v in xs])
+        y = np.array([v for _, _, ys in self._steps for v in ys])
+        if len(x) < _MIN_FIT_POINTS:
+            self.slope = 0.0
+            return
+        x, y = x - np.median(x), y - np.median(y)
+        weight = np.ones(len(x))
+        slope = 0.0
+        for _ in range(_HUBER_ROUNDS):  # iteratively reweighted least squares
+            sxx = float(np.sum(weight * x * x))
+            if sxx <= 0.0:
+                break
+            slope = float(np.sum(weight * x * y)) / sxx
+            residual = np.abs(y - slope * x)
+            scale = _MAD_TO_NORMAL * float(np.median(residual))
+            weight = np.minimum(1.0, z * scale / np.maximum(residual, 1e-12)) if scale > 0 else np.ones(len(x))
+        self.slope = min(max(slope, 0.0), 1.0)
+
+    def state_dict(self) -> list[Any]:
+        return [self.slope, [list(step) for step in self._steps]]
+
+    def load_state(self, state: Sequence[Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+        if state:
+            self.slope = float(state[0])
+            self._steps.extend((float(now), [float(v) for v in xs], [float(v) for v in ys]) for now, xs, ys in state[1])
+
+
 _FIRST_STEP_S = 5.0  # the step before the first one is known (the windows' step)
 _MAD_TO_SD = math.sqrt(math.pi / 2.0)  # mean absolute deviation -> standard deviation of a normal
+_MAD_TO_NORMAL = 1.4826  # median absolute deviation -> standard deviation of a normal
+_HUBER_ROUNDS = 5  # reweightings: the slope settles within a few
+_MIN_FIT_POINTS = 6  # two steps of a three-replica pool: fewer fit nothing (slope 0)
 
 
-__all__ = ["RelativeSpeed"]
+__all__ = ["BatchSlope", "RelativeSpeed"]

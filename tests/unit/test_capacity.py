@@ -133,3 +133,41 @@ def test_a_forgotten_replica_starts_again() -> None:
     speed.forget("c")
     out = speed.update(200.0, ["a", "b", "c"], np.array([0.0, 0.0, np.nan]), CFG, 60.0)
     assert np.isnan(out[2]) and "c" not in speed.state_dict()["replicas"]
+
+
+def loaded_pool(collapsed: str | None = None, slower: str | None = None, steps: int = 84) -> dict[str, float]:
+    """Four replicas whose load rises and falls together (every batch 4-16 over a minute), each step's
+    time per token 20 ms x (batch / 8)^0.6 (more sequences, longer steps); ``collapsed`` runs a batch
+    of 1.5 whatever its load, ``slower`` decodes 2 x slower and so holds 2 x the batch (Little)."""
+    pool = Pool()
+    w: dict[str, float] = {}
+    for step in range(steps):
+        load = 2.0 ** (np.sin(2.0 * np.pi * step / 12.0))
+        vectors = []
+        for replica in "abcd":
+            batch = 1.5 if replica == collapsed else 8.0 * load * (2.0 if replica == slower else 1.0)
+            tpot = 20.0 * (batch / 8.0) ** 0.6 * (2.0 if replica == slower else 1.0)
+            vectors.append(fv(replica, pool.now + STEP_S, tpot_p50=tpot, batch_size_mean=batch))
+        pool.now += STEP_S
+        out = capacity_weights(StepColumns(vectors, [None] * 4), list("abcd"), [(1.0, None)] * 4, CFG, pool.speed,
+                               pool.now, 60.0)
+        w = {r: rw.weight for r, rw in out.items()}
+    return w
+
+
+def test_a_replica_whose_batch_collapsed_is_compared_at_its_pools_batch_and_not_promoted() -> None:
+    # d runs 1.5 sequences where its peers run 4-16: its tokens come 2-5 x faster for that alone. At
+    # the pool's batch (the pool's own slope of log time per token on log batch, 0.6 here) it is as
+    # fast as they are: no promotion, and no healthy peer below 80 % of an equal share. Without the
+    # batch term it got 0.42 of the weight and its peers 0.19 each.
+    w = loaded_pool(collapsed="d")
+    assert w["d"] == pytest.approx(0.25, abs=0.03)
+    assert min(w["a"], w["b"], w["c"]) > 0.8 * 0.25
+
+
+def test_a_slower_replica_whose_batch_grew_with_it_is_still_found() -> None:
+    # one-sided: a larger batch is what a slower replica's longer requests fill, so it is not
+    # credited; d decodes 2 x slower at any batch and holds 2 x its peers' batch
+    w = loaded_pool(slower="d")
+    assert w["d"] < 0.8 * 0.25
+    assert min(w["a"], w["b"], w["c"]) > 0.25
