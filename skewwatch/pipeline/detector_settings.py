@@ -31,6 +31,7 @@ from skewwatch.pipeline.detectors.learned import LearnedConfig
 from skewwatch.pipeline.detectors.long_tail import LongTailConfig
 from skewwatch.pipeline.detectors.profiles import ProfileName, with_profile
 from skewwatch.pipeline.detectors.registry import DETECTORS
+from skewwatch.pipeline.detectors.slow_replica import SlowReplicaConfig
 from skewwatch.pipeline.health import HealthConfig
 from skewwatch.pipeline.weights import WeightConfig
 
@@ -68,6 +69,7 @@ class DetectorSettings(FrozenConfigSection, frozen=True):
     profile: ProfileName = "default"
 
     long_tail: LongTailConfig = field(default_factory=LongTailConfig)
+    slow_replica: SlowReplicaConfig = field(default_factory=SlowReplicaConfig)
     batch_collapse: BatchCollapseConfig = field(default_factory=BatchCollapseConfig)
     context_burst: ContextBurstConfig = field(default_factory=ContextBurstConfig)
     kv_pressure: KvPressureConfig = field(default_factory=KvPressureConfig)

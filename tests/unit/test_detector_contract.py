@@ -70,6 +70,8 @@ class Scenario:
     open_after: int  # consecutive holding steps before the alert opens (persistence)
     clear_after: int  # consecutive clean steps before it resolves
     routing: tuple[str, ...] = ()  # router actions sent beside the detector's own while it is open
+    # the settings that turn a detector that is off by default on: the contract checks its rule
+    on: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def _simple(
@@ -165,6 +167,16 @@ SCENARIOS: dict[str, Scenario] = {
         open_after=2,
         clear_after=2,
     ),
+    # every token twice as slow as the replica's own past (no peers here: it needs 14 steps of it)
+    "slow_replica": Scenario(
+        build=_warmed(14, lambda t: (base_fv(t, tpot_p50=40.0, tpot_p90=52.0), None),
+                      lambda t: (base_fv(t, tpot_p50=20.0, tpot_p90=26.0), None)),
+        severity=Severity.WARNING,
+        action=None,
+        open_after=2,
+        clear_after=4,
+        on={"enabled": True},
+    ),
     "learned": Scenario(
         build=_learned,
         severity=Severity.INFO,
@@ -206,6 +218,12 @@ def inputs_for(name: str, pattern: list[bool]) -> list[Inputs]:
 DETECTOR_NAMES = sorted(DETECTORS)
 
 
+def make(name: str) -> Detector:
+    """``name``'s detector with its defaults, turned on where it is off by default."""
+    on = SCENARIOS[name].on
+    return DETECTORS[name](DETECTORS[name].Config.from_overrides(on)) if on else DETECTORS[name]()
+
+
 def test_every_detector_has_a_scenario() -> None:
     assert set(SCENARIOS) == set(DETECTORS)
 
@@ -215,8 +233,8 @@ def test_pure_same_inputs_same_outputs(name: str) -> None:
     holding = max(4, SCENARIOS[name].open_after)  # enough to open
     pattern = [False] + [True] * holding + [False, False, True] + [False] * 70
     inputs = inputs_for(name, pattern)
-    first = snapshot(run(DETECTORS[name](), inputs))
-    second = snapshot(run(DETECTORS[name](), inputs))
+    first = snapshot(run(make(name), inputs))
+    second = snapshot(run(make(name), inputs))
     assert first == second
     assert any(alerts for alerts, _ in first)  # the sequence did something worth comparing
 
@@ -226,12 +244,12 @@ def test_pure_same_inputs_same_outputs(name: str) -> None:
 def test_state_round_trips_through_json_and_continues_identically(name: str, split: int) -> None:
     pattern = [True] * 5 + [False] * 3 + [True] * 4 + [False] * 80
     inputs = inputs_for(name, pattern)
-    reference = DETECTORS[name]()
+    reference = make(name)
     expected = snapshot(run(reference, inputs))
 
-    before = DETECTORS[name]()
+    before = make(name)
     head = snapshot(run(before, inputs[:split]))
-    restored = DETECTORS[name]()
+    restored = make(name)
     restored.load_state(json.loads(json.dumps(before.state_dict())))
     assert restored.state_dict() == before.state_dict()
     tail = snapshot(run(restored, inputs[split:]))
@@ -242,7 +260,7 @@ def test_state_round_trips_through_json_and_continues_identically(name: str, spl
 @pytest.mark.parametrize("name", DETECTOR_NAMES)
 def test_fires_on_a_clear_case(name: str) -> None:
     scenario = SCENARIOS[name]
-    outputs = run(DETECTORS[name](), inputs_for(name, [True] * (scenario.open_after + 3)))
+    outputs = run(make(name), inputs_for(name, [True] * (scenario.open_after + 3)))
     opened = alerts_of(outputs, "open")
     assert len(opened) == 1
     alert = opened[0]
@@ -260,23 +278,23 @@ def test_fires_on_a_clear_case(name: str) -> None:
 @pytest.mark.parametrize("name", DETECTOR_NAMES)
 def test_opens_only_after_persistence(name: str) -> None:
     scenario = SCENARIOS[name]
-    outputs = run(DETECTORS[name](), inputs_for(name, [True] * scenario.open_after))
+    outputs = run(make(name), inputs_for(name, [True] * scenario.open_after))
     steps = [i for i, o in enumerate(outputs) if o.alerts]
     assert steps == [len(outputs) - 1]
 
 
 @pytest.mark.parametrize("name", DETECTOR_NAMES)
 def test_silent_on_a_clean_case(name: str) -> None:
-    outputs = run(DETECTORS[name](), inputs_for(name, [False] * 40))
+    outputs = run(make(name), inputs_for(name, [False] * 40))
     assert not any(o.alerts or o.actions for o in outputs)
-    assert DETECTORS[name]().open_alerts() == {}
+    assert make(name).open_alerts() == {}
 
 
 @pytest.mark.parametrize("name", DETECTOR_NAMES)
 def test_resolves_after_the_condition_clears(name: str) -> None:
     scenario = SCENARIOS[name]
     n_open = scenario.open_after + 2
-    detector = DETECTORS[name]()
+    detector = make(name)
     outputs = run(detector, inputs_for(name, [True] * n_open + [False] * (scenario.clear_after + 5)))
     opened, resolved = alerts_of(outputs, "open"), alerts_of(outputs, "resolved")
     assert len(opened) == 1 and len(resolved) == 1
@@ -292,7 +310,7 @@ def test_resolves_after_the_condition_clears(name: str) -> None:
 def test_no_flapping_on_an_edge_sequence(name: str) -> None:
     scenario = SCENARIOS[name]
     pattern = [True] * scenario.open_after + [False, True] * 15
-    detector = DETECTORS[name]()
+    detector = make(name)
     outputs = run(detector, inputs_for(name, pattern))
     assert len(alerts_of(outputs, "open")) == 1
     assert alerts_of(outputs, "resolved") == []
@@ -304,7 +322,7 @@ def test_no_flapping_on_an_edge_sequence(name: str) -> None:
 
 @pytest.mark.parametrize("name", DETECTOR_NAMES)
 def test_keys_are_independent(name: str) -> None:
-    detector = DETECTORS[name]()
+    detector = make(name)
     firing = inputs_for(name, [True] * (SCENARIOS[name].open_after + 1))
     clean = inputs_for(name, [False] * (SCENARIOS[name].open_after + 1))
     alerts = []
@@ -420,13 +438,15 @@ def _configs(name: str) -> list[Any]:
     from skewwatch.pipeline.detectors.profiles import PROFILES
 
     cls = DETECTORS[name].Config
-    configs = [cls()]
+    on = SCENARIOS[name].on
+    base = cls.from_overrides(on)
+    configs = [base]
     if name in PROFILES["seed"]:
         configs.append(cls.from_overrides(PROFILES["seed"][name]))
     for f in msgspec.structs.fields(cls):
-        if isinstance(getattr(cls(), f.name), bool):
+        if isinstance(getattr(base, f.name), bool):
             try:
-                configs.append(cls.from_overrides({f.name: not getattr(cls(), f.name)}))
+                configs.append(cls.from_overrides({**on, f.name: not getattr(base, f.name)}))
             except ConfigError:
                 continue  # e.g. seed_rule off needs another rule on
     return configs
@@ -555,7 +575,7 @@ def test_a_window_of_one_to_five_requests_alerts_on_nothing_but_hard_faults(name
     thin = [(dataclasses.replace(fv, count=n, step_count=min(n, fv.step_count),
                                  recent_count=None if fv.recent_count is None else min(n, fv.recent_count)), tel)
             for fv, tel in inputs_for(name, [True] * 20)]
-    outputs = run(DETECTORS[name](), thin)
+    outputs = run(make(name), thin)
     if name == "gpu_health":  # one CUDA error, XID or ECC fault is its own evidence
         assert len(alerts_of(outputs, "open")) == 1
     else:
@@ -616,7 +636,7 @@ def test_a_low_rate_healthy_replica_raises_no_alert(name: str) -> None:
     from skewwatch.pipeline.model_decisions import ModelDecider
 
     others = ",".join(n for n in DETECTORS if n != name)
-    decider = ModelDecider(DetectorSettings.from_overrides({"decider": {"disabled": others}}))
+    decider = ModelDecider(DetectorSettings.from_overrides({"decider": {"disabled": others}, name: SCENARIOS[name].on}))
     judged = 0
     for end, vectors, telemetry in low_rate_pool():
         d = decider.step("m", end, vectors, None, telemetry)
@@ -637,7 +657,8 @@ def _alone(name: str, **weights: Any) -> Any:
     from skewwatch.pipeline.detector_settings import DetectorSettings
 
     others = ",".join(n for n in DETECTORS if n != name)
-    return DetectorSettings.from_overrides({"decider": {"disabled": others}, "weights": weights})
+    return DetectorSettings.from_overrides({"decider": {"disabled": others}, "weights": weights,
+                                            name: SCENARIOS[name].on})
 
 
 def _on(replica: str, inputs: Inputs) -> Inputs:

@@ -228,7 +228,7 @@ def test_model_level_detection_is_opt_in() -> None:
 
 def test_disabled_detectors_do_not_run() -> None:
     decider = ModelDecider(DetectorSettings.from_overrides({"decider": {"disabled": "long_tail,gpu_health"}}))
-    assert set(decider.detectors) == {"batch_collapse", "context_burst", "kv_pressure", "learned"}
+    assert set(decider.detectors) == {"batch_collapse", "context_burst", "kv_pressure", "learned", "slow_replica"}
     d = step(decider, 0, {"r1": {"step_cuda_errors": {"700": 1}}})
     assert d.health["r1"] == 1.0 and d.alerts == []
 

@@ -5,8 +5,8 @@
 * ``step_columns``: StepColumns (one model's step as columns, shared by its detectors)
 * ``base``: Detector (the contract every detector meets)
 * ``threshold``: ThresholdDetector, DetectorConfig, Finding (rules with hysteresis)
-* ``long_tail``, ``batch_collapse``, ``context_burst``, ``kv_pressure``, ``gpu_health``: the
-  detectors, each with its ``Config``
+* ``long_tail``, ``batch_collapse``, ``context_burst``, ``kv_pressure``, ``gpu_health``,
+  ``slow_replica``: the detectors, each with its ``Config``
 * ``registry``: ``DETECTORS`` (name -> class)
 
 This package's ``__init__`` imports nothing, so ``skewwatch.pipeline.health`` can use the shared

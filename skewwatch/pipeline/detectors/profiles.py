@@ -30,6 +30,7 @@ from skewwatch.pipeline.detectors.batch_collapse import PROFILE_SEED as BATCH_CO
 from skewwatch.pipeline.detectors.context_burst import PROFILE_SEED as CONTEXT_BURST_SEED
 from skewwatch.pipeline.detectors.kv_pressure import PROFILE_SEED as KV_PRESSURE_SEED
 from skewwatch.pipeline.detectors.long_tail import PROFILE_SEED as LONG_TAIL_SEED
+from skewwatch.pipeline.detectors.slow_replica import PROFILE_SEED as SLOW_REPLICA_SEED
 
 PROFILE_KEY = "profile"  # the [detectors] key that names the profile
 ProfileName = Literal["default", "seed"]
@@ -38,6 +39,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "default": {},
     "seed": {
         "long_tail": LONG_TAIL_SEED,
+        "slow_replica": SLOW_REPLICA_SEED,  # the seed had no such rule: off
         "batch_collapse": BATCH_COLLAPSE_SEED,
         "context_burst": CONTEXT_BURST_SEED,
         "kv_pressure": KV_PRESSURE_SEED,

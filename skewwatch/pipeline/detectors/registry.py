@@ -5,7 +5,7 @@ which ``gpu_health`` imports) can import ``detectors.alerts`` or ``detectors.ste
 without importing every detector.
 
 >>> sorted(DETECTORS)
-['batch_collapse', 'context_burst', 'gpu_health', 'kv_pressure', 'learned', 'long_tail']
+['batch_collapse', 'context_burst', 'gpu_health', 'kv_pressure', 'learned', 'long_tail', 'slow_replica']
 >>> DETECTORS["long_tail"].Config.from_overrides({"ratio": "4"}).ratio
 4.0
 """
@@ -19,6 +19,7 @@ from skewwatch.pipeline.detectors.gpu_health import GpuHealthDetector
 from skewwatch.pipeline.detectors.kv_pressure import KvPressureConfig, KvPressureDetector
 from skewwatch.pipeline.detectors.learned import LearnedConfig, LearnedDetector
 from skewwatch.pipeline.detectors.long_tail import LongTailConfig, LongTailDetector
+from skewwatch.pipeline.detectors.slow_replica import SlowReplicaConfig, SlowReplicaDetector
 
 DETECTORS: dict[str, type[Detector]] = {
     cls.name: cls
@@ -29,6 +30,7 @@ DETECTORS: dict[str, type[Detector]] = {
         KvPressureDetector,
         GpuHealthDetector,
         LearnedDetector,
+        SlowReplicaDetector,
     )
 }
 
@@ -46,4 +48,6 @@ __all__ = [
     "LearnedDetector",
     "LongTailConfig",
     "LongTailDetector",
+    "SlowReplicaConfig",
+    "SlowReplicaDetector",
 ]
