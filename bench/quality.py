@@ -113,6 +113,7 @@ from bench.scoring import (  # noqa: E402
     DETECTORS,
     FALSE_PER_HOUR_TARGET,
     RECALL_TARGET,
+    RECALLS,
     REPLICA_FAULT_KINDS,
     Episode,
     Label,
@@ -477,27 +478,39 @@ def run_oracle(runs: Sequence[Run]) -> tuple[dict[str, dict[str, oracle.Calibrat
     return calibrations, results
 
 
-def label_detections(run: Run) -> dict[tuple[str, str, str], float]:
-    """Per replica fault ``(model, replica, kind)``, the delay of the first right alert of its own
-    detector (what :func:`bench.scoring.score` counts for recall and delay)."""
+def label_detections(run: Run) -> dict[tuple[str, str, str, str], float]:
+    """Per replica fault and detector whose recall counts it ``(model, replica, kind, detector)``,
+    the delay of that detector's first right alert (what :func:`bench.scoring.score` counts for
+    recall and delay)."""
     labels = run_labels(run)
-    first: dict[tuple[str, str, str], float] = {}
+    first: dict[tuple[str, str, str, str], float] = {}
     for e in run_episodes(run):
         lb = match(e, labels)
-        if lb is not None and lb.replica is not None and DETECTOR_OF.get(lb.kind) == e.detector:
-            key = (lb.model, lb.replica, lb.kind)
+        if lb is not None and lb.replica is not None and lb.kind in RECALLS.get(e.detector, ()):
+            key = (lb.model, lb.replica, lb.kind, e.detector)
             first[key] = min(first.get(key, math.inf), e.start - lb.start)
     return first
 
 
+def _also(kind: str) -> list[str]:
+    """The signals reported beside ``kind``'s own detector (the weights beside slow_replica)."""
+    return [d for d, kinds in RECALLS.items() if kind in kinds and d != DETECTOR_OF[kind]]
+
+
 def oracle_faults(run: Run, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
     """The oracle's verdict on each of the run's replica faults, with this profile's delay beside it
-    (``ours_delay_s``, None: not detected)."""
+    (``ours_delay_s``, None: not detected; ``also_delay_s``: the same per signal reported beside
+    the kind's detector)."""
     ours = label_detections(run)
     out = []
     for r in results.get(run.scenario.name, []):
-        mine = ours.get((r["model"], r["replica"], r["kind"]))
-        out.append({**r, "detector": DETECTOR_OF[r["kind"]], "ours_delay_s": None if mine is None else round(mine, 3)})
+        kind = r["kind"]
+        mine = ours.get((r["model"], r["replica"], kind, DETECTOR_OF[kind]))
+        record = {**r, "detector": DETECTOR_OF[kind], "ours_delay_s": None if mine is None else round(mine, 3)}
+        also = {d: ours.get((r["model"], r["replica"], kind, d)) for d in _also(kind)}
+        if also:
+            record["also_delay_s"] = {d: None if v is None else round(v, 3) for d, v in also.items()}
+        out.append(record)
     return out
 
 
@@ -507,19 +520,23 @@ def oracle_summary(runs: Sequence[Run], results: Mapping[str, Sequence[Mapping[s
     + 5 s); and the faults the oracle found undetectable, apart."""
     faults = [(run, f) for run in runs for f in oracle_faults(run, results)]
     per: dict[str, dict[str, Any]] = {}
-    for kind in oracle.KINDS:
+    for kind, detector in ((k, d) for k in oracle.KINDS for d in (DETECTOR_OF[k], *_also(k))):
         mine = [f for _, f in faults if f["kind"] == kind]
         if not mine:
             continue
+
+        def delay(f: Mapping[str, Any], detector: str = detector) -> float | None:
+            return f["ours_delay_s"] if detector == f["detector"] else f.get("also_delay_s", {}).get(detector)
+
         found = [f for f in mine if f["detectable"]]
         delays = sorted(f["delay_s"] for f in found)
-        ours = sorted(f["ours_delay_s"] for f in mine if f["ours_delay_s"] is not None)
-        ours_found = sum(1 for f in found if f["ours_delay_s"] is not None)
+        ours = sorted(d for f in mine if (d := delay(f)) is not None)
+        ours_found = sum(1 for f in found if delay(f) is not None)
         recall, ours_recall = len(found) / len(mine), len(ours) / len(mine)
         median = statistics.median(delays) if delays else None
         ours_median = statistics.median(ours) if ours else None
         target = None if median is None else ORACLE_DELAY_FACTOR * median + ORACLE_DELAY_SLACK_S
-        per[DETECTOR_OF[kind]] = {
+        per[detector] = {
             "kind": kind, "statistic": oracle.STATISTICS[kind], "faults": len(mine),
             "oracle_detected": len(found), "oracle_recall": recall, "oracle_delays_s": delays,
             "oracle_delay_median_s": median, "ours_detected": len(ours), "ours_recall": ours_recall,

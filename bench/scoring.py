@@ -15,8 +15,8 @@ alerts (``replica`` null) are *pool alerts* (:func:`pool_alert_episodes`, detect
 Two signals have no alert of their own and are read from the weights, per correction:
 ``stale`` (weight 0 without a drain/isolate action naming the replica: the replica stopped
 reporting) for ``replica_silence``, and ``weights`` (0 < weight < ``WEIGHT_DROP`` x an equal
-share) for ``slow_replica``. They open on the first correction that holds and resolve after two
-that do not.
+share), reported beside the ``slow_replica`` alert for ``slow_replica`` (:data:`ALSO_RECALLS`).
+They open on the first correction that holds and resolve after two that do not.
 
 **Matching.** An episode is right when a label on the same model and replica (a pool label, for a
 pool alert), of a kind its detector is meant for (:data:`DETECTOR_OF`; the weights accept any
@@ -62,13 +62,23 @@ DETECTOR_OF: dict[str, str] = {
     "context_burst": "context_burst",
     "gpu_fault": "gpu_health",
     "kv_pressure": "kv_pressure",
-    "slow_replica": "weights",
+    "slow_replica": "slow_replica",
     "replica_silence": "stale",
     "quiet_pool": "pool",
     "ttft_drift": "learned",
     "throughput_drop": "learned",
 }
-DETECTORS: tuple[str, ...] = tuple(dict.fromkeys(DETECTOR_OF.values()))
+# signals scored for recall and delay on a kind another detector owns, reported beside it: the
+# weights dropping under a slow replica (what a router following them does about it)
+ALSO_RECALLS: dict[str, frozenset[str]] = {"weights": frozenset({"slow_replica"})}
+DETECTORS: tuple[str, ...] = tuple(dict.fromkeys(
+    d for owner in DETECTOR_OF.values()
+    for d in (owner, *(a for a, kinds in ALSO_RECALLS.items() if any(DETECTOR_OF[k] == owner for k in kinds)))))
+# detector -> the fault kinds its recall and delay count: its own, and the ones it also recalls
+RECALLS: dict[str, frozenset[str]] = {
+    detector: frozenset({kind for kind, d in DETECTOR_OF.items() if d == detector}) | ALSO_RECALLS.get(detector,
+                                                                                                      frozenset())
+    for detector in DETECTORS}
 FAULT_KINDS: tuple[str, ...] = tuple(DETECTOR_OF)
 REPLICA_FAULT_KINDS: tuple[str, ...] = tuple(k for k in FAULT_KINDS if k != "quiet_pool")
 # detector -> the fault kinds where its alert is right. A detector is right on its own kind; the
@@ -277,14 +287,15 @@ def score(episodes: Sequence[Episode], labels: Sequence[Label], clean_models: Se
     out: dict[str, dict[str, Any]] = {}
     for detector in DETECTORS:
         mine = [e for e in episodes if e.detector == detector]
-        targets = [lb for lb in labels if DETECTOR_OF.get(lb.kind) == detector]
+        recalls = RECALLS[detector]
+        targets = [lb for lb in labels if lb.kind in recalls]
         first: dict[Label, float] = {}
         true = 0
         for e in mine:
             lb = match(e, labels, grace_s)
             if lb is not None:
                 true += 1
-                if DETECTOR_OF.get(lb.kind) == detector:  # recall and delay: on its own kind only
+                if lb.kind in recalls:  # recall and delay: on its own kind only
                     first[lb] = min(first.get(lb, e.start), e.start)
         delays = sorted(round(first[lb] - lb.start, 3) for lb in targets if lb in first)
         clean_false = sum(1 for e in mine if e.model in clean)

@@ -178,8 +178,8 @@ def test_the_quality_benchmark_prints_and_writes_the_oracle(tmp_path: Path, caps
     assert set(data["oracle"]["calibration"]["conv@1x"]) == set(oracle.KINDS)
     for name in ("default|FIT", "default|conv@1x"):
         per = data["groups"][name]["oracle"]["detectors"]
-        assert set(per) == {"long_tail", "weights", "batch_collapse", "context_burst", "gpu_health", "kv_pressure",
-                            "stale"}
+        assert set(per) == {"long_tail", "slow_replica", "weights", "batch_collapse", "context_burst", "gpu_health",
+                            "kv_pressure", "stale"}
         assert all(s["faults"] == 1 and s["oracle_detected"] + len([u for u in data["groups"][name]["oracle"]
                                                                     ["undetectable"] if u["kind"] == s["kind"]]) == 1
                    for s in per.values())

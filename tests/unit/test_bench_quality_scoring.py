@@ -22,6 +22,8 @@ if str(REPO) not in sys.path:
 
 from bench import common, quality, routing, scenarios, scoring  # noqa: E402
 from bench.scoring import (  # noqa: E402
+    DETECTOR_OF,
+    DETECTORS,
     Episode,
     Label,
     alert_episodes,
@@ -137,6 +139,19 @@ def test_weights_recall_counts_only_slow_replica_but_precision_accepts_any_fault
     eps = [Episode("n", "r2", "weights", "", 130)]  # drop on the kv_pressure replica only
     s = score(eps, labels, clean_models=[], clean_hours=0.0)["weights"]
     assert (s["labels"], s["detected"], s["recall"], s["precision"]) == (1, 0, 0.0, 1.0)
+
+
+def test_the_slow_replica_alert_owns_its_kind_and_the_weights_are_reported_beside_it() -> None:
+    labels = [Label("m", "r1", "slow_replica", 100, 200), Label("n", "r2", "kv_pressure", 100, 200)]
+    eps = [Episode("m", "r1", "slow_replica", "", 140), Episode("m", "r1", "weights", "", 145),
+           Episode("n", "r2", "slow_replica", "", 130)]  # on the kv_pressure replica: not its kind
+    s = score(eps, labels, clean_models=[], clean_hours=0.0)
+    assert DETECTOR_OF["slow_replica"] == "slow_replica" and "weights" in DETECTORS
+    mine = s["slow_replica"]
+    assert (mine["labels"], mine["detected"], mine["delays_s"], mine["precision"]) == (1, 1, [40.0], 0.5)
+    weights = s["weights"]
+    assert (weights["labels"], weights["detected"], weights["delays_s"], weights["precision"]) == (1, 1, [45.0], 1.0)
+    assert match(Episode("n", "r2", "slow_replica", "", 130), labels) is None
 
 
 def test_score_counts_delays_from_the_first_true_alert_and_clean_false_alerts() -> None:
