@@ -209,7 +209,10 @@ class PoolEvidence:
                 # together is the pool, or the scraper, not one replica)
                 seen = sorted((e.engine_seen for e in evs if e.engine_seen is not None), reverse=True)[:2]
             pool_rate = sum(rates)
-            lost = evidence.engine_lost
+            # stage 1 reports no telemetry of a replica it no longer reports (no request for 90 s): a
+            # loss seen before then says nothing of its engine now. Kept, it would hold the replica
+            # ejected for good once it is let go (sent nothing, it never shows a request again)
+            lost = evidence.engine_lost and vectors[row] is not None
             if lost and evidence.engine_seen is not None:
                 newest_other = seen[1:2] if seen and seen[0] == evidence.engine_seen else seen[:1]
                 peer_seen = newest_other[0] if newest_other else None

@@ -167,6 +167,33 @@ def test_silent_replica_is_held_then_stale_then_back_then_released() -> None:
     assert weights[11] is None and "r3" not in decider.replicas
 
 
+def test_a_replica_back_from_an_ejection_after_stage_1_let_it_go_is_judged_on_its_requests() -> None:
+    # r3's engine hangs: no request and no telemetry; stage 1 reports it without requests, then (no
+    # request for 90 s) not at all, and its telemetry with it. Once its ejection ends it must be routed
+    # again, or a replica whose engine came back while it was out would be ejected again at once,
+    # forever (it is sent nothing, so it can never show a request)
+    decider = ModelDecider()
+
+    def engines(names: tuple[str, ...], t: float) -> dict[str, tuple[TelemetrySample, float]]:
+        return {r: (TelemetrySample(ts=t, replica=r, source="vllm", queue_length=1), 0.0) for r in names}
+
+    weights: list[float | None] = []
+    for i in range(80):
+        t = T0 + 5.0 * i
+        if i < 6:
+            d = step(decider, i, telemetry=engines(REPLICAS, t))
+        elif i < 24:  # silent and its engine quiet, still reported
+            d = step(decider, i, {"r3": {"step_count": 0}}, telemetry=engines(("r1", "r2"), t))
+        else:  # no longer reported at all
+            d = step(decider, i, replicas=("r1", "r2"), telemetry=engines(("r1", "r2"), t))
+        w = d.weights.get("r3")
+        weights.append(None if w is None else w.weight)
+    assert any(w == 0.0 for w in weights[6:24])  # stale: its engine went quiet with its requests
+    # after stage 1 let it go, the next ejection's end routes it again, for more than one step
+    back = [i for i in range(25, 80) if weights[i] and weights[i - 1] == 0.0]
+    assert back and weights[back[0] + 1], weights
+
+
 def test_a_replica_with_empty_steps_is_held_then_stale() -> None:
     decider = ModelDecider()
     for i in range(4):
