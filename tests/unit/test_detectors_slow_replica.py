@@ -3,6 +3,7 @@ thin windows, long prompts and a backlog do not."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -40,9 +41,22 @@ def pool_step(det: SlowReplicaDetector, end: float, r1: FeatureVector,
     return alerts
 
 
+#: the steps a pool needs before its replicas' swings are known (a window length on the ring,
+#: then a weight of baseline_steps in them, 14 steps): before, the peers' rule makes no claim
+WARM = 12 + 14
+START = 60.0 + 5 * WARM  # the first step after the warm-up
+
+
+def warm(det: SlowReplicaDetector, **peer_fields: Any) -> None:
+    """The pool's calm past: r1 like its peers, long enough for their swings to be known."""
+    for i in range(WARM):
+        assert not pool_step(det, 60.0 + 5 * i, window("r1", 60.0 + 5 * i, 11.0, 14.0), **peer_fields)
+
+
 def run(det: SlowReplicaDetector, r1: Any, steps: int = 6, **peer_fields: Any) -> list[list[Alert]]:
-    """``r1(end)`` gives the replica's window at each step."""
-    return [pool_step(det, 60.0 + 5 * i, r1(60.0 + 5 * i), **peer_fields) for i in range(steps)]
+    """``r1(end)`` gives the replica's window at each step, after the pool's calm past."""
+    warm(det, **peer_fields)
+    return [pool_step(det, START + 5 * i, r1(START + 5 * i), **peer_fields) for i in range(steps)]
 
 
 def test_a_replica_twice_as_slow_as_its_peers_alerts_after_persistence() -> None:
@@ -61,7 +75,7 @@ def test_a_replica_twice_as_slow_as_its_peers_alerts_after_persistence() -> None
 def test_it_resolves_after_clear_steps() -> None:
     det = on()
     run(det, lambda end: window("r1", end, 23.0, 30.0), steps=3)
-    resolved = [pool_step(det, 80.0 + 5 * i, window("r1", 80.0 + 5 * i, 11.0, 14.0)) for i in range(4)]
+    resolved = [pool_step(det, START + 15 + 5 * i, window("r1", START + 15 + 5 * i, 11.0, 14.0)) for i in range(4)]
     assert [len(a) for a in resolved] == [0, 0, 0, 1] and resolved[-1][0].state == "resolved"
 
 
@@ -150,3 +164,70 @@ def test_config_section() -> None:
     config = SlowReplicaConfig.from_overrides({"min_ratio": "1.5", "persistence": "3"})
     assert (config.min_ratio, config.persistence) == (1.5, 3)
     assert DetectorSettings.from_overrides({"slow_replica": {"enabled": "true"}}).slow_replica.enabled is True
+
+
+def swinging_past(det: SlowReplicaDetector, replicas: tuple[str, ...] = ("r1", *PEERS), steps: int = 40,
+                  low: float = 8.0, high: float = 16.0) -> float:
+    """``steps`` steps of a pool whose replicas' TPOT P50 swing between ``low`` and ``high`` ms
+    (each in its turn, never above its peers' P90 by a quarter): a swing of log 2 is their past.
+    The next step's window end."""
+    for i in range(steps):
+        end = 60.0 + 5 * i
+        vectors = [window(r, end, high if (i + j) % 2 else low, 1.3 * (high if (i + j) % 2 else low))
+                   for j, r in enumerate(replicas)]
+        alerts: list[Alert] = []
+        det.update_step(StepColumns(vectors, [None] * len(vectors)), end, alerts, [])
+        assert not alerts
+    return 60.0 + 5 * steps
+
+
+def test_a_replica_whose_tokens_swing_makes_no_claim_from_one_more_swing() -> None:
+    # its TPOT P50 swings 8-16 ms (an sd of log 0.35): 2.3 x its peers' 11 ms is within 3 sd of
+    # it, though 1.25 x above their P90; 3.6 x is not
+    for p50, alerts in ((25.0, 0), (40.0, 1)):
+        det = on()
+        end = swinging_past(det, replicas=("r1",))  # alone: its own past, no peers' swings
+        steps = [pool_step(det, end + 5 * i, window("r1", end + 5 * i, p50, 1.3 * p50)) for i in range(4)]
+        found = [a for a in steps if a]
+        assert len(found) == alerts
+    evidence = found[0][0].evidence
+    assert evidence["swing_from"] == "own past" and evidence["swing_sd"] == pytest.approx(0.35, abs=0.02)
+    # the number that fails without it: no swing allowance, 2.3 x alerts
+    det = on(swing_z=0.0)
+    end = swinging_past(det, replicas=("r1",))
+    assert any(pool_step(det, end + 5 * i, window("r1", end + 5 * i, 25.0, 32.5)) for i in range(4))
+
+
+def test_a_replica_new_to_a_swinging_pool_is_judged_by_its_peers_swings() -> None:
+    det = on()
+    end = swinging_past(det, replicas=PEERS)  # r1 joins with no past of its own
+    assert not any(pool_step(det, end + 5 * i, window("r1", end + 5 * i, 25.0, 32.5)) for i in range(4))
+    alert = [a for i in range(4) for a in pool_step(det, end + 20 + 5 * i, window("r1", end + 20 + 5 * i, 40.0, 52.0))]
+    assert len(alert) == 1 and alert[0].evidence["swing_from"] == "peers"
+
+
+@pytest.mark.parametrize(("lag", "learned"), [(12, False), (1, True)])
+def test_the_rising_windows_of_a_fault_are_not_its_past(lag: int, learned: bool) -> None:
+    # calm for 40 steps, then its windows rise over 8 steps (below the rule) to 2.3 x its peers':
+    # they wait a window length (swing_lag_steps) before they join its swings, and the rule holds
+    # first, so its swings are still its calm past's (without the wait, they are in them)
+    det = on(swing_lag_steps=lag)
+    end = 60.0
+    for i in range(48):
+        p50 = 11.0 + 0.8 * max(0, i - 40)
+        assert not pool_step(det, end, window("r1", end, p50, 1.3 * p50))
+        end += 5
+    alerts = [a for i in range(3) for a in pool_step(det, end + 5 * i, window("r1", end + 5 * i, 25.0, 32.5))]
+    assert len(alerts) == 1 and (alerts[0].evidence["swing_sd"] > 0.01) is learned
+
+
+def test_its_swings_survive_a_checkpoint() -> None:
+    det = on()
+    end = swinging_past(det, replicas=("r1",))
+    pool_step(det, end, window("r1", end, None, None, latency_p50=3000.0, latency_p95=4000.0))  # no TPOT
+    restored = on()
+    restored.load_state(json.loads(json.dumps(det.state_dict(), allow_nan=False)))  # a checkpoint: no NaN
+    assert restored.state_dict() == det.state_dict()
+    for d in (det, restored):
+        assert not any(pool_step(d, end + 5 * (i + 1), window("r1", end + 5 * (i + 1), 25.0, 32.5)) for i in range(4))
+    assert restored.state_dict() == det.state_dict()

@@ -16,6 +16,15 @@ than ``min_peers`` peers of ``min_count`` requests, against **its own past**.
   the evidence minimum follows, 10 requests; and when the P50 is at least ``min_ratio`` (1.25) x
   ``L``: the shift must clear the peers' own spread (their P90 over their P50) by a quarter, so a
   pool whose tokens swing (long prompts' prefill stalls) does not make its slowest moment news.
+* **Beyond its swings**: and the shift, ``log(P50 / baseline P50)``, is more than ``swing_z`` (3)
+  x the replica's swings: the sd of its log P50 over its own past (an exponentially weighted mean
+  and variance, ``baseline_tau_s``, of the steps where the rule did not hold), or its peers'
+  (the median of theirs) where that is larger or it has no past of ``baseline_steps``. A throttled
+  GPU's tokens jump far beyond a stable past; a replica of a queue-bound pool, whose window TPOT
+  swings 3-30 x with the long prompts it prefills, makes no claim from one more swing. A window
+  joins the swings ``swing_lag_steps`` (12, a window length) steps after it, and only if the rule
+  has not held since: the rising windows of a fault's onset are not its past. No claim against
+  peers while no swing is known (a pool's first two minutes).
 * Where the pool's events carry no TPOT (no first-token time), the same on end-to-end latency:
   its P50 against the peers' latency P95 (a baseline request is above it with probability 0.05).
   A request's latency follows its output length, which the peers' traffic shares.
@@ -41,8 +50,10 @@ is as fast as its peers again.
 
 **Off by default** (``enabled = false``; the seed had no such rule either): on pools where every
 replica queues (the quality benchmark's mooncake@3x), prefill stalls move a healthy replica's
-window TPOT 3-30 x for tens of seconds with its first tokens no slower than its peers', and the
-rule fires there (bench/README.md). Turn it on with ``[detectors.slow_replica] enabled = true``.
+window TPOT 3-30 x for tens of seconds with its first tokens no slower than its peers'; the swings
+hold most of them, but where the past is a few minutes young its sd is still small beside them
+and the rule fires (holdout precision 0.67, bench/README.md). Turn it on with
+``[detectors.slow_replica] enabled = true``.
 
 >>> from skewwatch.pipeline.detectors.step_columns import StepColumns
 >>> def fv(replica, p50, p90, end=60.0, n=35):
@@ -56,9 +67,22 @@ rule fires there (bench/README.md). Turn it on with ``[detectors.slow_replica] e
 ...     det.update_step(StepColumns(vectors, [None] * 4), end, alerts, [])
 ...     for alert in alerts:
 ...         print(alert.message)
->>> step(60.0, 11.2); step(65.0, 23.0)  # P50 twice the peers': one step, then the second
->>> step(70.0, 23.0)
+>>> step(60.0, 23.0); step(65.0, 23.0)  # a new pool: no swing known yet, no claim
+>>> for i in range(26):  # two minutes of a calm past: 12 steps on the ring, 14 in the swings
+...     step(70.0 + 5 * i, 11.2)
+>>> step(200.0, 23.0)  # P50 twice the peers': one step, then the second
+>>> step(205.0, 23.0)
 r1 decodes 2.1 x slower than its peers (TPOT P50 23 ms vs 11 ms, 18 of 35 requests above the peers' P90 14 ms)
+
+A replica whose tokens swing 2 x from window to window (an sd of log 0.35) is not judged on a
+shift of 2.1 x: it needs 3 sd, 2.8 x its peers' P50.
+
+>>> det = SlowReplicaDetector(SlowReplicaConfig(enabled=True))
+>>> for i in range(40):
+...     step(60.0 + 5 * i, 8.0 if i % 2 else 16.0)
+>>> step(260.0, 23.0); step(265.0, 23.0)
+>>> step(270.0, 40.0); step(275.0, 40.0)
+r1 decodes 3.6 x slower than its peers (TPOT P50 40 ms vs 11 ms, 18 of 35 requests above the peers' P90 14 ms)
 """
 
 from __future__ import annotations
@@ -92,6 +116,12 @@ _LATENCY = ("latency", "latency_p50", "latency_p95", 0.05, "latency", "answers",
 _SIGNALS = (_TPOT, _LATENCY)
 _SLOT = {"tpot": 0, "latency": 1}  # own past per signal: [weight, mean P50, mean upper]
 _PROMPT_SLOT = 2  # own past prompt length: [weight, mean prompt_tokens_mean, unused]
+_SWING = {"tpot": 3, "latency": 4}  # own swings per signal: [weight, mean log P50, variance of log P50]
+_SIGNAL_FIELDS = (("tpot", "tpot_p50"), ("latency", "latency_p50"))
+# the values on their way into the swings, a window length behind: [1, TPOT P50, latency P50] (0: none;
+# a checkpoint holds no NaN) per ring position from _RING, and the next position to write ([1, position, 0])
+_HEAD = 5
+_RING = 8
 
 
 class SlowReplicaConfig(DetectorConfig, frozen=True):
@@ -113,8 +143,15 @@ class SlowReplicaConfig(DetectorConfig, frozen=True):
     # the peers' first tokens: the replica's TTFT P50 slowed by more than ttft_ratio x its tokens'
     # shift is a backlog (requests waiting for a slot), not a slower GPU, which slows both alike
     ttft_ratio: Annotated[float, Meta(gt=1)] = 2.0
-    baseline_tau_s: Positive = 300.0  # without peers: time constant of the replica's own past
+    baseline_tau_s: Positive = 300.0  # the replica's own past (level and swings): time constant
     baseline_steps: Count = 12  # ... and the steps of it needed before it judges
+    # the shift of its log TPOT P50 from its own past mean must be this many of its swings (the
+    # sd of that log over its past, or its peers' where theirs is larger or it has none): a
+    # replica whose tokens swing with its prompts makes no claim from one more swing
+    swing_z: Annotated[float, Meta(ge=0)] = 3.0
+    # a window length of steps (60 s / 5 s): a value joins the swings that many steps later, if
+    # the rule has not held since; the rising windows of a fault's onset are not its past
+    swing_lag_steps: Count = 12
 
 
 class SlowReplicaDetector(ThresholdDetector):
@@ -132,6 +169,9 @@ class SlowReplicaDetector(ThresholdDetector):
         self._peer_prompt: npt.NDArray[np.float64] = np.zeros(0)
         self._peer_ttft: npt.NDArray[np.float64] = np.zeros(0)
         self._row_of: dict[str, int] = {}
+        # per row of the current step and signal: the peers' swings (the median of the sds of their
+        # log P50 over their own pasts; NaN: fewer than min_peers peers with a past)
+        self._pool_swing: dict[str, npt.NDArray[np.float64]] = {}
         self._past = KeyColumns(width=3)
 
     def rule_meta(self, rule: str) -> tuple[Severity, str | None, str]:
@@ -149,6 +189,7 @@ class SlowReplicaDetector(ThresholdDetector):
         """Each replica's peers: the medians of the other replicas' windows of ``min_count`` requests."""
         self._peer, self._peer_prompt, self._row_of = {}, np.zeros(0), {}
         self._peer_ttft = np.zeros(0)
+        self._pool_swing = {}
         cfg = self.config
         if step is None or not cfg.enabled or len(step) < 2:
             return
@@ -163,6 +204,12 @@ class SlowReplicaDetector(ThresholdDetector):
         self._peer_prompt = others_median(prefill, enough & ~np.isnan(prefill), cfg.min_peers)
         ttft = step.column("ttft_p50")
         self._peer_ttft = others_median(ttft, enough & ~np.isnan(ttft), cfg.min_peers)
+        own = self._past.rows(step.keys)
+        for name, slot in _SWING.items():
+            swings = self._past.read(own, slot)
+            known = swings[:, 0] >= cfg.baseline_steps  # NaN (no past) compares False
+            sd = np.sqrt(np.where(known, swings[:, 2], np.nan))
+            self._pool_swing[name] = others_median(sd, known, cfg.min_peers)
         self._row_of = step.row_of
 
     def quiet(self, step: StepColumns) -> npt.NDArray[np.bool_]:
@@ -224,6 +271,10 @@ class SlowReplicaDetector(ThresholdDetector):
                 mean_before = np.where(absent, 0.0, before[:, col])
                 updated[:, col] = mean_before + (values - mean_before) / weight
             self._past.put(own, slot, updated)
+        values = np.stack([step.column(field)[rows] for _, field in _SIGNAL_FIELDS], axis=1)
+        pushed = enough & (values > 0).any(axis=1)  # NaN compares False
+        if pushed.any():
+            self._push(self._past.rows([keys[row] for row in rows[pushed].tolist()]), values[pushed])
 
     def _alpha(self) -> float:
         return min(5.0 / self.config.baseline_tau_s, 1.0)  # one step of 5 s
@@ -244,6 +295,55 @@ class SlowReplicaDetector(ThresholdDetector):
             weight = (1.0 - alpha) * row[0] + 1.0
             record = [weight, row[1] + (low - row[1]) / weight, row[2] + (high - row[2]) / weight]
             self._past.put(np.array([own]), slot, np.array([record]))
+        values = np.array([[math.nan if v is None else v for v in (fv.tpot_p50, fv.latency_p50)]])
+        if (values > 0).any():
+            self._push(np.array([self._past.add(fv.key)]), values)
+
+    def _push(self, own: npt.NDArray[np.int64], values: npt.NDArray[np.float64]) -> None:
+        """Put the replicas' (rows ``own``) window P50s (``values``: one column per signal, NaN or 0
+        where it has none) on their ring, and fold the values a window length old that it gives
+        back into their swings: an exponentially weighted mean and variance of the log P50 (West's
+        weighted update; the same weights as the own past). One arithmetic for :meth:`evaluate`
+        and :meth:`remember_step`, so the screen and the rule keep the same memory."""
+        cfg, past = self.config, self._past
+        fresh = np.where(values > 0, values, 0.0)  # NaN compares False
+        written = past.read(own, _HEAD)[:, 1]
+        head = np.where(np.isnan(written), 0.0, written).astype(np.int64) % cfg.swing_lag_steps
+        alpha = self._alpha()
+        for position in np.unique(head).tolist():
+            at = head == position
+            rows = own[at]
+            oldest = past.read(rows, _RING + position)
+            for col, slot in ((1, _SWING["tpot"]), (2, _SWING["latency"])):
+                value = oldest[:, col]
+                folded = value > 0  # absent records are NaN throughout, none is 0
+                if not folded.any():
+                    continue
+                before = past.read(rows[folded], slot)
+                absent = np.isnan(before[:, 0])
+                weight_before = np.where(absent, 0.0, before[:, 0])
+                mean_before = np.where(absent, 0.0, before[:, 1])
+                var_before = np.where(absent, 0.0, before[:, 2])
+                x = np.log(value[folded])
+                weight = (1.0 - alpha) * weight_before + 1.0
+                mean = mean_before + (x - mean_before) / weight
+                var = ((1.0 - alpha) * weight_before * var_before + (x - mean_before) * (x - mean)) / weight
+                past.put(rows[folded], slot, np.stack([weight, mean, var], axis=1))
+            past.put(rows, _RING + position, np.column_stack([np.ones(len(rows)), fresh[at]]))
+            nxt = np.column_stack([np.ones(len(rows)), np.full(len(rows), float((position + 1) % cfg.swing_lag_steps)),
+                                   np.zeros(len(rows))])
+            past.put(rows, _HEAD, nxt)
+
+    def _quarantine(self, key: str) -> None:
+        """The rule holds: the values on the replica's ring (its windows since a window length
+        before) never join its swings (a fault's onset is not its past)."""
+        own = self._past.row(key)
+        if own is None:
+            return
+        rows = np.array([own])
+        gone = np.full((1, 3), np.nan)
+        for position in range(self.config.swing_lag_steps):
+            self._past.put(rows, _RING + position, gone)
 
     def _own_past(self, key: str, slot: int) -> tuple[float, float] | None:
         """The replica's own past (P50, upper) of a signal, once it has ``baseline_steps`` behind it."""
@@ -256,10 +356,15 @@ class SlowReplicaDetector(ThresholdDetector):
                 for key in past.held_keys()}
 
     def load_column_memory(self, key: str, memory: dict[str, Any]) -> None:
-        for slot in (_SLOT["tpot"], _SLOT["latency"], _PROMPT_SLOT):
+        for slot in self._slots():
             record = memory.pop(f"past_{slot}", None)
             if record is not None:
                 self._past.put(np.array([self._past.add(key)]), slot, np.array([[float(v) for v in record]]))
+
+    def _slots(self) -> tuple[int, ...]:
+        """Every slot of the replica's memory."""
+        return (_SLOT["tpot"], _SLOT["latency"], _PROMPT_SLOT, _SWING["tpot"], _SWING["latency"], _HEAD,
+                *(_RING + position for position in range(self.config.swing_lag_steps)))
 
     def clear_column_memory(self) -> None:
         self._past.clear()
@@ -276,6 +381,8 @@ class SlowReplicaDetector(ThresholdDetector):
         finding = self._judge(fv)
         if not finding.holds:  # the own past learns only from steps without the fault
             self._remember(fv)
+        else:
+            self._quarantine(fv.key)
         return {"main": finding}
 
     def _baseline(self, fv: FeatureVector) -> tuple[tuple[Any, ...], float, float, float, float | None, str] | None:
@@ -316,6 +423,31 @@ class SlowReplicaDetector(ThresholdDetector):
             return "first tokens"
         return None
 
+    def _beyond_swings(self, fv: FeatureVector, name: str, ratio: float,
+                       evidence: dict[str, float | int | str | None], source: str) -> bool | None:
+        """Whether the replica's shift from its baseline (``log(ratio)``, the log of its P50 over the
+        baseline's) is more than ``swing_z`` x its swings (and at least ``log(min_ratio)``): the sd
+        of its log P50 over its own past of ``baseline_steps``, or the peers' (the median of theirs)
+        where that is larger or it has no such past. A throttled GPU's tokens jump far beyond a
+        stable past; a replica whose tokens swing 3-30 x with its prompts (long prefills in a
+        queue-bound pool) makes no claim from one more swing. None (no claim) where no swing is
+        known against peers (a pool's first two minutes: a window length on the ring and
+        ``baseline_steps`` in the swings); against its own past, which has a past of its own, the
+        rule without it."""
+        cfg = self.config
+        past = self._past.get(self._past.row(fv.key), _SWING[name])
+        own = math.sqrt(max(past[2], 0.0)) if past is not None and past[0] >= cfg.baseline_steps else math.nan
+        row = self._row_of.get(fv.key)
+        pool = math.nan if row is None else float(self._pool_swing[name][row])
+        sd = max((v for v in (own, pool) if not math.isnan(v)), default=math.nan)
+        if math.isnan(sd):
+            return None if source == "peers" else True
+        shift = math.log(ratio)  # ratio > 1: the rule held before this test
+        need = max(math.log(cfg.min_ratio), cfg.swing_z * sd)
+        evidence.update({"swing_sd": sd, "swing_from": "own past" if own >= pool or math.isnan(pool) else "peers",
+                         "swing_shift": None if math.isinf(shift) else shift, "swing_need": need})
+        return shift > need
+
     def _judge(self, fv: FeatureVector) -> Finding:
         cfg = self.config
         if not cfg.enabled or fv.count < cfg.min_count:
@@ -342,6 +474,12 @@ class SlowReplicaDetector(ThresholdDetector):
             evidence["stand_down"] = backlog
             return Finding(None, evidence=evidence)
         holds = p50 > level and bound < cfg.alpha and p50 >= cfg.min_ratio * level
+        if holds:
+            beyond = self._beyond_swings(fv, name, ratio, evidence, source)
+            if beyond is None:
+                evidence["stand_down"] = "no swings known"
+                return Finding(None, evidence=evidence)
+            holds = beyond
         whose = "its peers" if source == "peers" else "its own past"
         message = (
             f"{fv.replica} {verb} {fmt(ratio)} x slower than {whose} ({label} P50 {fmt(p50, 0)} ms vs "
