@@ -111,6 +111,9 @@ class RunConfig:
     clean_s: float = 600.0  # the clean run's measured span
     seed: int = 1
     profile: str = "default"  # the worker's (bench/common.py: default, seed, tuned or NAME=PATH)
+    # the bundled conv trace's lengths, scaled to what SmolLM2-135M serves from one CPU thread
+    prompt_scale: float = 0.02
+    output_scale: float = 0.05
 
     @property
     def duration_s(self) -> float:
@@ -144,7 +147,8 @@ def run_once(config: RunConfig, bootstrap: str, paths: tuple[Path, Path, Path], 
     engines = {name: Engine(name, server, model, free_port(), workdir, slots=config.slots) for name in names}
     trace = load_trace("conv")
     prompts, outputs = scaled_lengths(trace.prompt_tokens.tolist(), trace.completion_tokens.tolist(),
-                                      prompt_scale=0.02, output_scale=0.05, max_prompt=128, max_output=32)
+                                      prompt_scale=config.prompt_scale, output_scale=config.output_scale,
+                                      max_prompt=128, max_output=32)
     samples: list[tuple[float, dict[str, int]]] = []
     with ExitStack() as stack:
         for engine in engines.values():
@@ -210,7 +214,8 @@ def run_once(config: RunConfig, bootstrap: str, paths: tuple[Path, Path, Path], 
     corrections = [r for r in records if "weights" in r]
     features = [r for r in records if "window_end" in r and r.get("replica")]
     span = (fault_start, fault_end) if fault is not None else (fault_start, t0 + config.duration_s)
-    return {"fault": config.fault, "policy": config.policy, "rate": load.rate, "capacity_rps": capacity,
+    return {"fault": config.fault, "policy": config.policy, "profile": config.profile.split("=")[0],
+            "rate": load.rate, "capacity_rps": capacity,
             "t0": t0, "fault_start": fault_start,
             "fault_end": fault_end if fault is not None else None, "published_events": load.published,
             **measure(load.finished, names, span, fault is not None, alerts, corrections, samples),
@@ -299,7 +304,9 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
     for r in runs:
         demote = r["demoted_haproxy_s"] if POLICIES[r["policy"]][1] else r["demoted_published_s"]
         share = "—" if r["faulty_share"] is None else f"{r['faulty_share']:.2f}"
-        rows.append(f"| {r['fault']} | {r['policy']} | {_fmt(r['fleet_p50_ms'], ' ms')} | "
+        profile = r.get("profile", "default")
+        policy = r["policy"] if profile == "default" else f"{r['policy']} ({profile})"
+        rows.append(f"| {r['fault']} | {policy} | {_fmt(r['fleet_p50_ms'], ' ms')} | "
                     f"{_fmt(r['fleet_p99_ms'], ' ms')} | {_fmt(r['p99_deviation_ms'], ' ms')} | {share} | "
                     f"{r['failed']}/{r['requests']} | {_fmt(r['detected_s'], ' s')} | {_fmt(demote, ' s')} | "
                     f"{_fmt(r['restored_s'], ' s')} | {len(r['alerts_elsewhere'])} |")
@@ -309,7 +316,7 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
 def verdicts(runs: Sequence[dict[str, Any]]) -> list[str]:
     """The targets, per fault, for the corrected policy against leastconn alone."""
     out = []
-    by = {(r["fault"], r["policy"]): r for r in runs}
+    by = {(r["fault"], r["policy"]): r for r in runs if r.get("profile", "default") == "default"}
     for fault in FAULTS:
         mine, theirs = by.get((fault, "leastconn+skewwatch")), by.get((fault, "leastconn"))
         if mine is None:
@@ -342,8 +349,10 @@ def plot(runs: Sequence[dict[str, Any]], path: Path) -> None:
     for row, fault in enumerate(faults):
         for r in (r for r in runs if r["fault"] == fault):
             t = [b["t"] for b in r["timeline"]]
-            axes[row][0].plot(t, [b["p99_ms"] for b in r["timeline"]], label=r["policy"])
-            axes[row][1].plot(t, [b["faulty_share"] for b in r["timeline"]], label=r["policy"])
+            profile = r.get("profile", "default")
+            label = r["policy"] if profile == "default" else f"{r['policy']} ({profile})"
+            axes[row][0].plot(t, [b["p99_ms"] for b in r["timeline"]], label=label)
+            axes[row][1].plot(t, [b["faulty_share"] for b in r["timeline"]], label=label)
             if r["fault_end"] is not None:
                 for ax in axes[row]:
                     ax.axvspan(r["fault_start"] - r["t0"], r["fault_end"] - r["t0"], color="0.9")
@@ -395,9 +404,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 runs.append(run_once(config, bootstrap, paths, Path(tmp) / f"{fault}-{policy}"))
                 print(table(runs[-1:]), file=sys.stderr, flush=True)
     if args.update and args.out.exists():
-        done = {(r["fault"], r["policy"]) for r in runs}
-        kept = [r for r in json.loads(args.out.read_text())["runs"] if (r["fault"], r["policy"]) not in done]
-        runs = sorted(kept + runs, key=lambda r: (FAULTS.index(r["fault"]), list(POLICIES).index(r["policy"])))
+        def key(r: dict[str, Any]) -> tuple[str, str, str]:
+            return r["fault"], r["policy"], r.get("profile", "default")
+
+        done = {key(r) for r in runs}
+        kept = [r for r in json.loads(args.out.read_text())["runs"] if key(r) not in done]
+        runs = sorted(kept + runs, key=lambda r: (FAULTS.index(r["fault"]), list(POLICIES).index(r["policy"]),
+                                                  r.get("profile", "default") != "default"))
     print(table(runs))
     for line in verdicts(runs):
         print(line)

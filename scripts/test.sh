@@ -16,5 +16,13 @@ bash scripts/tools.sh || echo "scripts/tools.sh failed (above): the tests that n
 bash scripts/engines.sh || echo "scripts/engines.sh failed (above): the tests that need llama-server will fail" >&2
 # Three test processes (pytest-xdist), each file on one of them, each process with its own broker: most of
 # the suite waits on brokers, workers and event time, so three share two cores well (about half the wall
-# time of one process). `-n 0` runs it in one process.
-exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 3 --dist loadfile "$@"
+# time of one process). `-n 0` runs it in one process. The tests that drive real inference engines in real
+# time (marker real_engine: llama.cpp replicas on the CPU) run after, alone: beside the rest they would
+# measure the other tests' load, not the engines'.
+status=0
+.venv/bin/python -m pytest -q -p no:cacheprovider -n 3 --dist loadfile -m "not real_engine" "$@" || status=$?
+engines=0
+.venv/bin/python -m pytest -q -p no:cacheprovider -n 0 -m real_engine "$@" || engines=$?
+[ "$engines" -eq 5 ] && engines=0  # none of them among the tests asked for
+[ "$status" -eq 0 ] && status=$engines
+exit "$status"
