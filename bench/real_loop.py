@@ -261,8 +261,8 @@ def measure(finished: Sequence[Finished], names: Sequence[str], span: tuple[floa
         low = weights[FAULTY] < DEMOTED * float(np.mean(others))
         if faulted and demoted is None and start <= t <= end and low:
             demoted = t - start
-        if faulted and restored is None and t >= end and not low:
-            restored = t - end
+        if faulted and restored is None and demoted is not None and t >= end and not low:
+            restored = t - end  # back to its peers' weight, once it had been demoted
     for record in sorted(corrections, key=lambda r: float(r["ts"])):
         weights = record.get("weights") or {}
         t = float(record["ts"])
@@ -409,6 +409,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         done = {key(r) for r in runs}
         kept = [r for r in json.loads(args.out.read_text())["runs"] if key(r) not in done]
+        for r in kept:  # restored means back from a demotion in HAProxy (files written before that rule)
+            if r["demoted_haproxy_s"] is None:
+                r["restored_s"] = None
         runs = sorted(kept + runs, key=lambda r: (FAULTS.index(r["fault"]), list(POLICIES).index(r["policy"]),
                                                   r.get("profile", "default") != "default"))
     print(table(runs))
