@@ -351,8 +351,10 @@ def plot(runs: Sequence[dict[str, Any]], path: Path) -> None:
             t = [b["t"] for b in r["timeline"]]
             profile = r.get("profile", "default")
             label = r["policy"] if profile == "default" else f"{r['policy']} ({profile})"
-            axes[row][0].plot(t, [b["p99_ms"] for b in r["timeline"]], label=label)
-            axes[row][1].plot(t, [b["faulty_share"] for b in r["timeline"]], label=label)
+            # one colour per policy in every row (C3 for a profile other than the default)
+            color = f"C{list(POLICIES).index(r['policy'])}" if profile == "default" else "C3"
+            axes[row][0].plot(t, [b["p99_ms"] for b in r["timeline"]], label=label, color=color)
+            axes[row][1].plot(t, [b["faulty_share"] for b in r["timeline"]], label=label, color=color)
             if r["fault_end"] is not None:
                 for ax in axes[row]:
                     ax.axvspan(r["fault_start"] - r["t0"], r["fault_end"] - r["t0"], color="0.9")
