@@ -78,6 +78,18 @@ def haproxy_config(balance: str, servers: dict[str, int], port: int, socket_path
     return "\n".join(lines) + "\n"
 
 
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout_s``."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -130,12 +142,7 @@ class Engine:
         if self.proc is None or self.proc.poll() is not None:
             return
         self.signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
 
 
 class Throttle:
@@ -240,12 +247,8 @@ class HAProxy:
         return out
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        if self.proc is not None:
+            stop_process(self.proc)
 
 
 @dataclass

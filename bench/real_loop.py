@@ -67,6 +67,7 @@ from bench.real_fleet import (  # noqa: E402
     HAProxy,
     LoadGenerator,
     scaled_lengths,
+    stop_process,
 )
 from skewwatch.ports import free_port  # noqa: E402
 from skewwatch.sim.trace import load_trace  # noqa: E402
@@ -127,11 +128,7 @@ def _process(command: list[str], log: Path, env: dict[str, str]) -> Iterator[sub
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, 20.0)
 
 
 def run_once(config: RunConfig, bootstrap: str, paths: tuple[Path, Path, Path], workdir: Path,
