@@ -8,43 +8,58 @@ gives that score the weight its evidence deserves:
     score' = z · score + (1 − z) · pool
 
 where ``pool`` is the pool's credibility-weighted mean score, Σ zᵢ·scoreᵢ / Σ zᵢ (Bühlmann-Straub's
-collective estimate). A replica with no requests gets the pool's score, i.e. an equal share of the
-traffic; one with ``k`` requests is halfway between; one with 10·k requests is 91 % its own.
+collective estimate). A replica with ``k`` requests is halfway between its own score and the
+pool's; one with 10·k requests is 91 % its own. A replica with no request has no score of its own
+(z = 0): the decider (:mod:`skewwatch.pipeline.pool_evidence`) holds its last score, or gives it the
+pool's. With no request anywhere in the pool there is no pool score and every score stays as the
+weight formula gave it.
 
 **The constant k** (``credibility_k``, default 16) is Bühlmann's EPV / VHM: the variance of one
 request's latency around its replica's mean, over the variance of the replicas' means. End-to-end
 latency of LLM requests varies about as much as its mean (coefficient of variation ≈ 1: output
 lengths are heavy-tailed), and a difference between replicas worth routing on is ≥ 25 % of the
 mean, so k = 1² / 0.25² = 16: on 16 requests a replica's mean has a standard error of 25 %, as large
-as the difference it should reveal. ``k = 0`` turns credibility off (the weight formula alone).
+as the difference it should reveal. ``k = 0`` turns the shrinking off: every replica with a request
+keeps its own score (z = 1), and one without still has none (z = 0), as at any k.
 
->>> [round(s, 2) for s in shrink([2.0, 4.0, 10.0], [100, 100, 2], k=16.0)]
-[2.2, 3.92, 4.15]
+>>> pool = shrink([2.0, 4.0, 10.0], credibilities([100, 100, 2], k=16.0))
+>>> [round(s, 2) for s in pool.scores], round(pool.mean or 0.0, 2)
+([2.2, 3.92, 4.15], 3.42)
+>>> credibilities([16, 0, 3], 16.0), credibilities([16, 0, 3], 0.0)
+([0.5, 0.0, 0.15789473684210525], [1.0, 0.0, 1.0])
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 
-def credibility(n: float, k: float) -> float:
-    """``n / (n + k)``: how much of a replica's own score to keep (1.0 when ``k`` is 0).
+def credibilities(counts: Sequence[float], k: float) -> list[float]:
+    """``z = n / (n + k)`` for each replica's request count ``n``: how much of its own score to keep;
+    0 for a replica without a request (it has no score of its own), 1 for one with requests when
+    ``k`` is 0 (``n / n``).
 
-    >>> credibility(16, 16.0), credibility(0, 16.0), credibility(3, 0.0)
-    (0.5, 0.0, 1.0)
+    One call for the whole pool, not one per replica: at 10k replicas a call each costs ~2.5 ms a step.
     """
-    if k <= 0:
-        return 1.0
-    return n / (n + k) if n > 0 else 0.0
+    return [n / (n + k) if n > 0 else 0.0 for n in counts]
 
 
-def shrink(scores: Sequence[float], counts: Sequence[float], k: float) -> list[float]:
-    """Every score moved toward the pool's credibility-weighted mean by ``1 − z``; with no evidence
-    anywhere, every replica gets the plain mean (an equal share). Scores are > 0."""
-    if k <= 0 or not scores:
-        return list(scores)
-    z = [credibility(n, k) for n in counts]
+@dataclass(frozen=True, slots=True)
+class Shrunk:
+    """A pool's scores after credibility: ``mean`` is the collective estimate (None: no replica of
+    the pool had a request, so there is nothing to shrink toward and ``scores`` are the formula's)."""
+
+    mean: float | None
+    scores: list[float]
+
+
+def shrink(scores: Sequence[float], z: Sequence[float]) -> Shrunk:
+    """Every score moved toward the pool's credibility-weighted mean by ``1 − z`` (``z`` from
+    :func:`credibilities`). Scores are > 0."""
     total_z = sum(z)
-    # Bühlmann-Straub's collective estimate; with no evidence anywhere, the plain mean
-    pool = sum(zi * s for zi, s in zip(z, scores, strict=True)) / total_z if total_z > 0 else sum(scores) / len(scores)
-    return [zi * s + (1.0 - zi) * pool for zi, s in zip(z, scores, strict=True)]
+    if not total_z > 0:
+        return Shrunk(None, list(scores))
+    # Bühlmann-Straub's collective estimate
+    mean = sum(zi * s for zi, s in zip(z, scores, strict=True)) / total_z
+    return Shrunk(mean, [zi * s + (1.0 - zi) * mean for zi, s in zip(z, scores, strict=True)])

@@ -98,7 +98,7 @@ class WeightConfig(FrozenConfigSection, frozen=True):
     stale_min_s: Positive = 15.0  # no silence shorter than 3 steps is judged (resolution, a missed hand-off)
     stale_gap_factor: NonNegative = 2.0  # nor one shorter than this x the longest recent gap (bursty traffic)
     rate_horizon_s: Positive = 600.0  # time constant of the arrival-rate estimate
-    # credibility (pipeline/credibility.py): z = n / (n + k); 0 = off
+    # credibility (pipeline/credibility.py): z = n / (n + k); 0 = no shrinking
     credibility_k: NonNegative = 16.0
     # the pool's guards (pipeline/failstatic.py), after Envoy's outlier detection defaults
     panic_threshold: Unit = 0.5  # fewer healthy replicas than this share: route to all (mode panic)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from skewwatch.config import WindowSettings
-from skewwatch.pipeline.credibility import credibility, shrink
+from skewwatch.pipeline.credibility import Shrunk, credibilities, shrink
 from skewwatch.pipeline.detector_settings import DetectorSettings
 from skewwatch.pipeline.failstatic import HARDWARE, STALE, GuardConfig, PoolGuard, ejection_cap
 from skewwatch.pipeline.model_decisions import ModelDecider, StepDecision
@@ -223,16 +223,41 @@ def test_the_rate_estimate_follows_the_traffic_and_restarts_after_an_ejection() 
 
 
 def test_credibility_shrinks_thin_evidence_toward_the_pool() -> None:
-    assert credibility(16, 16.0) == 0.5 and credibility(0, 16.0) == 0.0 and credibility(5, 0.0) == 1.0
-    # no evidence anywhere: an equal share
-    assert shrink([1.0, 5.0], [0, 0], 16.0) == [3.0, 3.0]
+    assert credibilities([16, 0, 5], 16.0) == [0.5, 0.0, 5 / 21]
+    # k = 0: shrinking off; a replica with requests keeps its score, one without still has none
+    assert credibilities([5, 0], 0.0) == [1.0, 0.0]
+    # no evidence anywhere: no pool score, the formula's scores stand (the guards make them equal)
+    assert shrink([1.0, 5.0], credibilities([0, 0], 16.0)) == Shrunk(None, [1.0, 5.0])
     # one request cannot make a replica 5x the others
-    shrunk = shrink([1.0, 1.0, 1.0, 5.0], [300, 300, 300, 1], 16.0)
+    shrunk = shrink([1.0, 1.0, 1.0, 5.0], credibilities([300, 300, 300, 1], 16.0)).scores
     assert shrunk[3] / shrunk[0] < 1.35
     # with plenty of evidence the formula stands
-    plenty = shrink([1.0, 5.0], [10_000, 10_000], 16.0)
+    plenty = shrink([1.0, 5.0], credibilities([10_000, 10_000], 16.0)).scores
     assert plenty[1] / plenty[0] == pytest.approx(5.0, rel=0.01)
-    assert shrink([1.0, 5.0], [1, 1], 0.0) == [1.0, 5.0]  # k = 0: off
+    assert shrink([1.0, 5.0], credibilities([1, 1], 0.0)).scores == [1.0, 5.0]  # k = 0: off
+    # a replica without a request is shrunk all the way to the pool's mean (the decider holds its
+    # last score first)
+    assert shrink([1.0, 5.0], credibilities([4, 0], 0.0)) == Shrunk(1.0, [1.0, 1.0])
+
+
+def test_the_decider_shrinks_by_the_credibility_module() -> None:
+    """pool_evidence's scores are credibility.shrink's, k = 0 included (one formula, not two)."""
+    from skewwatch.pipeline.pool_evidence import PoolEvidence
+    from skewwatch.pipeline.weights import WeightConfig, WeightInput, compute_weights
+    from skewwatch.schemas.feature_vector import FeatureVector
+
+    for k in (0.0, 16.0):
+        cfg, pool = WeightConfig(credibility_k=k), PoolEvidence()
+        vectors = [FeatureVector(model="m", replica=r, window_start=0.0, window_end=60.0, count=n,
+                                 step_count=1, latency_mean=latency)
+                   for r, n, latency in (("a", 3, 500.0), ("b", 300, 2000.0), ("c", 40, 900.0))]
+        pool.observe(60.0, ["a", "b", "c"], vectors, [None] * 3, cfg)
+        raw = compute_weights([WeightInput(v.replica, v) for v in vectors])
+        formula = [raw[r].raw_score for r in "abc"]
+        pool.settle("m", 60.0, ["a", "b", "c"], vectors, raw, [None] * 3, cfg)
+        z = credibilities([3, 300, 40], k)
+        assert [raw[r].components["credibility"] for r in "abc"] == z
+        assert [raw[r].components["score"] for r in "abc"] == shrink(formula, z).scores
 
 
 # ---------------------------------------------------------------- the pool's guards
