@@ -205,7 +205,7 @@ def test_a_snapshot_of_an_older_version_is_read(version: int) -> None:
     import struct
     import zlib
 
-    from skewwatch.pipeline.window.summary import _OPT_N, _OPT_SUM, _STATS_LEN
+    from skewwatch.pipeline.window.bucket_row import OPT_N, OPT_SUM, STATS_LEN
 
     windows = PartitionWindows(SETTINGS)
     windows.apply(RequestColumns.from_rows([event(100.0, ttft_ms=30.0), event(101.0, ttft_ms=50.0, prompt_tokens=10)]))
@@ -215,13 +215,13 @@ def test_a_snapshot_of_an_older_version_is_read(version: int) -> None:
     header = orjson.loads(raw[4:4 + header_len])
     n = header["buckets"]
     at = 4 + header_len + 4 * n + 8 * n  # the bucket rows, column by column, after the keys and ids
-    columns = [raw[at + 8 * n * c:at + 8 * n * (c + 1)] for c in range(_STATS_LEN)]
+    columns = [raw[at + 8 * n * c:at + 8 * n * (c + 1)] for c in range(STATS_LEN)]
     missing = 6 - version  # the newest optional fields the older version lacks
-    lacks = {*range(_OPT_N.stop - missing, _OPT_N.stop), *range(_OPT_SUM.stop - missing, _OPT_SUM.stop)}
+    lacks = {*range(OPT_N.stop - missing, OPT_N.stop), *range(OPT_SUM.stop - missing, OPT_SUM.stop)}
     kept = [c for i, c in enumerate(columns) if i not in lacks]
     text = orjson.dumps({**header, "v": version})
     old = b"SWW3" + zlib.compress(struct.pack("<I", len(text)) + text + raw[4 + header_len:at] + b"".join(kept)
-                                  + raw[at + 8 * n * _STATS_LEN:], 1)
+                                  + raw[at + 8 * n * STATS_LEN:], 1)
     vectors = []
     per_token, prompts = math.sqrt(0.3 * 5.0), math.sqrt(100 * 10)
     for restored, expected in ((PartitionWindows.restore(data, SETTINGS), (per_token, prompts)),

@@ -3,7 +3,8 @@
 Stage 1's state (docs/design.md, "Two stages, two keys"): a 60 s window sliding by 5 s (seed §2.5)
 per replica, vectorised across a partition's replicas. Modules: ``partition.py`` (the columnar
 state, ``apply``, ``close_steps``), ``steps.py`` (what a step returns: ``StepBatch`` columns,
-per-replica ``ReplicaStep`` on demand), ``summary.py`` (``WindowSummary``, the stage 1 -> 2
+per-replica ``ReplicaStep`` on demand), ``bucket_row.py`` (the one float64 row a bucket or a window
+keeps, its column layout and how rows merge), ``summary.py`` (``WindowSummary``, the stage 1 -> 2
 hand-off, and the feature definitions), ``partition_state.py`` (``PartitionState``: the partition as
 plain columns, what :meth:`PartitionWindows.export_state` gives and
 :meth:`PartitionWindows.from_state` takes) and ``snapshot.py`` (a ``PartitionState`` as checkpoint
@@ -63,25 +64,20 @@ ApplyResult(accepted=0, late=1)
 
 from __future__ import annotations
 
+from skewwatch.pipeline.window.bucket_row import MOMENT_FIELDS, OPTIONAL_FIELDS, STATS_LEN
 from skewwatch.pipeline.window.partition import ApplyResult, PartitionWindows
 from skewwatch.pipeline.window.partition_state import PartitionState
 from skewwatch.pipeline.window.snapshot import SNAPSHOT_FORMAT, SNAPSHOT_VERSION
 from skewwatch.pipeline.window.steps import ClosedSteps, ReplicaStep, StepBatch
-from skewwatch.pipeline.window.summary import (
-    _STATS_LEN,
-    MOMENT_FIELDS,
-    OPTIONAL_FIELDS,
-    SUMMARY_VERSION,
-    WindowSummary,
-)
+from skewwatch.pipeline.window.summary import SUMMARY_VERSION, WindowSummary
 
 __all__ = [
     "MOMENT_FIELDS",
     "OPTIONAL_FIELDS",
     "SNAPSHOT_FORMAT",
     "SNAPSHOT_VERSION",
+    "STATS_LEN",
     "SUMMARY_VERSION",
-    "_STATS_LEN",
     "ApplyResult",
     "ClosedSteps",
     "PartitionState",

@@ -4,9 +4,9 @@ One partition's state is a handful of arrays with one row per key (a key registr
 ``(model, replica)`` to its row; released rows are reused):
 
 * ``_stats[ring, row, :]``: the ring of ``n_buckets`` sealed buckets, bucket ``b`` in ring
-  position ``b % n_buckets``, one float64 bucket row each (layout in ``summary.py``; ring-major, so
-  merging a window adds 12 contiguous ``(rows, _STATS_LEN)`` slabs);
-* open buckets (still collecting events, usually 1-2): per bucket id a dense ``(rows, _STATS_LEN)``
+  position ``b % n_buckets``, one float64 bucket row each (layout in ``bucket_row.py``; ring-major, so
+  merging a window adds 12 contiguous ``(rows, STATS_LEN)`` slabs);
+* open buckets (still collecting events, usually 1-2): per bucket id a dense ``(rows, STATS_LEN)``
   array, the sketch as ``(row, slot, count)`` parts, and the CUDA error counts of the rows that had any;
 * the sealed buckets' sketches as ``(3, k)`` int32 ``(row, slot, count)`` arrays per ring position,
   latency, TTFT and TPOT (time per output token) apart (an open bucket keeps them in one slot
@@ -36,6 +36,22 @@ from skewwatch.config import WindowSettings
 from skewwatch.pipeline import moments
 from skewwatch.pipeline.sketch import log_bins
 from skewwatch.pipeline.window import snapshot
+from skewwatch.pipeline.window.bucket_row import (
+    BATCH_N,
+    COMPLETION,
+    COUNT,
+    DERIVED_N,
+    ERRORS,
+    FILL_N,
+    M2,
+    MEAN,
+    OPT_N,
+    OPT_SUM,
+    STATS_LEN,
+    merge_stats,
+    optional_values,
+    window_stats,
+)
 from skewwatch.pipeline.window.partition_state import PartitionState
 from skewwatch.pipeline.window.steps import (
     LATENCY_QUANTILES,
@@ -44,22 +60,7 @@ from skewwatch.pipeline.window.steps import (
     ClosedSteps,
     StepBatch,
 )
-from skewwatch.pipeline.window.summary import (
-    _BATCH_N,
-    _COMPLETION,
-    _COUNT,
-    _DERIVED_N,
-    _ERRORS,
-    _FILL_N,
-    _M2,
-    _MEAN,
-    _MOMENT_COUNT_COLUMNS,
-    _OPT_N,
-    _OPT_SUM,
-    _STATS_LEN,
-    optional_values,
-    tpot_accuracy,
-)
+from skewwatch.pipeline.window.summary import tpot_accuracy
 from skewwatch.schemas.feature_vector import RECENT_S
 from skewwatch.schemas.requests.columns import BATCH_DERIVED, RequestColumns
 
@@ -83,33 +84,6 @@ class ApplyResult(NamedTuple):
     late: int  # events whose bucket was already sealed: counted, not applied
 
 
-def merge_stats(a: FloatArray, b: FloatArray) -> FloatArray:
-    """Merge bucket rows ``a[i]`` and ``b[i]`` (each ``(g, _STATS_LEN)``): sums added, moments by Chan,
-    each MOMENT_FIELDS with its own count."""
-    out = a + b  # right for the counts and sums; the moments are replaced below
-    merged = moments.merge(moments.Moments(a[:, _MOMENT_COUNT_COLUMNS], a[:, _MEAN], a[:, _M2]),
-                           moments.Moments(b[:, _MOMENT_COUNT_COLUMNS], b[:, _MEAN], b[:, _M2]))
-    out[:, _MEAN] = merged.mean
-    out[:, _M2] = merged.m2
-    return out
-
-
-def window_stats(ring: FloatArray) -> FloatArray:
-    """Merge each row's ``n_buckets`` bucket rows (``(n_buckets, rows, _STATS_LEN)``) into one row:
-    the k-way form of Chan's formula (moments.merge_many), vectorised over rows and fields."""
-    out = ring.sum(axis=0)  # right for the counts and sums (and the m2 part within buckets)
-    count = ring[:, :, _MOMENT_COUNT_COLUMNS]  # (buckets, rows, fields): each field's own count
-    n = out[:, _MOMENT_COUNT_COLUMNS]
-    bucket_mean = ring[:, :, _MEAN]
-    mean = (count * bucket_mean).sum(axis=0) / np.where(n > 0, n, 1.0)
-    between = bucket_mean - mean
-    between *= between
-    between *= count
-    out[:, _MEAN] = mean
-    out[:, _M2] += between.sum(axis=0)
-    return out
-
-
 def consolidate(parts: list[Entries], n_codes: int) -> Entries:
     """Sum several ``(row, slot, count)`` arrays into one with unique pairs, sorted by (row, slot)."""
     parts = [p for p in parts if p.shape[1]]
@@ -130,7 +104,7 @@ class OpenBucket:
     __slots__ = ("stats", "parts", "cuda_errors")
 
     def __init__(self, capacity: int) -> None:
-        self.stats: FloatArray = np.zeros((capacity, _STATS_LEN))
+        self.stats: FloatArray = np.zeros((capacity, STATS_LEN))
         self.parts: list[Entries] = []  # sketch entries, one part per apply (pairs unique within a part)
         self.cuda_errors: dict[int, Counter[str]] = {}  # row -> cuda_error value -> count
 
@@ -244,7 +218,7 @@ class PartitionWindows:
         self._capacity = 0
         self._next_row = 0  # rows [0, _next_row) have been handed out (some may be free again)
         self._free: list[int] = []
-        self._stats: FloatArray = np.zeros((self.n_buckets, 0, _STATS_LEN))
+        self._stats: FloatArray = np.zeros((self.n_buckets, 0, STATS_LEN))
         self._last_ts: FloatArray = np.zeros(0)
         self._open: dict[int, OpenBucket] = {}  # bucket id -> bucket not sealed yet
         self._ring: list[Sealed] = [EMPTY_SEALED] * self.n_buckets  # sealed sketches by ring position
@@ -270,13 +244,13 @@ class PartitionWindows:
         """Make room for ``needed`` rows (by a quarter at least: memory per replica matters more
         than the occasional copy)."""
         capacity = max(needed, self._capacity + self._capacity // 4, 16)
-        stats = np.zeros((self.n_buckets, capacity, _STATS_LEN))
+        stats = np.zeros((self.n_buckets, capacity, STATS_LEN))
         stats[:, :self._capacity] = self._stats
         last_ts = np.full(capacity, -math.inf)
         last_ts[:self._capacity] = self._last_ts
         self._stats, self._last_ts = stats, last_ts
         for bucket in self._open.values():
-            grown = np.zeros((capacity, _STATS_LEN))
+            grown = np.zeros((capacity, STATS_LEN))
             grown[:self._capacity] = bucket.stats
             bucket.stats = grown
         self._latency.grow_rows(capacity)
@@ -360,15 +334,15 @@ class PartitionWindows:
         groups, g = np.unique(code_row[key_code] * n_ids + bucket_code, return_inverse=True)
         n_groups = groups.size
 
-        stats = np.zeros((n_groups, _STATS_LEN))
-        stats[:, _COUNT] = np.bincount(g, minlength=n_groups)
-        stats[:, _ERRORS] = np.bincount(g, weights=cols.is_error, minlength=n_groups)
-        stats[:, _COMPLETION] = np.bincount(g, weights=cols.completion_tokens, minlength=n_groups)
+        stats = np.zeros((n_groups, STATS_LEN))
+        stats[:, COUNT] = np.bincount(g, minlength=n_groups)
+        stats[:, ERRORS] = np.bincount(g, weights=cols.is_error, minlength=n_groups)
+        stats[:, COMPLETION] = np.bincount(g, weights=cols.completion_tokens, minlength=n_groups)
         self._batch_moments(cols, g, n_groups, stats)
         for j, x in enumerate(optional_values(cols)):
             reported = ~np.isnan(x)
-            stats[:, _OPT_N.start + j] = np.bincount(g[reported], minlength=n_groups)
-            stats[:, _OPT_SUM.start + j] = np.bincount(g[reported], weights=x[reported], minlength=n_groups)
+            stats[:, OPT_N.start + j] = np.bincount(g[reported], minlength=n_groups)
+            stats[:, OPT_SUM.start + j] = np.bincount(g[reported], weights=x[reported], minlength=n_groups)
         entry_group, entry_slot, entry_count = self._group_sketches(cols, g)
         cuda: dict[int, Counter[str]] = {}
         codes = cols.cuda_error.tolist()  # object column: no vectorised "is None"
@@ -408,22 +382,22 @@ class PartitionWindows:
             values = np.column_stack([cols.latency_ms, cols.prompt_tokens, cols.completion_tokens,
                                       cols.batch_size, fill]).astype(np.float64)
             group_moments = moments.grouped(values, g, n_groups)
-            stats[:, _MEAN] = group_moments.mean
-            stats[:, _M2] = group_moments.m2
-            stats[:, _BATCH_N] = stats[:, _FILL_N] = stats[:, _COUNT]
+            stats[:, MEAN] = group_moments.mean
+            stats[:, M2] = group_moments.m2
+            stats[:, BATCH_N] = stats[:, FILL_N] = stats[:, COUNT]
         else:
             values = np.column_stack([cols.latency_ms, cols.prompt_tokens,
                                       cols.completion_tokens]).astype(np.float64)
             per_event = moments.grouped(values, g, n_groups)
             size = moments.grouped(cols.batch_size[size_known].astype(np.float64), g[size_known], n_groups)
             filled = moments.grouped(fill[fill_known], g[fill_known], n_groups)
-            stats[:, _MEAN] = np.column_stack([per_event.mean, size.mean, filled.mean])
-            stats[:, _M2] = np.column_stack([per_event.m2, size.m2, filled.m2])
-            stats[:, _BATCH_N] = size.count
-            stats[:, _FILL_N] = filled.count
+            stats[:, MEAN] = np.column_stack([per_event.mean, size.mean, filled.mean])
+            stats[:, M2] = np.column_stack([per_event.m2, size.m2, filled.m2])
+            stats[:, BATCH_N] = size.count
+            stats[:, FILL_N] = filled.count
         derived = cols.batch_source == BATCH_DERIVED
         if derived.any():
-            stats[:, _DERIVED_N] = np.bincount(g[derived], minlength=n_groups)
+            stats[:, DERIVED_N] = np.bincount(g[derived], minlength=n_groups)
 
     def _group_sketches(self, cols: RequestColumns, g: npt.NDArray[np.intp]
                         ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
@@ -503,7 +477,7 @@ class PartitionWindows:
             sealed = self._ring[position] = split_entries(entering.sketch(N_SKETCHES * self.bins.n_slots),
                                                           self.bins.n_slots)
             self._add_sealed(sealed, +1)
-            step_count = entering.stats[select, _COUNT].astype(np.int64)
+            step_count = entering.stats[select, COUNT].astype(np.int64)
             if entering.cuda_errors:
                 index_of_row = dict(zip(rows.tolist(), range(rows.size), strict=True))
                 cuda = {index_of_row[row]: dict(errors) for row, errors in entering.cuda_errors.items()}
@@ -537,9 +511,9 @@ class PartitionWindows:
     def _recent_prompt(self, bucket_id: int, select: slice | npt.NDArray[np.intp]) -> FloatArray:
         """``(rows, 3)``: count, prompt-length mean and m2 of the newest ``recent_buckets`` sealed
         buckets (up to ``bucket_id``), by Chan's merge of three columns only, not the whole rows."""
-        prompt_mean, prompt_m2 = _MEAN.start + 1, _M2.start + 1  # MOMENT_FIELDS[1] is prompt_tokens
+        prompt_mean, prompt_m2 = MEAN.start + 1, M2.start + 1  # MOMENT_FIELDS[1] is prompt_tokens
         positions = [(bucket_id - k) % self.n_buckets for k in range(self.recent_buckets)]
-        count = np.stack([self._stats[p, select, _COUNT] for p in positions])  # (buckets, rows)
+        count = np.stack([self._stats[p, select, COUNT] for p in positions])  # (buckets, rows)
         bucket_mean = np.stack([self._stats[p, select, prompt_mean] for p in positions])
         m2 = sum(self._stats[p, select, prompt_m2] for p in positions)
         n = count.sum(axis=0)
@@ -591,7 +565,7 @@ class PartitionWindows:
         cuda_rows: list[tuple[int, dict[str, int]]] = []
         written = 0
         for bucket_id, stats, entries in blocks:
-            present = np.flatnonzero(stats[:, _COUNT])  # keys with events in this bucket, in key order
+            present = np.flatnonzero(stats[:, COUNT])  # keys with events in this bucket, in key order
             if not present.size:
                 continue
             entry_key = key_of_row[entries[0]]
@@ -652,7 +626,7 @@ class PartitionWindows:
         key = state.bucket_key.astype(np.intp)
         ids, stats, lengths, sketch = state.bucket_id, state.bucket_stats, state.sketch_lengths, state.sketch
         n = key.size
-        if not (ids.size == lengths.size == n and stats.shape == (n, _STATS_LEN) and sketch.shape[0] == 2):
+        if not (ids.size == lengths.size == n and stats.shape == (n, STATS_LEN) and sketch.shape[0] == 2):
             raise ValueError("bucket columns of different lengths")
         if (lengths.size and lengths.min() < 0) or int(lengths.sum()) != sketch.shape[1]:
             raise ValueError("sketch lengths do not add up to the entries")

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from skewwatch.pipeline.window.summary import _STATS_LEN
+from skewwatch.pipeline.window.bucket_row import STATS_LEN
 
 
 class PartitionState(NamedTuple):
@@ -36,7 +36,7 @@ class PartitionState(NamedTuple):
     keys: list[tuple[str, str, float]]  # (model, replica, last event ts), in first-seen order
     bucket_key: npt.NDArray[np.int32]  # per bucket row: the index of its key in ``keys``
     bucket_id: npt.NDArray[np.int64]
-    bucket_stats: npt.NDArray[np.float64]  # (rows, _STATS_LEN), layout in summary.py
+    bucket_stats: npt.NDArray[np.float64]  # (rows, STATS_LEN), layout in bucket_row.py
     sketch_lengths: npt.NDArray[np.int64]  # per bucket row: its entries in ``sketch``
     sketch: npt.NDArray[np.int32]  # (2, entries): combined slot, count
     cuda_errors: list[tuple[int, dict[str, int]]]  # (bucket row, cuda_error value -> count), open buckets
@@ -45,5 +45,5 @@ class PartitionState(NamedTuple):
     def empty(cls, length_s: float, step_s: float, relative_accuracy: float) -> PartitionState:
         """The state of windows that have seen nothing."""
         return cls(length_s, step_s, relative_accuracy, None, None, 0, [], np.zeros(0, np.int32),
-                   np.zeros(0, np.int64), np.zeros((0, _STATS_LEN)), np.zeros(0, np.int64),
+                   np.zeros(0, np.int64), np.zeros((0, STATS_LEN)), np.zeros(0, np.int64),
                    np.zeros((2, 0), np.int32), [])

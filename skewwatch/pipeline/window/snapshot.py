@@ -18,7 +18,7 @@ itself); zlib is most of the cost.
 >>> import numpy as np
 >>> from skewwatch.pipeline.window.partition_state import PartitionState
 >>> state = PartitionState(60.0, 5.0, 0.01, 103.0, 19, 0, [("m", "r1", 101.0)], np.array([0], np.int32),
-...     np.array([20]), np.zeros((1, _STATS_LEN)), np.array([1]), np.array([[7], [1]], np.int32), [])
+...     np.array([20]), np.zeros((1, STATS_LEN)), np.array([1]), np.array([[7], [1]], np.int32), [])
 >>> encode(decode(encode(state))) == encode(state)
 True
 """
@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 import orjson
 
+from skewwatch.pipeline.window.bucket_row import OPT_N, STATS_LEN
 from skewwatch.pipeline.window.partition_state import PartitionState
-from skewwatch.pipeline.window.summary import _OPT_N, _STATS_LEN
 
 SNAPSHOT_FORMAT = "skewwatch.partition-windows"
-SNAPSHOT_VERSION = 6  # the latency, TTFT and TPOT sketches in one slot space; the bucket rows of summary.py
+SNAPSHOT_VERSION = 6  # the latency, TTFT and TPOT sketches in one slot space; the bucket rows of bucket_row.py
 # older versions also read: their bucket rows lack the last optional fields, read as not reported
 # (v4: TTFT per prompt token and its prompts' mean; v5: the prompts' mean)
 _MISSING_OPTIONAL = {4: 2, 5: 1, SNAPSHOT_VERSION: 0}
@@ -111,7 +111,7 @@ def _decode(data: bytes) -> PartitionState:
         raise ValueError(f"unsupported {SNAPSHOT_FORMAT} snapshot version {version!r} "
                          f"(this worker reads v{min(_MISSING_OPTIONAL)} to v{SNAPSHOT_VERSION})")
     missing = _MISSING_OPTIONAL[version]
-    width = _STATS_LEN - 2 * missing
+    width = STATS_LEN - 2 * missing
     n, total = int(doc["buckets"]), int(doc["entries"])
     if n < 0 or total < 0:
         raise ValueError("negative bucket or entry count")
@@ -132,8 +132,8 @@ def _decode(data: bytes) -> PartitionState:
     stats = np.ascontiguousarray(stats_t.reshape(width, n).T).astype(np.float64)
     if missing:  # an older version: the last optional fields' counts and sums, 0 (not reported)
         # after its last optional count and after its last optional sum (indices in the older row)
-        kept = _OPT_N.stop - _OPT_N.start - missing
-        stats = np.insert(stats, [_OPT_N.start + kept] * missing + [_OPT_N.start + 2 * kept] * missing, 0.0, axis=1)
+        kept = OPT_N.stop - OPT_N.start - missing
+        stats = np.insert(stats, [OPT_N.start + kept] * missing + [OPT_N.start + 2 * kept] * missing, 0.0, axis=1)
     sketch = np.stack([slots.astype(np.int32), counts.astype(np.int32)]) if total else np.zeros((2, 0), np.int32)
     watermark, closed_through = doc["watermark"], doc["closed_through"]
     return PartitionState(

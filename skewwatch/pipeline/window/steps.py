@@ -1,7 +1,7 @@
 """What :meth:`PartitionWindows.close_steps` returns: one :class:`StepBatch` (columns) per closed step.
 
 A step of a partition covers every known key at once, so it is computed and kept as columns: one
-row per (model, replica), the window's merged statistics in one ``(rows, _STATS_LEN)`` array, the
+row per (model, replica), the window's merged statistics in one ``(rows, STATS_LEN)`` array, the
 quantiles in ``(rows, k)`` arrays and the sketches as dense per-row count matrices. The per-row
 Python objects the rest of the pipeline reads (:class:`ReplicaStep` = :class:`FeatureVector` +
 :class:`WindowSummary`) are built only when someone iterates, all rows of a batch at once, from
@@ -37,20 +37,20 @@ import numpy.typing as npt
 from skewwatch.gc_pause import gc_paused
 from skewwatch.pipeline import moments
 from skewwatch.pipeline.sketch import SparseCounts
-from skewwatch.pipeline.window.summary import (
-    _BATCH_N,
-    _COMPLETION,
-    _COUNT,
-    _DERIVED_N,
-    _ERRORS,
-    _FILL_N,
-    _M2,
-    _MEAN,
-    _MOMENT_COUNT_COLUMNS,
-    _OPT_N,
-    _OPT_SUM,
-    WindowSummary,
+from skewwatch.pipeline.window.bucket_row import (
+    BATCH_N,
+    COMPLETION,
+    COUNT,
+    DERIVED_N,
+    ERRORS,
+    FILL_N,
+    M2,
+    MEAN,
+    MOMENT_COUNT_COLUMNS,
+    OPT_N,
+    OPT_SUM,
 )
+from skewwatch.pipeline.window.summary import WindowSummary
 from skewwatch.schemas.feature_vector import FEATURES_SCHEMA_VERSION, FeatureVector
 
 FloatArray = npt.NDArray[np.float64]
@@ -113,7 +113,7 @@ class StepBatch:
     length_s: float
     relative_accuracy: float
     keys: list[tuple[str, str]]
-    stats: FloatArray  # (rows, _STATS_LEN): the window's merged bucket row per key (layout in summary.py)
+    stats: FloatArray  # (rows, STATS_LEN): the window's merged bucket row per key (layout in bucket_row.py)
     step_count: npt.NDArray[np.int64]  # (rows,) events in the newest step
     step_cuda_errors: dict[int, dict[str, int]]  # row -> cuda_error value -> count, newest step
     latency_q: FloatArray  # (rows, len(LATENCY_QUANTILES)); NaN: no event
@@ -135,7 +135,7 @@ class StepBatch:
     @property
     def count(self) -> npt.NDArray[np.int64]:
         """Events in each row's window."""
-        return self.stats[:, _COUNT].astype(np.int64)
+        return self.stats[:, COUNT].astype(np.int64)
 
     def feature_vectors(self) -> list[FeatureVector]:
         """Every row's :class:`FeatureVector`, built once (column-wise, then one object per row).
@@ -185,7 +185,7 @@ class StepBatch:
         np.cumsum(lengths[:-1], out=starts[1:])
         st = self.stats[order]
         total = np.add.reduceat(st, starts, axis=0)
-        fields = moments.merge_runs(moments.Moments(st[:, _MOMENT_COUNT_COLUMNS], st[:, _MEAN], st[:, _M2]), starts)
+        fields = moments.merge_runs(moments.Moments(st[:, MOMENT_COUNT_COLUMNS], st[:, MEAN], st[:, M2]), starts)
         recent = self.recent[order]
         prompt = moments.merge_runs(moments.Moments(recent[:, :1], recent[:, 1:2], recent[:, 2:3]), starts)
         step_count = np.add.reduceat(self.step_count[order], starts).tolist()
@@ -202,12 +202,12 @@ class StepBatch:
         return [
             WindowSummary(
                 model=model, replica=None, window_end=self.window_end, length_s=self.length_s,
-                relative_accuracy=self.relative_accuracy, count=int(ints[g, _COUNT]), errors=int(ints[g, _ERRORS]),
-                completion_tokens=int(ints[g, _COMPLETION]), mean=fields.mean[g], m2=fields.m2[g],
-                optional_count=ints[g, _OPT_N].copy(), optional_sum=total[g, _OPT_SUM].copy(),
+                relative_accuracy=self.relative_accuracy, count=int(ints[g, COUNT]), errors=int(ints[g, ERRORS]),
+                completion_tokens=int(ints[g, COMPLETION]), mean=fields.mean[g], m2=fields.m2[g],
+                optional_count=ints[g, OPT_N].copy(), optional_sum=total[g, OPT_SUM].copy(),
                 latency=sketches[0][g], ttft=sketches[1][g], step_count=step_count[g], step_cuda_errors=cuda[g],
-                replicas=int(lengths[g]), batch_count=int(ints[g, _BATCH_N]), fill_count=int(ints[g, _FILL_N]),
-                derived_count=int(ints[g, _DERIVED_N]), tpot=sketches[2][g], recent_count=int(recent_n),
+                replicas=int(lengths[g]), batch_count=int(ints[g, BATCH_N]), fill_count=int(ints[g, FILL_N]),
+                derived_count=int(ints[g, DERIVED_N]), tpot=sketches[2][g], recent_count=int(recent_n),
                 recent_prompt_mean=float(prompt.mean[g, 0]), recent_prompt_m2=float(prompt.m2[g, 0]))
             for g, (model, recent_n) in enumerate(zip(models, np.add.reduceat(
                 np.rint(recent[:, 0]).astype(np.int64), starts).tolist(), strict=True))
@@ -219,19 +219,19 @@ class StepBatch:
             return []
         st = self.stats
         length = self.length_s
-        count_f = st[:, _COUNT]
+        count_f = st[:, COUNT]
         has_events = count_f > 0
-        field_count = st[:, _MOMENT_COUNT_COLUMNS]  # (rows, 5) each MOMENT_FIELDS' own count
+        field_count = st[:, MOMENT_COUNT_COLUMNS]  # (rows, 5) each MOMENT_FIELDS' own count
         known = field_count > 0
         with np.errstate(invalid="ignore", divide="ignore"):
-            var = st[:, _M2] / field_count  # population variance; NaN/inf where unknown (masked below)
-            optional_mean = st[:, _OPT_SUM] / st[:, _OPT_N]
-            error_rate = st[:, _ERRORS] / count_f
-        mean = st[:, _MEAN]
+            var = st[:, M2] / field_count  # population variance; NaN/inf where unknown (masked below)
+            optional_mean = st[:, OPT_SUM] / st[:, OPT_N]
+            error_rate = st[:, ERRORS] / count_f
+        mean = st[:, MEAN]
         count = count_f.astype(np.int64).tolist()
-        batch_count = np.rint(st[:, _BATCH_N]).astype(np.int64).tolist()
-        derived_count = np.rint(st[:, _DERIVED_N]).astype(np.int64).tolist()
-        optional_count = st[:, _OPT_N].round().astype(np.int64)
+        batch_count = np.rint(st[:, BATCH_N]).astype(np.int64).tolist()
+        derived_count = np.rint(st[:, DERIVED_N]).astype(np.int64).tolist()
+        optional_count = st[:, OPT_N].round().astype(np.int64)
         optional_known = optional_count > 0
         step_count = self.step_count.tolist()
         latency_known = ~np.isnan(self.latency_q)
@@ -258,7 +258,7 @@ class StepBatch:
             "prompt_tokens_var": _or_none(var[:, 1], known[:, 1]),
             "completion_tokens_mean": _or_none(mean[:, 2], known[:, 2]),
             "completion_tokens_var": _or_none(var[:, 2], known[:, 2]),
-            "tokens_per_s": (st[:, _COMPLETION].astype(np.int64) / length).tolist(),
+            "tokens_per_s": (st[:, COMPLETION].astype(np.int64) / length).tolist(),
             "error_rate": _or_none(error_rate, has_events),
             "queue_length_mean": _or_none(optional_mean[:, 1], optional_known[:, 1]),
             "kv_cache_hit_rate_mean": _or_none(optional_mean[:, 2], optional_known[:, 2]),
@@ -292,13 +292,13 @@ class StepBatch:
     def _build_summaries(self) -> list[WindowSummary]:
         rows = len(self.keys)
         st = self.stats
-        count = st[:, _COUNT].astype(np.int64).tolist()
-        errors = st[:, _ERRORS].astype(np.int64).tolist()
-        completion = st[:, _COMPLETION].astype(np.int64).tolist()
-        batch_count = np.rint(st[:, _BATCH_N]).astype(np.int64).tolist()
-        fill_count = np.rint(st[:, _FILL_N]).astype(np.int64).tolist()
-        derived_count = np.rint(st[:, _DERIVED_N]).astype(np.int64).tolist()
-        optional_count = st[:, _OPT_N].round().astype(np.int64)
+        count = st[:, COUNT].astype(np.int64).tolist()
+        errors = st[:, ERRORS].astype(np.int64).tolist()
+        completion = st[:, COMPLETION].astype(np.int64).tolist()
+        batch_count = np.rint(st[:, BATCH_N]).astype(np.int64).tolist()
+        fill_count = np.rint(st[:, FILL_N]).astype(np.int64).tolist()
+        derived_count = np.rint(st[:, DERIVED_N]).astype(np.int64).tolist()
+        optional_count = st[:, OPT_N].round().astype(np.int64)
         step_count = self.step_count.tolist()
         recent_count = self.recent[:, 0].astype(np.int64).tolist()
         cuda = self.step_cuda_errors
@@ -306,8 +306,8 @@ class StepBatch:
         return [
             WindowSummary(*values) for values in zip(
                 [model for model, _ in self.keys], [replica for _, replica in self.keys], [self.window_end] * rows,
-                [self.length_s] * rows, [self.relative_accuracy] * rows, count, errors, completion, st[:, _MEAN],
-                st[:, _M2], optional_count, st[:, _OPT_SUM], _sparse_rows(self.latency_counts, self.latency_offset),
+                [self.length_s] * rows, [self.relative_accuracy] * rows, count, errors, completion, st[:, MEAN],
+                st[:, M2], optional_count, st[:, OPT_SUM], _sparse_rows(self.latency_counts, self.latency_offset),
                 _sparse_rows(self.ttft_counts, self.ttft_offset), step_count, step_cuda, [None] * rows,
                 batch_count, fill_count, derived_count, _sparse_rows(self.tpot_counts, self.tpot_offset),
                 recent_count, self.recent[:, 1].tolist(), self.recent[:, 2].tolist(), strict=True)

@@ -25,78 +25,15 @@ import numpy.typing as npt
 
 from skewwatch.pipeline import moments
 from skewwatch.pipeline.sketch import EMPTY_SPARSE, SparseCounts, log_bins
+from skewwatch.pipeline.window.bucket_row import ADDED_OPTIONAL, EVENT_MOMENTS, MOMENT_FIELDS, OPTIONAL_FIELDS
 from skewwatch.schemas.feature_vector import FeatureVector
-from skewwatch.schemas.requests.columns import RequestColumns
 
 FloatArray = npt.NDArray[np.float64]
-
-# Kept as Welford moments. The first three are on every event (their count is the bucket's event
-# count); batch_size is over the events with a known batch size (count _BATCH_N) and batch_fill
-# over those with a known size and capacity (count _FILL_N): v1.1 batch fields are optional.
-MOMENT_FIELDS: tuple[str, ...] = (
-    "latency_ms", "prompt_tokens", "completion_tokens", "batch_size", "batch_fill",
-)
-_EVENT_MOMENTS = 3  # MOMENT_FIELDS[:3] are counted by _COUNT
-# Optional fields (NaN = not reported): kept as (reported count, sum), so missing never reads as 0.
-# The last two are derived per event, over the events with ttft_ms > 0 and prompt_tokens > 0:
-# log(ttft_ms / prompt_tokens) and log(prompt_tokens) (their means are the logs of the geometric means
-# of TTFT per prompt token and of those events' prompts: see ``optional_values``).
-OPTIONAL_FIELDS: tuple[str, ...] = ("ttft_ms", "queue_length", "kv_cache_hit_rate", "log_ttft_per_prompt_token",
-                                    "log_ttft_prompt_tokens")
-# absent from older summaries (contract v1.6 and v1.8), read as not reported
-_ADDED_OPTIONAL = frozenset({"log_ttft_per_prompt_token", "log_ttft_prompt_tokens"})
-_M, _O = len(MOMENT_FIELDS), len(OPTIONAL_FIELDS)
-# All numbers of a bucket live in ONE float64 row: one numpy object per bucket instead of several
-# (each array costs ~100 bytes of header and memory per replica matters); counts are exact in
-# float64 up to 2**53. Layout of a row:
-_COUNT, _ERRORS, _COMPLETION = 0, 1, 2  # events; events with status "error"; completion tokens
-_MEAN = slice(3, 3 + _M)  # mean of each MOMENT_FIELDS
-_M2 = slice(3 + _M, 3 + 2 * _M)  # sum of squared deviations of each MOMENT_FIELDS
-_OPT_N = slice(3 + 2 * _M, 3 + 2 * _M + _O)  # events that reported each OPTIONAL_FIELDS
-_OPT_SUM = slice(3 + 2 * _M + _O, 3 + 2 * _M + 2 * _O)  # their sum
-# the batch counts (contract v1.1: a batch size may be unknown)
-_BATCH_N = 3 + 2 * _M + 2 * _O  # events with a known batch_size (reported or derived)
-_FILL_N = _BATCH_N + 1  # events with a known batch_size and batch_capacity
-_DERIVED_N = _BATCH_N + 2  # events whose batch_size was derived from telemetry
-_STATS_LEN = _BATCH_N + 3
-# the count column of each MOMENT_FIELDS, for merging moments (each field with its own count)
-_MOMENT_COUNT_COLUMNS: tuple[int, ...] = (_COUNT,) * _EVENT_MOMENTS + (_BATCH_N, _FILL_N)
 
 SUMMARY_VERSION = 1
 # The TPOT sketch is coarser than the latency one: its rules compare ratios of 1.5x and more, and
 # 5 % bins keep its memory per replica at a fraction of the latency sketch's.
 TPOT_RELATIVE_ACCURACY = 0.05
-
-
-def optional_values(columns: RequestColumns) -> list[FloatArray]:
-    """Each OPTIONAL_FIELDS' value per event of ``columns`` (request columns), NaN where not reported.
-
-    ``log_ttft_per_prompt_token``: a request's time to its first token grows with its prompt
-    (prefill), so a window's TTFT moves with the mix of prompt lengths it happened to serve; per
-    prompt token it does not, and a replica whose first tokens come later shows at any mix. Its log,
-    so that the window's mean is the geometric mean (one very short prompt cannot dominate it).
-    ``log_ttft_prompt_tokens``: the log prompt of the same events. Prefill is not all of a TTFT (a
-    request also waits for a step of the engine), so per prompt token a short prompt takes longer than
-    a long one; with the prompts' own mean beside it, a reader can judge TTFT per prompt token at a
-    given prompt length (the learned detector does: ``pipeline.detectors.prompt_slope``).
-
-    >>> event = {"request_id": "a", "ts": 1.0, "model": "m", "replica": "r1", "latency_ms": 900.0,
-    ...          "completion_tokens": 20}
-    >>> cols = RequestColumns.from_rows([{**event, "prompt_tokens": 100, "ttft_ms": 200.0},
-    ...                                  {**event, "prompt_tokens": 50}, {**event, "prompt_tokens": 0, "ttft_ms": 5.0}])
-    >>> [round(float(v), 3) for v in optional_values(cols)[3]]
-    [0.693, nan, nan]
-    >>> [round(float(v), 3) for v in optional_values(cols)[4]]
-    [4.605, nan, nan]
-    """
-    ttft = columns.ttft_ms
-    prompt = columns.prompt_tokens
-    per_token = np.full(len(ttft), np.nan)
-    usable = (ttft > 0.0) & (prompt > 0)  # NaN compares False: not reported
-    log_prompt = np.full(len(ttft), np.nan)
-    log_prompt[usable] = np.log(prompt[usable])
-    per_token[usable] = np.log(ttft[usable] / prompt[usable])
-    return [ttft, columns.queue_length, columns.kv_cache_hit_rate, per_token, log_prompt]
 
 
 def _exp(value: float | None) -> float | None:
@@ -156,7 +93,7 @@ class WindowSummary:
 
     def moments(self) -> moments.Moments:
         """The window's moments for MOMENT_FIELDS (each field with its own count)."""
-        counts = np.array([self.count] * _EVENT_MOMENTS + [self.batch_count, self.fill_count], dtype=np.float64)
+        counts = np.array([self.count] * EVENT_MOMENTS + [self.batch_count, self.fill_count], dtype=np.float64)
         return moments.Moments(counts, self.mean, self.m2)
 
     def features(self) -> FeatureVector:
@@ -178,7 +115,7 @@ class WindowSummary:
         recent = self.recent_count
         mean: dict[str, float | None] = dict.fromkeys(MOMENT_FIELDS)
         var: dict[str, float | None] = dict.fromkeys(MOMENT_FIELDS)
-        counts = [n] * _EVENT_MOMENTS + [self.batch_count, self.fill_count]
+        counts = [n] * EVENT_MOMENTS + [self.batch_count, self.fill_count]
         for f, count, field_mean, m2 in zip(MOMENT_FIELDS, counts, self.mean.tolist(), self.m2.tolist(),
                                             strict=True):
             if count > 0:  # no event with the field: unknown (None), never 0
@@ -279,7 +216,7 @@ class WindowSummary:
 
             def per_field(name: str, names: tuple[str, ...], dtype: type) -> npt.NDArray[Any]:
                 values = data[name]  # a field newer than the sending worker is absent: not reported
-                return np.array([values[f] if f in values or f not in _ADDED_OPTIONAL else 0 for f in names],
+                return np.array([values[f] if f in values or f not in ADDED_OPTIONAL else 0 for f in names],
                                 dtype=dtype)
 
             replicas = data.get("replicas")
