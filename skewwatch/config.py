@@ -49,6 +49,7 @@ from skewwatch.config_section import (
 )
 from skewwatch.pipeline.detector_settings import DetectorSettings
 from skewwatch.pipeline.detectors.profiles import with_profile
+from skewwatch.pipeline.window_settings import WindowSettings  # the windowing code's own section
 
 # Kafka's rule for topic names: letters, digits, '.', '_', '-'; at most 249 characters
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -120,28 +121,6 @@ class TopicSettings(ConfigSection):
                 continue
             self._require(_TOPIC_NAME.fullmatch(value) is not None, name,
                           "must be a Kafka topic name (1-249 letters, digits, '.', '_' or '-')")
-
-
-class WindowSettings(ConfigSection):
-    """``[window]``: the sliding windows per replica and how event time advances."""
-
-    section = "window"
-
-    length_s: Positive = 60.0  # seed §2.5: 60 s sliding window
-    step_s: Positive = 5.0  # seed §2.5: a feature vector every 5 s
-    allowed_lateness_s: NonNegative = 5.0  # events older than watermark are late: counted, not folded in
-    idle_release_s: Positive = 90.0  # a replica silent this long (past window + grace) is released
-    partition_idle_s: Positive = 10.0  # wall seconds without input before an idle partition follows the others
-    sketch_relative_accuracy: Annotated[float, Meta(gt=0, lt=1)] = 0.01  # quantile sketch: <= 1 % relative error
-    # a telemetry partition read this far (event time) ahead of the requests' watermark is paused until
-    # the requests catch up: a backlog of telemetry would otherwise push the samples old steps need out
-    # of the join's history (telemetry_join.history_for: 23 samples, 110 s at the 5 s interval)
-    telemetry_ahead_s: Positive = 60.0
-
-    def __post_init__(self) -> None:
-        steps = self.length_s / self.step_s
-        self._require(steps >= 1 and abs(steps - round(steps)) <= 1e-9, "length_s",
-                      f"must be a whole number of step_s ({self.step_s:g} s) steps")
 
 
 class LimitSettings(ConfigSection):

@@ -8,7 +8,7 @@ moments are merged with Chan's formula (the window's and the newest 20 s's promp
 counts and sums are summed. The result is a per-model summary (``replica=None``, ``replicas`` = how many summaries
 were merged) whose features come from the same :meth:`WindowSummary.features` as per-replica ones.
 
->>> from skewwatch.config import WindowSettings
+>>> from skewwatch.pipeline.window_settings import WindowSettings
 >>> from skewwatch.schemas.requests.columns import RequestColumns
 >>> from skewwatch.pipeline.window import PartitionWindows
 >>> ev = dict(model="m", prompt_tokens=10, completion_tokens=20, batch_size=4, batch_capacity=16)
@@ -30,10 +30,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from skewwatch.config import WindowSettings
 from skewwatch.pipeline import moments
 from skewwatch.pipeline.sketch import EMPTY_SPARSE, add_sparse
 from skewwatch.pipeline.window import MOMENT_FIELDS, OPTIONAL_FIELDS, WindowSummary
+from skewwatch.pipeline.window_settings import WindowSettings
 from skewwatch.schemas.feature_vector import FeatureVector
 
 

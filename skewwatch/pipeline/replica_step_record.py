@@ -16,7 +16,7 @@ without a change here; the decoded objects equal what ``from_dict(to_dict())`` g
 them equal, field by field). Routing needs no JSON: the Kafka header ``skewwatch-step`` holds
 ``[window_end, source, replicas, part]`` (:func:`step_header`, :func:`read_step_header`).
 
->>> from skewwatch.config import WindowSettings
+>>> from skewwatch.pipeline.window_settings import WindowSettings
 >>> from skewwatch.schemas.requests.columns import RequestColumns
 >>> from skewwatch.pipeline.window import PartitionWindows
 >>> ev = dict(model="m", prompt_tokens=10, completion_tokens=20, batch_size=4, batch_capacity=16)

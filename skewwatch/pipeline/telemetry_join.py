@@ -84,8 +84,8 @@ from dataclasses import dataclass, fields
 from sys import intern
 from typing import Any, Literal
 
-from skewwatch.config import WindowSettings
 from skewwatch.pipeline.weights import ENGINE_SOURCES
+from skewwatch.pipeline.window_settings import WindowSettings
 from skewwatch.schemas.telemetry_sample import TELEMETRY_SOURCES, TelemetrySample
 
 # Which producer's reading wins when two give the same counter (and which names the merged sample).

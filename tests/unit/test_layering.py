@@ -3,6 +3,8 @@
 - ``skewwatch/schemas/`` (the wire contracts) sits at the bottom: it imports only itself and
   ``skewwatch.gc_pause``, and nothing it reaches imports the engine (pipeline, agents) or settings;
 - ``skewwatch/pipeline/`` is pure: nothing it reaches imports the agents or a Kafka/HTTP client;
+- the settings loader (``skewwatch.config``) depends on ``pipeline/``, never the reverse: it composes
+  the pipeline's own settings types, and no pipeline module reaches it;
 - no two modules of the package import each other, directly or around a longer loop (imports inside
   functions count: a deferred import hides a cycle, it does not break it; imports only for the type
   checker do not, they never run).
@@ -129,6 +131,31 @@ def test_pipeline_reaches_no_agents_and_no_clients() -> None:
         if agents or clients:
             offenders[module] = agents + clients
     assert offenders == {}
+
+
+# pipeline modules that still take WindowSettings from skewwatch.config's re-export instead of its home,
+# skewwatch.pipeline.window_settings; an entry that no longer imports the loader fails the test below
+CONFIG_IMPORT_PENDING = frozenset({"skewwatch.pipeline.window.partition"})
+
+
+def test_pipeline_never_imports_the_settings_loader() -> None:
+    """Neither directly nor through a module outside pipeline/ (imports inside functions count)."""
+    direct = {}
+    around = {}
+    for module in _modules():
+        if not _in(module, ("skewwatch.pipeline",)):
+            continue
+        imported = _imports(module)[0]
+        if "skewwatch.config" in imported:
+            direct[module] = "skewwatch.config"
+        for other in sorted(imported):
+            if other != "skewwatch.config" and not _in(other, ("skewwatch.pipeline",)) and \
+                    "skewwatch.config" in _reached(other):
+                around[module] = other
+    assert around == {}, f"pipeline modules reaching skewwatch.config through another module: {around}"
+    assert set(direct) == CONFIG_IMPORT_PENDING, (
+        f"pipeline modules importing skewwatch.config: {sorted(direct)}; the settings types pipeline/ needs "
+        "live in pipeline/ (skewwatch.pipeline.window_settings, skewwatch.pipeline.detector_settings)")
 
 
 def _cycles(graph: dict[str, frozenset[str]]) -> list[list[str]]:
