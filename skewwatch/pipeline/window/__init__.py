@@ -2,13 +2,14 @@
 
 Stage 1's state (docs/design.md, "Two stages, two keys"): a 60 s window sliding by 5 s (seed §2.5)
 per replica, vectorised across a partition's replicas. Modules: ``partition.py`` (the columnar
-state, ``apply``, ``close_steps``), ``steps.py`` (what a step returns: ``StepBatch`` columns,
-per-replica ``ReplicaStep`` on demand), ``bucket_row.py`` (the one float64 row a bucket or a window
-keeps, its column layout and how rows merge), ``summary.py`` (``WindowSummary``, the stage 1 -> 2
-hand-off, and the feature definitions), ``partition_state.py`` (``PartitionState``: the partition as
-plain columns, what :meth:`PartitionWindows.export_state` gives and
-:meth:`PartitionWindows.from_state` takes) and ``snapshot.py`` (a ``PartitionState`` as checkpoint
-bytes and back).
+state, ``apply``, ``close_steps``), ``buckets.py`` (an open bucket and a sealed one's sketch
+entries), ``row_totals.py`` (the running sketch totals a step adds to and subtracts from),
+``bucket_row.py`` (the one float64 row a bucket or a window keeps: its column layout and how rows
+merge), ``steps.py`` (what a step returns: ``StepBatch`` columns, per-replica ``ReplicaStep`` on
+demand), ``summary.py`` (``WindowSummary``, the stage 1 -> 2 hand-off, and the feature
+definitions), ``partition_state.py`` (``PartitionState``: the partition as plain columns, what
+:meth:`PartitionWindows.export_state` gives and :meth:`PartitionWindows.from_state` takes) and
+``snapshot.py`` (a ``PartitionState`` as checkpoint bytes and back).
 
 * **Event time, watermark, lateness.** Each Kafka partition has one :class:`PartitionWindows`.
   Its watermark is ``max event ts seen - allowed_lateness_s`` (never moving back). A bucket

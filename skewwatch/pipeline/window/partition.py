@@ -7,14 +7,16 @@ One partition's state is a handful of arrays with one row per key (a key registr
   position ``b % n_buckets``, one float64 bucket row each (layout in ``bucket_row.py``; ring-major, so
   merging a window adds 12 contiguous ``(rows, STATS_LEN)`` slabs);
 * open buckets (still collecting events, usually 1-2): per bucket id a dense ``(rows, STATS_LEN)``
-  array, the sketch as ``(row, slot, count)`` parts, and the CUDA error counts of the rows that had any;
+  array, the sketch as ``(row, slot, count)`` parts, and the CUDA error counts of the rows that had any
+  (``buckets.py``);
 * the sealed buckets' sketches as ``(3, k)`` int32 ``(row, slot, count)`` arrays per ring position,
   latency, TTFT and TPOT (time per output token) apart (an open bucket keeps them in one slot
   space: TTFT at ``n_slots + slot``, TPOT at ``2 * n_slots + slot``; TPOT's bins are coarser,
   ``tpot_accuracy``, so its slots fit below ``n_slots``);
 * three dense running totals per row (latency, TTFT, TPOT) over the slot range in use by the partition
   (grown when a value falls outside it, trimmed when its edges empty out): a step *adds* the newly
-  sealed bucket's entries and *subtracts* the leaving one's, instead of re-merging 12 buckets.
+  sealed bucket's entries and *subtracts* the leaving one's, instead of re-merging 12 buckets
+  (``row_totals.py``).
 
 A step is then a few whole-array operations for all rows: Chan's merge of the 12 buckets'
 moments, one cumulative sum + rank search over the dense totals for the quantiles
@@ -52,7 +54,16 @@ from skewwatch.pipeline.window.bucket_row import (
     optional_values,
     window_stats,
 )
+from skewwatch.pipeline.window.buckets import (
+    EMPTY_SEALED,
+    N_SKETCHES,
+    Entries,
+    OpenBucket,
+    Sealed,
+    split_entries,
+)
 from skewwatch.pipeline.window.partition_state import PartitionState
+from skewwatch.pipeline.window.row_totals import RowTotals
 from skewwatch.pipeline.window.steps import (
     LATENCY_QUANTILES,
     TPOT_QUANTILES,
@@ -65,137 +76,11 @@ from skewwatch.schemas.feature_vector import RECENT_S
 from skewwatch.schemas.requests.columns import BATCH_DERIVED, RequestColumns
 
 FloatArray = npt.NDArray[np.float64]
-Entries = npt.NDArray[np.int32]  # (3, k): row, slot, count; sorted by (row, slot), pairs unique
-EMPTY_ENTRIES: Entries = np.zeros((3, 0), dtype=np.int32)
-EMPTY_ENTRIES.flags.writeable = False
-_INT32_MAX = int(np.iinfo(np.int32).max)
-
-# Merge an open bucket's sketch parts (one per apply that touched it) once this many piled up.
-_MAX_OPEN_PARTS = 8
-# Slots of margin kept on each side of a running total's range, so a range that wobbles by a
-# few slots does not reallocate every step.
-_TOTAL_MARGIN = 8
-# Sketches per event, one slot space each in an open bucket: latency, TTFT, TPOT.
-N_SKETCHES = 3
 
 
 class ApplyResult(NamedTuple):
     accepted: int  # events folded into open buckets
     late: int  # events whose bucket was already sealed: counted, not applied
-
-
-def consolidate(parts: list[Entries], n_codes: int) -> Entries:
-    """Sum several ``(row, slot, count)`` arrays into one with unique pairs, sorted by (row, slot)."""
-    parts = [p for p in parts if p.shape[1]]
-    if not parts:
-        return EMPTY_ENTRIES
-    both = np.concatenate(parts, axis=1)
-    code = both[0].astype(np.int64) * n_codes + both[1]
-    pairs, where = np.unique(code, return_inverse=True)
-    counts = np.bincount(where, weights=both[2], minlength=pairs.size)
-    if counts.size and counts.max() > _INT32_MAX:
-        raise OverflowError("sketch count exceeds int32")
-    return np.stack([pairs // n_codes, pairs % n_codes, counts.astype(np.int64)]).astype(np.int32)
-
-
-class OpenBucket:
-    """A bucket still collecting events, for every row of the partition at once."""
-
-    __slots__ = ("stats", "parts", "cuda_errors")
-
-    def __init__(self, capacity: int) -> None:
-        self.stats: FloatArray = np.zeros((capacity, STATS_LEN))
-        self.parts: list[Entries] = []  # sketch entries, one part per apply (pairs unique within a part)
-        self.cuda_errors: dict[int, Counter[str]] = {}  # row -> cuda_error value -> count
-
-    def add_entries(self, entries: Entries, n_codes: int) -> None:
-        self.parts.append(entries)
-        if len(self.parts) >= _MAX_OPEN_PARTS:
-            self.sketch(n_codes)
-
-    def sketch(self, n_codes: int) -> Entries:
-        """The merged sketch entries; kept as the only part (so asking twice is free)."""
-        if len(self.parts) != 1:
-            self.parts = [consolidate(self.parts, n_codes)]
-        return self.parts[0]
-
-
-class Sealed(NamedTuple):
-    """A sealed bucket's sketch entries, latency, TTFT and TPOT apart (each in its own slot space)."""
-
-    latency: Entries
-    ttft: Entries
-    tpot: Entries = EMPTY_ENTRIES
-
-
-EMPTY_SEALED = Sealed(EMPTY_ENTRIES, EMPTY_ENTRIES, EMPTY_ENTRIES)
-
-
-def split_entries(entries: Entries, n_slots: int) -> Sealed:
-    """Combined-slot entries (TTFT at ``n_slots + slot``, TPOT at ``2 * n_slots + slot``) as a
-    :class:`Sealed` triple. Entries sorted by (row, combined slot) stay sorted by (row, slot)."""
-    slots = entries[1]
-    is_latency = slots < n_slots  # comparisons, not slots // n_slots: this runs on every step
-    if is_latency.all():
-        return Sealed(entries, EMPTY_ENTRIES, EMPTY_ENTRIES)
-    is_tpot = slots >= 2 * n_slots
-    ttft = entries[:, ~(is_latency | is_tpot)]
-    ttft[1] -= n_slots
-    tpot = entries[:, is_tpot]
-    tpot[1] -= 2 * n_slots
-    return Sealed(entries[:, is_latency], ttft, tpot)
-
-
-class RowTotals:
-    """A dense running total of sketch counts per row, over one slot range shared by all rows."""
-
-    __slots__ = ("counts", "offset", "n_slots")
-
-    def __init__(self, capacity: int, n_slots: int) -> None:
-        self.counts: npt.NDArray[np.int32] = np.zeros((capacity, 0), dtype=np.int32)
-        self.offset = 0
-        self.n_slots = n_slots
-
-    def grow_rows(self, capacity: int) -> None:
-        grown = np.zeros((capacity, self.counts.shape[1]), dtype=np.int32)
-        grown[:self.counts.shape[0]] = self.counts
-        self.counts = grown
-
-    def _cover(self, lo: int, hi: int) -> None:
-        width = self.counts.shape[1]
-        if width and lo >= self.offset and hi <= self.offset + width:
-            return
-        new_lo = max(min(lo - _TOTAL_MARGIN, self.offset if width else lo), 0)
-        new_hi = min(max(hi + _TOTAL_MARGIN, self.offset + width if width else hi), self.n_slots)
-        grown = np.zeros((self.counts.shape[0], new_hi - new_lo), dtype=np.int32)
-        if width:
-            grown[:, self.offset - new_lo:self.offset - new_lo + width] = self.counts
-        self.counts, self.offset = grown, new_lo
-
-    def add(self, rows: npt.NDArray[np.int32], slots: npt.NDArray[np.int32], counts: npt.NDArray[np.int32],
-            sign: int = 1) -> None:
-        """Add (or with ``sign=-1`` subtract) entries whose (row, slot) pairs are unique."""
-        if not rows.size:
-            return
-        if sign > 0:
-            self._cover(int(slots.min()), int(slots.max()) + 1)
-            self.counts[rows, slots - self.offset] += counts
-        else:
-            self.counts[rows, slots - self.offset] -= counts
-
-    def trim(self) -> None:
-        """Shrink the range when its edges emptied out (values that left the window)."""
-        width = self.counts.shape[1]
-        if not width:
-            return
-        used = np.flatnonzero(self.counts.any(axis=0))
-        if not used.size:
-            self.counts, self.offset = np.zeros((self.counts.shape[0], 0), dtype=np.int32), 0
-            return
-        first, last = int(used[0]), int(used[-1])
-        if first > 2 * _TOTAL_MARGIN or width - 1 - last > 2 * _TOTAL_MARGIN:
-            lo, hi = max(first - _TOTAL_MARGIN, 0), min(last + 1 + _TOTAL_MARGIN, width)
-            self.counts, self.offset = self.counts[:, lo:hi].copy(), self.offset + lo
 
 
 class PartitionWindows:
