@@ -11,9 +11,9 @@ when the worker published them); without ``--follow`` the command stops at the e
 
 >>> parse_duration("10m"), parse_duration("90s"), parse_duration("1h30m"), parse_duration("2d")
 (600.0, 90.0, 5400.0, 172800.0)
->>> row = format_row("corrections", {"model": "m", "ts": 60.0, "seq": 60000, "weights": {"r1": 0.75, "r2": 0.25},
-...                                  "actions": [{"replica": "r2", "action": "drain"}]})
->>> row[1:]
+>>> value = (b'{"model": "m", "ts": 60.0, "seq": 60000, "weights": {"r1": 0.75, "r2": 0.25}, "actions": '
+...          b'[{"replica": "r2", "action": "drain", "severity": "CRITICAL", "reason": "down"}]}')
+>>> format_row("corrections", read_record("corrections", value))[1:]
 ['m', '60000', 'normal', 'r1=0.75 r2=0.25', 'r2:drain']
 >>> matches("alerts", {"model": "m", "replica": "r1"}, model="m", replica="r2")
 False
@@ -41,6 +41,9 @@ from typing import Any, Literal, TextIO
 
 import click
 import orjson
+
+from skewwatch.schemas.alerts import decode_alert
+from skewwatch.schemas.corrections import decode_correction
 
 Kind = Literal["alerts", "corrections", "features", "dead-letter"]
 KINDS: tuple[Kind, ...] = ("alerts", "corrections", "features", "dead-letter")
@@ -90,8 +93,22 @@ def dead_letter_key(record: Mapping[str, Any]) -> str | None:
         return None
 
 
+def read_record(kind: Kind, value: bytes) -> dict[str, Any]:
+    """One record of ``kind`` as plain data; ValueError when it is not one. Alerts and corrections are
+    read by their contract's decoder (a correction's missing ``mode`` is ``normal``), the others as
+    the JSON object they are."""
+    if kind == "corrections":
+        return decode_correction(value).to_dict()
+    if kind == "alerts":
+        return decode_alert(value).to_dict()
+    record = orjson.loads(value)
+    if not isinstance(record, dict):
+        raise ValueError(f"a {kind} record must be a JSON object")
+    return record
+
+
 def format_row(kind: Kind, record: Mapping[str, Any]) -> list[str]:
-    """The table row of one record (the columns of :data:`COLUMNS`)."""
+    """The table row of one record (the columns of :data:`COLUMNS`), as :func:`read_record` gives it."""
     if kind == "dead-letter":
         rejects = [r for r in record.get("rejects") or [] if isinstance(r, Mapping)]
         counts = record.get("rejects_by_code") or {}
@@ -113,7 +130,7 @@ def format_row(kind: Kind, record: Mapping[str, Any]) -> list[str]:
         weights = record.get("weights") or {}
         actions = record.get("actions") or []
         return [_time(record.get("ts")), str(record.get("model", "")), str(record.get("seq", "")),
-                str(record.get("mode") or "normal"),
+                str(record.get("mode")),
                 " ".join(f"{r}={w:.2f}" for r, w in sorted(weights.items())),
                 " ".join(f"{a.get('replica')}:{a.get('action')}" for a in actions) or "-"]
     return [_time(record.get("window_end")), str(record.get("model", "")), str(record.get("replica") or "*"),
@@ -221,10 +238,10 @@ async def tail(bootstrap: str, topic: str, kind: Kind, printer: Printer, *, sinc
                     if message.value is None:
                         continue
                     try:
-                        record = orjson.loads(message.value)
-                    except orjson.JSONDecodeError:
+                        record = read_record(kind, message.value)
+                    except ValueError:  # orjson's and msgspec's errors are ValueErrors: not a record of kind
                         continue
-                    if isinstance(record, dict) and matches(kind, record, model, replica):
+                    if matches(kind, record, model, replica):
                         rows.append((message.timestamp, message.value, record))
             rows.sort(key=lambda row: row[0])  # partitions interleaved by publication time
             printer.write([(raw, record) for _, raw, record in rows])

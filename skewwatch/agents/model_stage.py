@@ -39,13 +39,13 @@ from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.published import Published, read_published
 from skewwatch.agents.stage import CheckpointedStage, StageBusy
 from skewwatch.config import Settings
-from skewwatch.pipeline.corrections import RoutingCorrection
 from skewwatch.pipeline.detector_settings import DetectorSettings
 from skewwatch.pipeline.model_decisions import ModelDecider
 from skewwatch.pipeline.model_merge import merge_model_features
 from skewwatch.pipeline.replica_step_record import format_problem, model_step_inputs, read_step_header
 from skewwatch.pipeline.step_completion import DEFAULT_MAX_PENDING, ModelStep, StepAssembler
-from skewwatch.schemas.corrections import encode_correction
+from skewwatch.schemas.alerts import encode_alert
+from skewwatch.schemas.corrections import RoutingCorrection, encode_correction
 from skewwatch.schemas.features import encode_features
 from skewwatch.schemas.rejection import Rejection
 from skewwatch.schemas.telemetry_sample import TelemetrySample
@@ -234,7 +234,7 @@ class ModelStage(CheckpointedStage[PartitionModels]):
                 continue
             key = f"{alert.model}/{alert.replica}" if alert.replica else alert.model
             sends.append(await self.producer.send(topics.alerts, key=key.encode(),
-                                                  value=orjson.dumps(alert.to_dict())))
+                                                  value=encode_alert(alert)))
             self.metrics.alerts_out.labels(alert.detector, str(alert.severity), alert.state).inc()
             log.info("alert %s %s %s %s: %s", alert.state, alert.severity, key, alert.detector, alert.message)
         if decision.correction is not None:
@@ -265,7 +265,7 @@ class ModelStage(CheckpointedStage[PartitionModels]):
         self.metrics.corrections_out.inc()
         return await self.producer.send(self.settings.topics.routing_corrections,
                                         key=correction.model.encode(),
-                                        value=encode_correction(correction.to_dict()))
+                                        value=encode_correction(correction))
 
     def _refresh_open_alerts(self) -> None:
         counts: dict[tuple[str, str], int] = {}

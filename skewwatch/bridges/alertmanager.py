@@ -19,15 +19,16 @@ re-sending them. A failed POST is retried with exponential backoff (0.5 s doubli
 tenacity) for as long as Alertmanager answers 5xx or not at all (the alert stays in Kafka meanwhile,
 its offset uncommitted); a 4xx answer means the alert itself is refused: logged and dropped.
 
->>> record = {"ts": 1700000000.0, "model": "llama", "replica": "r1", "detector": "kv_pressure",
-...           "severity": "CRITICAL", "state": "open", "message": "KV cache 97 % full",
-...           "evidence": {"rule": "usage", "kv_usage": 0.97}}
+>>> from dataclasses import replace
+>>> record = decode_alert(b'{"ts": 1700000000.0, "model": "llama", "replica": "r1", "detector": "kv_pressure", '
+...                       b'"severity": "CRITICAL", "state": "open", "message": "KV cache 97 % full", '
+...                       b'"evidence": {"rule": "usage", "kv_usage": 0.97}}')
 >>> am = to_alertmanager(record, now=1700000100.0, resend_s=60.0)
 >>> am["labels"]["alertname"], am["labels"]["severity"], am["labels"]["rule"]
 ('SkewwatchKvPressure', 'critical', 'usage')
 >>> am["startsAt"], am["endsAt"], am["annotations"]["evidence_kv_usage"]
 ('2023-11-14T22:13:20Z', '2023-11-14T22:19:00Z', '0.97')
->>> to_alertmanager({**record, "state": "resolved", "ts": 1700000050.0}, now=1700000100.0)["endsAt"]
+>>> to_alertmanager(replace(record, state="resolved", ts=1700000050.0), now=1700000100.0)["endsAt"]
 '2023-11-14T22:14:10Z'
 """
 
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +45,7 @@ import orjson
 
 from skewwatch.kafka_security import describe_listener
 from skewwatch.logs import logging_options, setup_logging, skewwatch_version
+from skewwatch.schemas.alerts import Alert, decode_alert
 
 if TYPE_CHECKING:
     from skewwatch.config import KafkaSettings
@@ -68,38 +69,30 @@ def _rfc3339(ts: float) -> str:
         f".{int(round(ts % 1 * 1000)):03d}Z" if ts % 1 else "Z")
 
 
-def alert_key(record: Mapping[str, Any]) -> str:
-    """One open alert per (model, replica, detector[, rule]), as the worker keys them."""
-    evidence = record.get("evidence") or {}
-    base = f"{record.get('model')}/{record.get('replica') or '*'}/{record.get('detector')}"
-    rule = evidence.get("rule")
-    return base if rule is None else f"{base}#{rule}"
-
-
-def to_alertmanager(record: Mapping[str, Any], now: float, resend_s: float = DEFAULT_RESEND_S,
+def to_alertmanager(record: Alert, now: float, resend_s: float = DEFAULT_RESEND_S,
                     starts_at: float | None = None) -> dict[str, Any]:
     """The Alertmanager v2 ``postableAlert`` of one ``llm.alerts`` record (see the module docstring)."""
-    detector = str(record["detector"])
-    evidence = dict(record.get("evidence") or {})
+    detector = record.detector
+    evidence = record.evidence
     labels = {
         "alertname": "Skewwatch" + "".join(part.capitalize() for part in detector.split("_")),
         "source": "skewwatch",
-        "model": str(record["model"]),
+        "model": record.model,
         "detector": detector,
-        "severity": str(record["severity"]).lower(),
+        "severity": str(record.severity).lower(),
     }
-    if record.get("replica"):
-        labels["replica"] = str(record["replica"])
+    if record.replica:
+        labels["replica"] = record.replica
     if evidence.get("rule") is not None:
         labels["rule"] = str(evidence["rule"])
-    annotations = {"summary": str(record.get("message", ""))}
+    annotations = {"summary": record.message}
     if evidence:
         annotations["description"] = ", ".join(f"{k}={v}" for k, v in sorted(evidence.items()))
         annotations.update({f"evidence_{k}": str(v) for k, v in evidence.items()})
-    ts = float(record["ts"])
+    ts = record.ts
     alert: dict[str, Any] = {"labels": labels, "annotations": annotations,
                              "startsAt": _rfc3339(starts_at if starts_at is not None else ts)}
-    if record["state"] == "resolved":
+    if record.state == "resolved":
         alert["endsAt"] = _rfc3339(min(ts, now))
     else:
         alert["endsAt"] = _rfc3339(now + 4 * resend_s)
@@ -189,13 +182,13 @@ def create_bridge_app(bootstrap: str, alerts_topic: str, url: str, *, group_id: 
         events = stream.noack()
         async for event in events.events():
             try:
-                record = orjson.loads(event.value)
-                key = alert_key(record)
+                record = decode_alert(event.value)
+                key = record.key
                 starts = None
-                if record["state"] == "resolved" and open_alerts.get(key) is not None:
+                if record.state == "resolved" and open_alerts.get(key) is not None:
                     starts = float(open_alerts[key]["ts"])
                 alert = to_alertmanager(record, time.time(), resend_s, starts_at=starts)
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError) as exc:  # msgspec's errors are ValueErrors
                 log.warning("alertmanager-bridge: skipped a malformed alert record: %s", exc)
                 await events.ack(event)
                 continue
@@ -203,18 +196,19 @@ def create_bridge_app(bootstrap: str, alerts_topic: str, url: str, *, group_id: 
                 await client.post([alert])
             except AlertmanagerRefused as exc:
                 log.error("%s", exc)
-            if record["state"] == "open":
-                open_alerts[key] = record
+            if record.state == "open":
+                open_alerts[key] = record.to_dict()
             else:
                 open_alerts.pop(key, None)
-            log.info("alertmanager-bridge: %s %s", record["state"], key)
+            log.info("alertmanager-bridge: %s %s", record.state, key)
             await events.ack(event)
             yield key
 
     @app.timer(resend_s)
     async def resend_open() -> None:
         now = time.time()
-        alerts = [to_alertmanager(record, now, resend_s) for record in open_alerts.values() if record is not None]
+        alerts = [to_alertmanager(Alert.from_dict(record), now, resend_s)
+                  for record in open_alerts.values() if record is not None]
         if alerts:
             try:
                 await client.post(alerts)
@@ -268,5 +262,5 @@ def alertmanager_bridge_command(url: str, resend_s: float, group_id: str, bootst
     worker.execute_from_commandline()
 
 
-__all__ = ["AlertmanagerClient", "AlertmanagerRefused", "AlertmanagerUnavailable", "alert_key",
+__all__ = ["AlertmanagerClient", "AlertmanagerRefused", "AlertmanagerUnavailable",
            "alertmanager_bridge_command", "create_bridge_app", "to_alertmanager"]

@@ -22,13 +22,14 @@ equal weights.
 Each change (a new correction, a model turning stale or fresh again, a model removed by a tombstone)
 is offered to every :meth:`CorrectionsSubscriber.changes` iterator.
 
-``mode`` (``"normal"`` or ``"panic"``) is read from the record when present and is ``"normal"``
-otherwise. In panic mode the worker asks the router to use every replica its weights name and to eject
-none: a bridge then ignores ``drain``/``isolate`` actions (``skewwatch apply haproxy`` sets every server
-ready).
+Every record is read by the contract's one decoder,
+:func:`skewwatch.schemas.corrections.decode_correction` (``mode`` is ``"normal"`` when the record has
+none). In panic mode the worker asks the router to use every replica its weights name and to eject
+none: a bridge then ignores ``drain``/``isolate`` actions (``skewwatch apply haproxy`` sets every
+server ready).
 
->>> state = ModelState.from_record({"model": "m", "ts": 60.0, "seq": 60000, "weights": {"a": 0.0, "b": 0.0},
-...                                 "actions": []}, received_at=100.0)
+>>> state = ModelState.from_value(b'{"model": "m", "ts": 60.0, "seq": 60000, "weights": {"a": 0.0, "b": 0.0}}',
+...                               received_at=100.0)
 >>> state.routing_weights(stale=False, on_stale="keep")  # never a pool routed to nowhere
 {'a': 0.5, 'b': 0.5}
 >>> state.is_stale(now=100.0 + 89.0, stale_after_s=90.0), state.is_stale(now=100.0 + 91.0, stale_after_s=90.0)
@@ -53,10 +54,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import orjson
-
-from skewwatch.pipeline.corrections import RoutingCorrection
-from skewwatch.pipeline.detectors.alerts import Action
+from skewwatch.schemas.alerts import Action
+from skewwatch.schemas.corrections import Mode, RoutingCorrection, decode_correction
 
 log = logging.getLogger(__name__)
 
@@ -80,16 +79,24 @@ class ModelState:
     """The latest correction kept for one model, with when it arrived."""
 
     correction: RoutingCorrection
-    mode: str  # "normal" | "panic" (contract v1.3; absent = "normal")
     received_at: float  # epoch s: the record's Kafka timestamp (the producer's wall clock)
 
     @classmethod
+    def from_value(cls, value: bytes, received_at: float) -> ModelState:
+        """Decode one record's value; ValueError naming the problem when it is not a correction."""
+        return cls(decode_correction(value), received_at)
+
+    @classmethod
     def from_record(cls, data: Mapping[str, Any], received_at: float) -> ModelState:
-        """Decode one record's JSON value; ValueError/KeyError/TypeError when it is not a correction."""
-        mode = data.get("mode") or "normal"
-        if mode not in ("normal", "panic"):
-            raise ValueError(f"unknown mode {mode!r}")
-        return cls(RoutingCorrection.from_dict(data), str(mode), received_at)
+        """The same from a record already parsed to plain data, by the same rules."""
+        return cls(RoutingCorrection.from_dict(data), received_at)
+
+    @property
+    def mode(self) -> Mode:
+        """``"normal"`` or ``"panic"``: the record's, ``"normal"`` for a writer before contract v1.4."""
+        mode = self.correction.mode
+        assert mode is not None, "the decoder fills in a missing mode"
+        return mode
 
     def valid_for(self, stale_after_s: float) -> float:
         """How long this record is valid after it arrived: its own ``valid_for_s`` (contract v1.9),
@@ -287,8 +294,8 @@ class CorrectionsSubscriber:
                 self._offer(Change("removed", model, None))
             return
         try:
-            state = ModelState.from_record(orjson.loads(value), received_at)
-        except (ValueError, KeyError, TypeError) as exc:
+            state = ModelState.from_value(value, received_at)
+        except ValueError as exc:  # msgspec's DecodeError and ValidationError are ValueErrors
             self.stats.malformed += 1
             if self.stats.malformed <= 10 or self.stats.malformed % 1000 == 0:  # bounded: a bad producer
                 log.warning("corrections: skipped a malformed record (%s; %d so far)", exc, self.stats.malformed)
@@ -340,7 +347,7 @@ class CorrectionsSubscriber:
         state = self._models.get(model)
         return state is not None and state.is_stale(self.clock(), self.stale_after_s)
 
-    def mode(self, model: str) -> str | None:
+    def mode(self, model: str) -> Mode | None:
         """``"normal"`` or ``"panic"`` as the latest correction says; None for an unknown model."""
         state = self._models.get(model)
         return None if state is None else state.mode

@@ -1,4 +1,6 @@
-"""Routing corrections: the per-model record on ``llm.routing-corrections`` and when to send it.
+"""Routing corrections: when to send the per-model record on ``llm.routing-corrections``.
+
+The record itself, with its one encoder and decoder, is :mod:`skewwatch.schemas.corrections`.
 
 The topic is compacted with key = model, so its latest record per model is the router's
 current state: ``weights`` for every replica of the pool and the ``actions`` in force
@@ -11,10 +13,9 @@ never goes backwards. ``POST /api/v1/update_weights`` publishes the latest step'
 with that step's own seq (or re-sends it unchanged when it went out already): every seq the
 worker shows was, or will be, published.
 
-**mode** (contract v1.3): ``normal``, or ``panic`` when the pool's guards route to every replica
+**mode** (contract v1.4): ``normal``, or ``panic`` when the pool's guards route to every replica
 the evidence does not rule out (too few healthy replicas, or no replica with a positive weight:
-:mod:`skewwatch.pipeline.failstatic`); ``mode_reason`` says why. A record without ``mode`` (a
-writer before v1.3) is ``normal``.
+:mod:`skewwatch.pipeline.failstatic`); ``mode_reason`` says why.
 
 **When to publish** (:func:`should_publish`): on the first record, when the pool's replicas
 change, when any weight moved by more than ``weight_epsilon`` (absolute), when the set of
@@ -34,17 +35,10 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
 
 from skewwatch.config_section import FrozenConfigSection, NonNegative, Positive
-from skewwatch.pipeline.detectors.alerts import Action
-
-CORRECTIONS_SCHEMA_VERSION = 1
-MODES = ("normal", "panic")
+from skewwatch.schemas.corrections import RoutingCorrection
 
 
 class CorrectionConfig(FrozenConfigSection, frozen=True):
@@ -61,48 +55,6 @@ class CorrectionConfig(FrozenConfigSection, frozen=True):
     def __post_init__(self) -> None:
         self._require(self.valid_for_s > self.heartbeat_s, "valid_for_s",
                       "must be above heartbeat_s (a record would expire before the next one is due)")
-
-
-@dataclass(frozen=True, slots=True)
-class RoutingCorrection:
-    """One record on ``llm.routing-corrections`` (key = model)."""
-
-    model: str
-    ts: float  # event time of the step (window_end) or of the forced recompute
-    seq: int  # strictly increasing per model
-    weights: dict[str, float]  # replica -> weight, summing to 1 over the pool (never all 0)
-    actions: list[Action] = field(default_factory=list)
-    mode: str = "normal"  # normal | panic (v1.3)
-    mode_reason: str | None = None  # why the mode is panic (v1.3)
-    valid_for_s: float | None = None  # how long a reader may route by it after it arrives (v1.9)
-    v: int = CORRECTIONS_SCHEMA_VERSION
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "ts": self.ts,
-            "seq": self.seq,
-            "weights": dict(self.weights),
-            "actions": [a.to_dict() for a in self.actions],
-            "mode": self.mode,
-            "mode_reason": self.mode_reason,
-            "valid_for_s": self.valid_for_s,
-            "v": self.v,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RoutingCorrection:
-        return cls(
-            model=data["model"],
-            ts=float(data["ts"]),
-            seq=int(data["seq"]),
-            weights={str(k): float(v) for k, v in data.get("weights", {}).items()},
-            actions=[Action.from_dict(a) for a in data.get("actions", [])],
-            mode=str(data.get("mode") or "normal"),
-            mode_reason=data.get("mode_reason"),
-            valid_for_s=None if data.get("valid_for_s") is None else float(data["valid_for_s"]),
-            v=int(data.get("v", CORRECTIONS_SCHEMA_VERSION)),
-        )
 
 
 def step_seq(window_end: float, last_seq: int | None) -> int:

@@ -55,9 +55,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from skewwatch.pipeline.detectors.alerts import Alert, Severity
+from skewwatch.schemas.corrections import Mode
 
 HARDWARE = "hardware"
 CONFIGURATION = "configuration"
@@ -65,8 +66,8 @@ STALE = "stale"
 RANK: Mapping[str, int] = {HARDWARE: 3, CONFIGURATION: 2, STALE: 1}  # worst evidence first
 DETECTOR = "fail_static"  # the pool-level alerts' detector name (rules: panic, ejection_cap, pool_silent)
 
-NORMAL = "normal"
-PANIC = "panic"
+NORMAL: Final[Mode] = "normal"
+PANIC: Final[Mode] = "panic"
 
 
 class GuardSettings(Protocol):
@@ -137,7 +138,7 @@ class PoolOutcome:
     """The guarded weights of one pool at one step."""
 
     weights: list[float]  # in the order of the replicas given, summing to 1 (0 only for an empty pool)
-    mode: str = NORMAL
+    mode: Mode = NORMAL
     mode_reason: str | None = None
     ejected: dict[str, str] = field(default_factory=dict)  # replica -> cause
     held_back: dict[str, str] = field(default_factory=dict)  # replica -> cause the cap did not act on

@@ -62,11 +62,7 @@ import numpy as np
 
 from skewwatch.gc_pause import gc_paused
 from skewwatch.pipeline.capacity import CAPACITY_FIELDS, CAPACITY_TELEMETRY_FIELDS, capacity_weights
-from skewwatch.pipeline.corrections import (
-    RoutingCorrection,
-    publish_reason,
-    step_seq,
-)
+from skewwatch.pipeline.corrections import publish_reason, step_seq
 from skewwatch.pipeline.demotion import Holds, demote
 from skewwatch.pipeline.detector_settings import DetectorSettings
 from skewwatch.pipeline.detectors.alerts import Action, Alert, Severity
@@ -78,6 +74,7 @@ from skewwatch.pipeline.health import HEALTHY
 from skewwatch.pipeline.pool_evidence import EJECTING_ACTIONS, PoolEvidence
 from skewwatch.pipeline.relative_speed import RelativeSpeed
 from skewwatch.pipeline.weights import POOL_WEIGHT_FIELDS, POOL_WEIGHT_TELEMETRY_FIELDS, ReplicaWeight, pool_weights
+from skewwatch.schemas.corrections import RoutingCorrection
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 

@@ -42,6 +42,7 @@ from skewwatch.pipeline.detectors.alerts import Alert
 from skewwatch.pipeline.failstatic import CONFIGURATION, HARDWARE, NORMAL, STALE, PoolGuard
 from skewwatch.pipeline.staleness import ArrivalEvidence, Verdict
 from skewwatch.pipeline.weights import ENGINE_SOURCES, ReplicaWeight, WeightConfig
+from skewwatch.schemas.corrections import Mode
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
@@ -79,7 +80,7 @@ class ReplicaEvidence:
 class Settled:
     """A pool's weights as they go out, and what the guards did."""
 
-    mode: str = NORMAL
+    mode: Mode = NORMAL
     mode_reason: str | None = None
     withdrawn: set[str] = field(default_factory=set)  # replicas whose drain / isolate must not go out
     alerts: list[Alert] = field(default_factory=list)  # pool-level (replica None)

@@ -17,6 +17,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from skewwatch.schemas.alerts import decode_alert, encode_alert
 from skewwatch.schemas.corrections import decode_correction, encode_correction
 from skewwatch.schemas.dead_letter import dead_letter_record, decode_dead_letter
 from skewwatch.schemas.features import decode_features, encode_features
@@ -61,12 +62,14 @@ __all__ = [
     "Rejection",
     "check_request_event",
     "dead_letter_record",
+    "decode_alert",
     "decode_correction",
     "decode_dead_letter",
     "decode_features",
     "decode_request_message",
     "decode_request_messages",
     "decode_telemetry",
+    "encode_alert",
     "encode_correction",
     "encode_features",
     "encode_request_event",

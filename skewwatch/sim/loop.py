@@ -29,7 +29,6 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from skewwatch.config import WindowSettings
@@ -37,6 +36,7 @@ from skewwatch.kafka_client import client_kwargs
 from skewwatch.pipeline.pool_evidence import PoolEvidence
 from skewwatch.pipeline.weights import WeightConfig, WeightInput, compute_weights
 from skewwatch.pipeline.window import PartitionWindows
+from skewwatch.schemas.corrections import RoutingCorrection, decode_correction
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.emit import TopicMissingError
@@ -103,7 +103,7 @@ class KafkaCorrections:
         self._bootstrap = bootstrap
         self._client_options = dict(client_options or {})  # TLS / SASL (skewwatch.kafka_security)
         self._consumer: AIOKafkaConsumer | None = None  # created in start(): aiokafka wants a running loop
-        self._latest: dict[str, dict[str, Any]] = {}  # model -> newest record
+        self._latest: dict[str, RoutingCorrection] = {}  # model -> newest record
         self.misses = 0  # waits that timed out (the run is then no longer lockstep-deterministic)
         self.missed_steps: list[float] = []  # the step_end of each miss
 
@@ -132,23 +132,22 @@ class KafkaCorrections:
     def _take(self, value: bytes | None) -> None:
         if not value:
             return
-        record = orjson.loads(value)
-        model = str(record.get("model"))
-        last = self._latest.get(model)
-        if last is None or int(record.get("seq", 0)) > int(last.get("seq", 0)):
-            self._latest[model] = record
+        correction = decode_correction(value)
+        last = self._latest.get(correction.model)
+        if last is None or correction.seq > last.seq:
+            self._latest[correction.model] = correction
 
     async def wait_for(self, models: list[str], step_end: float, timeout_s: float) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout_s
         while True:
             ready = [self._latest.get(m) for m in models]
-            if all(r is not None and float(r["ts"]) >= step_end for r in ready):
-                return [r for r in ready if r is not None]
+            if all(r is not None and r.ts >= step_end for r in ready):
+                return [r.to_dict() for r in ready if r is not None]
             left = deadline - time.monotonic()
             if left <= 0:
                 self.misses += 1
                 self.missed_steps.append(step_end)
-                return [r for r in ready if r is not None]
+                return [r.to_dict() for r in ready if r is not None]
             assert self._consumer is not None, "start() first"
             batches = await self._consumer.getmany(timeout_ms=int(min(left, 0.5) * 1000))
             for records in batches.values():

@@ -13,7 +13,6 @@ import pytest
 
 from skewwatch.config import ConfigError, load_settings
 from skewwatch.pipeline.corrections import (
-    RoutingCorrection,
     publish_reason,
     should_publish,
     step_seq,
@@ -22,6 +21,7 @@ from skewwatch.pipeline.detector_settings import DetectorSettings
 from skewwatch.pipeline.detectors.alerts import Action, Severity
 from skewwatch.pipeline.detectors.registry import DETECTORS
 from skewwatch.pipeline.model_decisions import ModelDecider, StepDecision
+from skewwatch.schemas.corrections import RoutingCorrection
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 

@@ -1,10 +1,12 @@
-"""The novelty scorer keeps river's estimator conventions, is pure, and its JSON state continues exactly."""
+"""The novelty scorer keeps river's estimator conventions, is pure, and its JSON state continues exactly;
+the bank agrees with the plain-Python oracle, and the public scorer keeps its recorded scores."""
 
 from __future__ import annotations
 
 import copy
 import doctest
 import json
+import math
 import random
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +17,9 @@ from river.checks import common
 
 from skewwatch.pipeline.detectors import novelty
 from skewwatch.pipeline.detectors.novelty import NoveltyBank, NoveltyParams, NoveltyScorer, make_scorer
+from skewwatch.pipeline.finite import finite_or_none
+from tests import novelty_reference
+from tests.novelty_reference import ReferenceScorer
 
 
 def stream(n: int, seed: int = 7, shift_at: int | None = None) -> list[dict[str, float]]:
@@ -27,8 +32,9 @@ def stream(n: int, seed: int = 7, shift_at: int | None = None) -> list[dict[str,
     return rows
 
 
-def test_doctests() -> None:
-    result = doctest.testmod(novelty)
+@pytest.mark.parametrize("module", [novelty, novelty_reference], ids=lambda m: m.__name__)
+def test_doctests(module: Any) -> None:
+    result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
 
 
@@ -139,11 +145,11 @@ def test_state_is_not_aliased() -> None:
 
 
 def _bank_sample(bank: NoveltyBank, xs: list[dict[str, Any]]) -> np.ndarray:
-    bank.add_features(sorted({k for x in xs for k, v in x.items() if novelty._number(v) is not None}))
+    bank.add_features(sorted({k for x in xs for k, v in x.items() if finite_or_none(v) is not None}))
     out = np.full((len(xs), len(bank.features)), np.nan)
     for row, x in enumerate(xs):
         for name, value in x.items():
-            v = novelty._number(value)
+            v = finite_or_none(value)
             if v is not None:
                 out[row, bank.features.index(name)] = v
     return out
@@ -154,10 +160,12 @@ def _bank_sample(bank: NoveltyBank, xs: list[dict[str, Any]]) -> np.ndarray:
                                     {"settle": 2, "scales": (1, 16), "memory": 300},
                                     {"drift": True, "memory": 200, "grace": 60, "span_floor": 0.5},
                                     {"drift": True, "memory": 200, "grace": 10}])  # before the first block
-def test_the_bank_and_the_scorer_are_the_same_scorer(params: dict[str, Any]) -> None:
-    """Three streams, as three NoveltyScorers and as three rows of one NoveltyBank: the same scores,
-    and a state moves from one form to the other and goes on identically."""
+def test_the_bank_and_the_oracle_are_the_same_scorer(params: dict[str, Any]) -> None:
+    """Three streams, as three plain-Python oracles and as three rows of one NoveltyBank: the same scores
+    to float rounding, and a state moves from one form to the other and goes on identically. The public
+    scorers (one-row banks) give their row's scores to the last bit."""
     rng = random.Random(11)
+    oracles = [ReferenceScorer(**params) for _ in range(3)]
     scorers = [make_scorer(**params) for _ in range(3)]
     bank = NoveltyBank([], NoveltyParams(**params))
     rows = bank.add_rows(3)
@@ -167,18 +175,21 @@ def test_the_bank_and_the_scorer_are_the_same_scorer(params: dict[str, Any]) -> 
         xs = [{"a": rng.gauss(0, 1) + (4.0 if i > 1000 and r == 1 else 0.0),
                "b": rng.random() if (i + r) % 7 else None, **({"c": rng.random()} if i > 300 else {})}
               for r in range(3)]
-        expected = [s.score_one(x) for s, x in zip(scorers, xs, strict=True)]
-        for s, x in zip(scorers, xs, strict=True):
+        expected = [s.score_one(x) for s, x in zip(oracles, xs, strict=True)]
+        public = [s.score_one(x) for s, x in zip(scorers, xs, strict=True)]
+        for s, x in zip([*oracles, *scorers], xs + xs, strict=True):
             s.learn_one(x)
         got = bank.learn(rows, _bank_sample(bank, xs))
+        assert public == got.tolist()
         worst = max(worst, float(np.abs(np.asarray(expected) - got).max()))
         shifted = max(shifted, expected[1] if i > 1000 else 0.0)
-        if i == 700:  # swap forms: the bank's rows become scorers and the scorers bank rows
-            states = [s.state_dict() for s in scorers]
+        if i == 700:  # swap forms: the bank's rows become oracles and the oracles bank rows
+            states = [s.state_dict() for s in oracles]
             for r in range(3):
-                scorers[r].load_state({"v": novelty.STATE_VERSION, "params": NoveltyParams(**params).key(),
+                oracles[r].load_state({"v": novelty.STATE_VERSION, "params": NoveltyParams(**params).key(),
                                        **bank.row_state(r)})
                 bank.load_row(r, states[r])
+                scorers[r].load_state(states[r])
     assert worst < 1e-12
     assert shifted > 0.5
 
@@ -229,3 +240,65 @@ def test_reset_rows_starts_a_row_over() -> None:
     for name in NoveltyBank._ROW_ARRAYS:
         np.testing.assert_array_equal(getattr(bank, name)[0], getattr(fresh, name)[0])
     np.testing.assert_array_equal(bank.evaluate(rows[1:], np.array([[9.0]])).novelty, kept)
+
+
+# --- the public scorer gives the scores it gave as a plain-Python twin of the bank ---------------------------
+
+
+def recorded_series(n: int) -> list[dict[str, float | None]]:
+    """A fixed two-feature series: a wave, a level shift at 300-339, a spike at 420, a drift from 460;
+    ``b`` missing every 9th sample."""
+    out: list[dict[str, float | None]] = []
+    for i in range(n):
+        wave = 10.0 + 2.0 * math.sin(i / 5.0) + 0.3 * ((i * 7919) % 13) / 13.0
+        a = wave + (6.0 if 300 <= i < 340 else 0.0) + (15.0 if i == 420 else 0.0)
+        b = 50.0 - 0.02 * i * (i >= 460) + ((i * 104729) % 17) / 17.0
+        out.append({"a": a, "b": b if i % 9 else None})
+    return out
+
+
+# Every non-zero score of make_scorer(**params) on recorded_series(600), recorded when the scorer was
+# still computed in plain Python (math.erfc, one value at a time); it is now a one-row NoveltyBank.
+RECORDED_ONSETS: dict[int, float] = {
+    55: 0.048860224036531605, 91: 0.047843342357027335, 127: 0.039373552097369355, 280: 0.03874739763073014,
+    300: 0.2837806705080517, 302: 0.6690071219698998, 420: 0.13613815443981206, 460: 0.4225812649009126,
+    461: 0.9323217697562539
+}
+
+RECORDED_LEVELS: dict[int, float] = {
+    300: 0.3684099572860656, 301: 0.615925131573464, 302: 0.7924709773000148, 303: 0.8875774668264974,
+    304: 0.9206278915128745, 305: 0.9198905512588907, 306: 0.8872050969404738, 307: 0.8513392683927471,
+    308: 0.8183522013113151, 309: 0.7911491215406946, 310: 0.2986080735938748, 311: 0.20469345745422046,
+    312: 0.1556521331354464, 313: 0.13197771957646026, 314: 0.12831985390596298, 315: 0.12988130576324952,
+    316: 0.13784671983219357, 317: 0.14654875365035278, 318: 0.1549977016424721, 319: 0.15856193216541054,
+    320: 0.1593676051576079, 321: 0.1565640869885874, 322: 0.1536656056686063, 323: 0.1460538202303353,
+    324: 0.12822271055315862, 325: 0.10898093238730837, 326: 0.09159094373460902, 327: 0.07507921045900655,
+    328: 0.06047039370963167, 329: 0.04973209822176931, 330: 0.04077967536504148, 331: 0.03355802515019386,
+    420: 0.1973205263348822, 421: 0.19536333482239635, 422: 0.19346014470519138, 423: 0.19160868463584416,
+    424: 0.1898068101950208, 425: 0.18805249510565114, 426: 0.1863438231687529, 427: 0.18467898085258,
+    428: 0.18305625047407678, 429: 0.1814740039180446, 460: 0.6120236959072256, 461: 0.999965790532226,
+    462: 0.9999999946036824, 463: 0.9999999998915228, 464: 0.9999999998604638, 465: 0.999999999413981,
+    466: 0.9999999918021, 467: 0.9999999058837781, 468: 0.9999936315344645, 469: 0.9999643307545245,
+    470: 0.5126355239315569, 471: 0.27712026188172395, 472: 0.1800422770117304, 473: 0.1268861344419911,
+    474: 0.09658890930048178, 475: 0.07632732712564083, 476: 0.06663745911557908, 477: 0.05351447525983679,
+    478: 0.05727125434037781, 479: 0.04945360476229685, 480: 0.04571079008617657, 481: 0.040798178540544475,
+    482: 0.03878392341043922, 483: 0.03542108650036807, 484: 0.03434856423451451, 485: 0.03189044609626645
+}
+
+
+@pytest.mark.parametrize(("params", "recorded"), [
+    ({"memory": 200, "warmup": 50, "grace": 20}, RECORDED_ONSETS),
+    ({"onset": False, "scales": (1, 8), "memory": 300, "warmup": 50, "grace": 20}, RECORDED_LEVELS),
+], ids=["onsets", "levels"])
+def test_the_public_scorer_keeps_its_recorded_scores(params: dict[str, Any], recorded: dict[int, float]) -> None:
+    """The same samples score, and score the same to a few units in the last place: the likelihood's tail is
+    scipy's erfc in the bank and was math.erfc in plain Python, and the two may round differently."""
+    scorer = make_scorer(**params)
+    got: dict[int, float] = {}
+    for i, x in enumerate(recorded_series(600)):
+        score = scorer.score_one(x)
+        scorer.learn_one(x)
+        if score:
+            got[i] = score
+    assert got.keys() == recorded.keys()
+    assert max(abs(got[i] - recorded[i]) for i in recorded) <= 1e-15

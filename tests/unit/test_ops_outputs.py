@@ -3,16 +3,20 @@ HAProxy plan, the Alertmanager mapping, the replica gauges (their docstring exam
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
 from skewwatch.agents.replica_gauges import ReplicaGauges
-from skewwatch.bridges.alertmanager import alert_key, to_alertmanager
+from skewwatch.bridges.alertmanager import to_alertmanager
 from skewwatch.bridges.haproxy import BackendMap, ServerState, desired_servers, haproxy_weights
 from skewwatch.client.corrections import CorrectionsSubscriber, ModelState
+from skewwatch.schemas.alerts import Alert, Severity, decode_alert, encode_alert
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
-from skewwatch.tail import format_row, matches, parse_duration
+from skewwatch.tail import format_row, matches, parse_duration, read_record
 
 
 def record(**extra: object) -> dict[str, object]:
@@ -30,10 +34,12 @@ def test_model_state_fail_static_rules() -> None:
     assert state.live_actions(now=131.0, stale=False, on_stale="keep") == []  # expired by itself
     assert state.live_actions(now=120.0, stale=True, on_stale="equal") == []
     assert ModelState.from_record(record(mode="panic"), 0.0).mode == "panic"
-    with pytest.raises(ValueError, match="unknown mode"):
-        ModelState.from_record(record(mode="chaos"), 0.0)
-    with pytest.raises(KeyError):
-        ModelState.from_record({"model": "m"}, 0.0)
+    assert ModelState.from_value(orjson.dumps(record(mode=None)), 0.0).mode == "normal"  # a writer before v1.4
+    for bad in (record(mode="chaos"), {"model": "m"}):
+        with pytest.raises(ValueError, match="mode|ts"):
+            ModelState.from_record(bad, 0.0)
+        with pytest.raises(ValueError, match="mode|ts"):
+            ModelState.from_value(orjson.dumps(bad), 0.0)
 
 
 def test_subscriber_refuses_bad_settings() -> None:
@@ -48,9 +54,14 @@ def test_tail_formatting_and_filters() -> None:
     for bad in ("", "10", "ten minutes", "5x", "1h 30m"):
         with pytest.raises(ValueError, match="not a duration"):
             parse_duration(bad)
-    alert = {"ts": 0.0, "state": "open", "severity": "WARNING", "model": "m", "replica": None,
-             "detector": "long_tail", "message": "slow"}
+    alert = read_record("alerts", b'{"ts": 0.0, "state": "open", "severity": "WARNING", "model": "m", '
+                                  b'"replica": null, "detector": "long_tail", "message": "slow"}')
     assert format_row("alerts", alert)[1:] == ["open", "WARNING", "m", "*", "long_tail", "slow"]
+    correction = read_record("corrections", orjson.dumps(record(mode=None)))
+    assert format_row("corrections", correction)[1:] == ["m", "60000", "normal", "a=0.70 b=0.30", "b:drain"]
+    for kind, bad in (("alerts", b'{"ts": 0.0}'), ("corrections", b'{"model": "m"}'), ("features", b"[1]")):
+        with pytest.raises(ValueError):
+            read_record(kind, bad)  # tail skips it
     features = {"window_end": 0.0, "model": "m", "replica": "r1", "count": 12, "rps": 0.2, "latency_p50": None,
                 "latency_p99": 812.25, "batch_fill_mean": 0.5}
     assert format_row("features", features)[1:] == ["m", "r1", "12", "0.20", "-", "812.2", "-", "0.50", "-"]
@@ -93,17 +104,18 @@ def test_backend_map_errors(tmp_path: object) -> None:
 
 
 def test_alertmanager_mapping() -> None:
-    alert = {"ts": 100.0, "model": "m", "replica": None, "detector": "batch_collapse", "severity": "CRITICAL",
-             "state": "open", "message": "batch collapsed", "evidence": {}}
+    alert = Alert(100.0, "m", None, "batch_collapse", Severity.CRITICAL, "open", "batch collapsed")
     am = to_alertmanager(alert, now=200.0, resend_s=30.0)
     assert "replica" not in am["labels"] and am["labels"]["alertname"] == "SkewwatchBatchCollapse"
     assert am["annotations"] == {"summary": "batch collapsed"}
     assert am["endsAt"] == "1970-01-01T00:05:20Z"  # now + 4 x resend
-    resolved = to_alertmanager({**alert, "state": "resolved", "ts": 500.0}, now=200.0, starts_at=100.0)
+    resolved = to_alertmanager(replace(alert, state="resolved", ts=500.0), now=200.0, starts_at=100.0)
     assert resolved["endsAt"] == "1970-01-01T00:03:20Z"  # a resolve from the future ends now
     assert resolved["startsAt"] == "1970-01-01T00:01:40Z"
-    assert alert_key(alert) == "m/*/batch_collapse"
-    assert alert_key({**alert, "replica": "r1", "evidence": {"rule": "usage"}}) == "m/r1/batch_collapse#usage"
+    assert alert.key == "m/*/batch_collapse"
+    assert replace(alert, replica="r1", evidence={"rule": "usage"}).key == "m/r1/batch_collapse#usage"
+    # the bridge reads the record as the worker writes it, through the contract's one decoder
+    assert to_alertmanager(decode_alert(encode_alert(alert)), now=200.0, resend_s=30.0) == am
 
 
 def test_replica_gauges_follow_the_fleet() -> None:

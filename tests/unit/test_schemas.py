@@ -24,7 +24,8 @@ from referencing import Registry, Resource
 
 from skewwatch.config import LimitSettings
 from skewwatch.schemas import SCHEMA_FILES, load_schema
-from skewwatch.schemas.corrections import decode_correction, encode_correction
+from skewwatch.schemas.alerts import Action, Alert, Severity, decode_alert, encode_alert
+from skewwatch.schemas.corrections import RoutingCorrection, decode_correction, encode_correction
 from skewwatch.schemas.dead_letter import (
     DEAD_LETTER_MAX_VALUE_BYTES,
     DEAD_LETTER_TOPIC_MAX_MESSAGE_BYTES,
@@ -254,38 +255,98 @@ CORRECTION = validator("routing-correction.v1")
 
 
 def test_the_correction_schema_lists_exactly_the_correction_fields() -> None:
-    from skewwatch.pipeline.corrections import RoutingCorrection
-    from skewwatch.pipeline.detectors.alerts import Action
-
     schema = load_schema("routing-correction.v1")
     assert set(schema["properties"]) == {f.name for f in dataclasses.fields(RoutingCorrection)}
     assert set(schema["properties"]["actions"]["items"]["properties"]) == {f.name for f in dataclasses.fields(Action)}
 
 
-def test_encoded_corrections_validate_and_old_records_still_read() -> None:
-    from skewwatch.pipeline.corrections import RoutingCorrection
-    from skewwatch.pipeline.detectors.alerts import Action, Severity
+def _published_before(correction: RoutingCorrection) -> bytes:
+    """What the worker published before the record had one encoder: its plain dict through orjson."""
+    record = {"model": correction.model, "ts": correction.ts, "seq": correction.seq,
+              "weights": dict(correction.weights),
+              "actions": [{"replica": a.replica, "action": a.action, "severity": str(a.severity), "reason": a.reason,
+                           "params": dict(a.params), "expires_at": a.expires_at} for a in correction.actions],
+              "mode": correction.mode, "mode_reason": correction.mode_reason, "valid_for_s": correction.valid_for_s,
+              "v": correction.v}
+    return orjson.dumps(record)
 
-    panic = RoutingCorrection("m", 60.0, 60_000, {"a": 0.5, "b": 0.5},
-                              [Action("a", "drain", Severity.CRITICAL, "hardware", {}, 360.0)],
-                              mode="panic", mode_reason="panic: 1 of 4 replicas healthy")
-    for correction in (panic, RoutingCorrection("m", 65.0, 65_000, {"a": 1.0})):
-        record = encode_correction(correction.to_dict())
-        CORRECTION.validate(orjson.loads(record))
-        assert RoutingCorrection.from_dict(decode_correction(record)) == correction
-    # a record from a writer before v1.4: valid, and read as normal
+
+CORRECTIONS = (
+    RoutingCorrection("m", 60.0, 60_000, {"a": 0.5, "b": 0.5},
+                      [Action("a", "drain", Severity.CRITICAL, "hardware", {}, 360.0),
+                       Action("b", "adjust_batch_policy", Severity.WARNING, "kv", {"max_batch_size": 8}, None)],
+                      mode="panic", mode_reason="panic: 1 of 4 replicas healthy", valid_for_s=90.0),
+    RoutingCorrection("m", 65.0, 65_000, {"a": 1.0}),
+    RoutingCorrection("llama/70b", 1_700_000_065.125, 1_700_000_065_125, {"r1": 1 / 3, "r2": 2 / 3, "r3": 0.0},
+                      valid_for_s=90.0),
+)
+
+
+@pytest.mark.parametrize("correction", CORRECTIONS)
+def test_a_correction_round_trips_as_the_worker_published_it(correction: RoutingCorrection) -> None:
+    record = encode_correction(correction)
+    assert record == _published_before(correction)  # byte for byte
+    CORRECTION.validate(orjson.loads(record))
+    assert decode_correction(record) == correction
+    assert RoutingCorrection.from_dict(correction.to_dict()) == correction  # the checkpoint's plain data
+    assert correction.to_dict() == orjson.loads(record)
+
+
+def test_old_correction_records_still_read_and_bad_ones_are_refused() -> None:
+    # a record from a writer before v1.4 (no mode) or before v1.9 (no valid_for_s): valid, read as normal
     old = {"model": "m", "ts": 60.0, "seq": 60_000, "weights": {"a": 1.0}, "actions": [], "v": 1}
     CORRECTION.validate(old)
-    assert decode_correction(orjson.dumps(old))["mode"] == "normal"
-    assert RoutingCorrection.from_dict(old).mode == "normal"
+    for record in (old, {**old, "mode": None, "v": None}, {k: v for k, v in old.items() if k != "actions"}):
+        decoded = decode_correction(orjson.dumps(record))
+        assert (decoded.mode, decoded.v, decoded.valid_for_s, decoded.actions) == ("normal", 1, None, [])
+        assert RoutingCorrection.from_dict(record) == decoded
+    assert decode_correction(orjson.dumps({**old, "unknown": 1})) == decode_correction(orjson.dumps(old))
     with pytest.raises(jsonschema.ValidationError):
         CORRECTION.validate({**old, "mode": "chaos"})
-    for bad, match in ((b"[]", "JSON object"), (b'{"model": "m"}', "missing"), (b'{"v": 2}', "version"),
-                       (orjson.dumps({**old, "mode": "chaos"}), "unknown mode")):
+    for bad, match in ((b"[]", "object"), (b'{"model": "m"}', "missing"), (orjson.dumps({**old, "v": 2}), "v"),
+                       (orjson.dumps({**old, "mode": "chaos"}), "mode"),
+                       (orjson.dumps({**old, "valid_for_s": 0}), "valid_for_s"),
+                       (orjson.dumps({**old, "valid_for_s": True}), "valid_for_s"), (b"{", "truncated")):
         with pytest.raises(ValueError, match=match):
             decode_correction(bad)
     with pytest.raises(ValueError, match="mode must be"):
-        encode_correction({**old, "mode": "chaos"})
+        RoutingCorrection("m", 60.0, 60_000, {"a": 1.0}, mode="chaos")  # type: ignore[arg-type]
+
+
+def test_the_client_library_reads_corrections_without_the_engine() -> None:
+    """client/ decodes a correction with schemas/ alone (schemas/ reaches nothing of the engine:
+    test_layering.py), never with pipeline/."""
+    import ast
+    from pathlib import Path
+
+    import skewwatch.client
+
+    offenders = []
+    for path in sorted(Path(skewwatch.client.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.name}: {n}" for n in names if n.startswith("skewwatch.pipeline")]
+    assert offenders == []
+
+
+# --- llm.alerts -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alert", [
+    Alert(60.0, "m", "r1", "kv_pressure", Severity.WARNING, "open", "kv > 95 %", {"rule": "usage", "x": 1.5, "n": 3}),
+    Alert(1_700_000_060.0, "m", None, "fail_static", Severity.CRITICAL, "resolved", "", {"note": None}),
+])
+def test_an_alert_round_trips_as_the_worker_published_it(alert: Alert) -> None:
+    before = {"ts": alert.ts, "model": alert.model, "replica": alert.replica, "detector": alert.detector,
+              "severity": str(alert.severity), "state": alert.state, "message": alert.message,
+              "evidence": dict(alert.evidence)}
+    record = encode_alert(alert)
+    assert record == orjson.dumps(before)  # byte for byte what the worker published
+    assert decode_alert(record) == alert and Alert.from_dict(alert.to_dict()) == alert
+    assert alert.to_dict() == before
+    with pytest.raises(ValueError, match="state"):
+        decode_alert(orjson.dumps({**before, "state": "closed"}))
 
 
 # --- llm.gpu-telemetry --------------------------------------------------------------------------------

@@ -29,10 +29,11 @@ How it scores a sample, in three layers (every length is counted in samples):
 
 Nothing scores before a feature has been seen ``grace`` times, nor before ``warmup`` samples.
 
-The same scorer comes in two forms: ``NoveltyScorer`` (one stream, plain Python, river's interface)
-and :class:`NoveltyBank` (many independent streams as the rows of a few numpy arrays, scored and
-learned a batch of rows at once: the ``learned`` detector keeps one row per replica). They share the
-state format (a scorer's state loads into a bank row and back) and give the same scores.
+One implementation, :class:`NoveltyBank`: many independent streams as the rows of a few numpy arrays,
+scored and learned a batch of rows at once (the ``learned`` detector keeps one row per replica).
+``NoveltyScorer`` is river's interface over a one-row bank, so what ``bench/nab`` measures is what
+the detector runs. ``tests/novelty_reference.py`` writes the same arithmetic out in plain Python,
+one value at a time: the tests hold the bank to it.
 
 >>> scorer = make_scorer()
 >>> series = [10.0 + (i % 7) * 0.5 for i in range(400)] + [25.0] + [10.0 + (i % 7) * 0.5 for i in range(20)]
@@ -70,6 +71,7 @@ from river import base
 from scipy.special import erfc
 
 from skewwatch.pipeline.detectors import row_arrays
+from skewwatch.pipeline.finite import finite_or_none
 
 STATE_VERSION = 1
 
@@ -418,7 +420,7 @@ def _index(rows: Ints) -> Ints | slice:
 
 
 def _plain(values: Floats) -> list[float | None]:
-    return [float(v) if math.isfinite(v) else None for v in values.ravel().tolist()]
+    return [finite_or_none(v) for v in values.ravel().tolist()]
 
 
 def _floats(values: Sequence[float | None], shape: tuple[int, ...], missing: float) -> Floats:
@@ -428,30 +430,12 @@ def _floats(values: Sequence[float | None], shape: tuple[int, ...], missing: flo
     return out
 
 
-class _Feature:
-    """One feature of a one-stream scorer: a bank row's arrays for that feature, as Python lists."""
-
-    __slots__ = ("mean", "cur_hi", "cur_lo", "ring_hi", "ring_lo", "ring_max", "ring_min", "count", "head", "seen")
-
-    def __init__(self, scales: int, blocks: int) -> None:
-        self.mean = [math.nan] * scales
-        self.cur_hi = [-math.inf] * scales
-        self.cur_lo = [math.inf] * scales
-        self.ring_hi = [[-math.inf] * blocks for _ in range(scales)]
-        self.ring_lo = [[math.inf] * blocks for _ in range(scales)]
-        self.ring_max = [-math.inf] * scales
-        self.ring_min = [math.inf] * scales
-        self.count = 0
-        self.head = 0
-        self.seen = 0
-
-
 class NoveltyScorer(base.AnomalyDetector):
-    """Multi-scale range novelty -> likelihood -> onsets; see the module docstring.
+    """Multi-scale range novelty -> likelihood -> onsets on one stream; see the module docstring.
 
-    The same arithmetic as one :class:`NoveltyBank` row, in plain Python (a numpy call per value
-    would cost more than the arithmetic for one stream); its state is a bank row's state, and
-    ``tests/unit/test_novelty_scorer.py`` keeps the two equal, score for score.
+    river's interface over a one-row :class:`NoveltyBank`: the arithmetic the ``learned`` detector
+    runs on every replica, not a copy of it. Features are told apart by ``str(name)`` (the state's
+    JSON keys); a value that is not a finite number leaves its feature out of the sample.
 
     Parameters
     ----------
@@ -519,153 +503,64 @@ class NoveltyScorer(base.AnomalyDetector):
         self.span_floor = span_floor
         self._params = NoveltyParams(tuple(int(k) for k in scales), memory, blocks, grace, short, fading, warmup,
                                      onset, rearm, escalation, settle, drift, span_floor)
-        self._k = [float(k) for k in self._params.scales]
-        self._features: dict[Hashable, _Feature] = {}
-        self._n = 0
-        self._recent = [0.0] * short  # the last `short` raw scores (a ring)
-        self._recent_n = 0
-        self._lik = [0.0, 0.0, 0.0]  # EW of the short mean: samples, mean, variance
-        self._episode = [0.0, 0.0]  # highest score reported in the episode, samples at level 0
+        self._bank = NoveltyBank([], self._params)
+        self._row = self._bank.add_rows(1)
+        self._columns: dict[str, int] = {}
+        # river's idiom is score_one(x) then learn_one(x): the evaluation of the last sample scored is
+        # kept, so learning it does not evaluate it again (it is a pure function of the state and x)
+        self._scored: tuple[Floats, Batch] | None = None
 
     # --- river's interface
 
     def learn_one(self, x: dict[Hashable, Any]) -> None:
-        moved, novelty, raw, short_mean, level, score = self._evaluate(x)
-        p = self._params
-        ks = self._k
-        for name, means in moved.items():
-            feature = self._features.get(name)
-            if feature is None:
-                feature = self._features[name] = _Feature(len(self._k), p.blocks)
-            feature.seen += 1
-            for i, m in enumerate(means):
-                feature.mean[i] = m
-                if p.settle and feature.seen < ks[i]:  # the scale has not settled: not in its range yet
-                    continue
-                if m > feature.cur_hi[i]:
-                    feature.cur_hi[i] = m
-                if m < feature.cur_lo[i]:
-                    feature.cur_lo[i] = m
-            feature.count += 1
-            if feature.count >= p.block:
-                slot = feature.head
-                for i in range(len(means)):
-                    feature.ring_hi[i][slot] = feature.cur_hi[i]
-                    feature.ring_lo[i][slot] = feature.cur_lo[i]
-                    feature.ring_max[i] = max(feature.ring_hi[i])
-                    feature.ring_min[i] = min(feature.ring_lo[i])
-                    feature.cur_hi[i], feature.cur_lo[i] = -math.inf, math.inf
-                feature.head = (slot + 1) % p.blocks
-                feature.count = 0
-        self._n += 1
-        if p.short > 1:
-            self._recent[self._recent_n % p.short] = raw
-        self._recent_n += 1
-        lik = self._lik
-        lik[0] += 1.0
-        a = max(p.fading, 1.0 / lik[0])
-        d = short_mean - lik[1]
-        lik[1] += a * d
-        lik[2] = (1.0 - a) * (lik[2] + a * d * d)
-        if not p.onset:  # the episode only gates onsets
-            return
-        episode = self._episode
-        at_zero = level <= 0.0
-        episode[1] = episode[1] + 1.0 if at_zero else 0.0
-        if score > 0.0:
-            episode[0] = score
-        elif at_zero and episode[1] >= p.rearm:
-            episode[0] = 0.0
+        new = [str(name) for name, value in x.items() if finite_or_none(value) is not None]
+        if any(name not in self._columns for name in new):
+            self._bank.add_features(list(dict.fromkeys(new)))
+            self._columns = {name: f for f, name in enumerate(self._bank.features)}
+        self._bank.commit(self._evaluate(self._sample(x)))
+        self._scored = None
 
     def score_one(self, x: dict[Hashable, Any]) -> float:
-        return self._evaluate(x)[5]
+        return float(self._evaluate(self._sample(x)).score[0])
 
     def novelty_one(self, x: dict[Hashable, Any]) -> dict[Hashable, float]:
         """Each known feature's range novelty for ``x`` (the most novel scale), before the likelihood."""
-        return self._evaluate(x)[1]
-
-    def _evaluate(
-        self, x: Mapping[Hashable, Any]
-    ) -> tuple[dict[Hashable, list[float]], dict[Hashable, float], float, float, float, float]:
-        """(each valid feature's moved means, novelty of the known ones, raw, short mean, level, score)."""
-        p = self._params
-        ks = self._k
-        best = 0.0
-        moved: dict[Hashable, list[float]] = {}
-        novelty: dict[Hashable, float] = {}
+        batch = self._evaluate(self._sample(x))
+        bank = self._bank
+        out: dict[Hashable, float] = {}
         for name, value in x.items():
-            v = _number(value)
-            if v is None:  # missing or not a number: this feature sits the sample out
-                continue
-            feature = self._features.get(name)
-            if feature is None:
-                moved[name] = [v] * len(ks)
-                continue
-            means = [v if math.isnan(m) else m + (v - m) / k for m, k in zip(feature.mean, ks, strict=True)]
-            moved[name] = means
-            e_max = 0.0
-            if feature.seen >= p.grace:
-                for i, m in enumerate(means):
-                    if feature.seen < p.settle * ks[i]:
-                        continue
-                    if p.drift and feature.ring_max[i] > -math.inf:
-                        hi, lo = feature.ring_max[i], feature.ring_min[i]
-                    else:
-                        hi = max(feature.ring_max[i], feature.cur_hi[i])
-                        lo = min(feature.ring_min[i], feature.cur_lo[i])
-                    span = hi - lo
-                    if span >= 0.0:
-                        span = max(span, p.span_floor)
-                    if span > 0.0 and span != math.inf:
-                        outside = max(m - hi, lo - m)
-                        if outside > 0.0 and outside / span > e_max:
-                            e_max = outside / span
-            novelty[name] = e_max
-            if e_max > best:
-                best = e_max
-        raw = best / (1.0 + best)
-        filled = min(self._recent_n, p.short)
-        if p.short > 1:
-            kept = sum(self._recent) - (self._recent[self._recent_n % p.short] if filled >= p.short else 0.0)
-        else:
-            kept = 0.0
-        short_mean = (kept + raw) / min(filled + 1, p.short)
-        n_lik, lik_mean, lik_var = self._lik
-        level = 0.0
-        if self._n >= p.warmup and n_lik > 0:
-            z = (short_mean - lik_mean) / max(math.sqrt(lik_var), _SD_FLOOR)
-            if z > 0.0:
-                level = min(1.0, math.log(0.5 * math.erfc(z / math.sqrt(2.0)) + 1e-10) / _LOG_EPS)
-        onset = level > 0.0 and level > p.escalation * self._episode[0]
-        score = level if not p.onset or onset else 0.0
-        return moved, novelty, raw, short_mean, level, score
+            f = self._columns.get(str(name))
+            if f is not None and finite_or_none(value) is not None and (
+                    bank.seen[0, f] or not np.isnan(bank.mean[0, f]).all()):
+                out[name] = float(batch.novelty[0, f])
+        return out
+
+    def _sample(self, x: Mapping[Hashable, Any]) -> Floats:
+        """``x`` as the bank's one-row sample: NaN for a feature it lacks (a feature never learned
+        sits the sample out: its novelty would be 0 before ``grace`` anyway)."""
+        sample = np.full((1, len(self._columns)), np.nan)
+        for name, value in x.items():
+            f = self._columns.get(str(name))
+            v = finite_or_none(value)
+            if f is not None and v is not None:
+                sample[0, f] = v
+        return sample
+
+    def _evaluate(self, sample: Floats) -> Batch:
+        scored = self._scored
+        if scored is not None and scored[0].shape == sample.shape and np.array_equal(scored[0], sample,
+                                                                                       equal_nan=True):
+            return scored[1]
+        batch = self._bank.evaluate(self._row, sample)
+        self._scored = (sample, batch)
+        return batch
 
     # --- state
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything learned, as plain JSON data: a :class:`NoveltyBank` row's state (``row_state``),
-        with the version and parameters; feature names become strings (JSON object keys)."""
-        return {
-            "v": STATE_VERSION,
-            "params": self._params.key(),
-            "n": self._n,
-            "features": {
-                str(name): {
-                    "mean": _plain_list(f.mean),
-                    "cur": [_plain_list(f.cur_hi), _plain_list(f.cur_lo)],
-                    "ring": [_plain_list([v for ring in f.ring_hi for v in ring]),
-                             _plain_list([v for ring in f.ring_lo for v in ring])],
-                    "count": f.count,
-                    "head": f.head,
-                    "seen": f.seen,
-                }
-                for name, f in self._features.items()
-            },
-            "recent": list(self._recent),
-            "recent_n": self._recent_n,
-            "lik": list(self._lik),
-            "episode": list(self._episode),
-        }
+        """Everything learned, as plain JSON data: the bank row's state (``row_state``), with the
+        version and parameters; feature names are strings (JSON object keys)."""
+        return {"v": STATE_VERSION, "params": self._params.key(), **self._bank.row_state(0)}
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output (ValueError if it is another version or configuration)."""
@@ -673,45 +568,17 @@ class NoveltyScorer(base.AnomalyDetector):
             raise ValueError(f"novelty scorer state v{state.get('v')!r}, expected v{STATE_VERSION}")
         if state.get("params") != self._params.key():
             raise ValueError("novelty scorer state was learned with other parameters")
-        # read through a bank row: one reader and one set of checks for both forms
         bank = NoveltyBank([], self._params)
         bank.add_rows(1)
         bank.load_row(0, state)
-        s, b = len(self._k), self._params.blocks
-        features: dict[Hashable, _Feature] = {}
-        for column, name in enumerate(bank.features):
-            f = features[name] = _Feature(s, b)
-            f.mean = bank.mean[0, column].tolist()
-            f.cur_hi, f.cur_lo = bank.cur_hi[0, column].tolist(), bank.cur_lo[0, column].tolist()
-            f.ring_hi, f.ring_lo = bank.ring_hi[0, column].tolist(), bank.ring_lo[0, column].tolist()
-            f.ring_max, f.ring_min = bank.ring_max[0, column].tolist(), bank.ring_min[0, column].tolist()
-            f.count, f.head, f.seen = (int(bank.count[0, column]), int(bank.head[0, column]),
-                                       int(bank.seen[0, column]))
-        self._features = features
-        self._n = int(bank.n[0])
-        self._recent = bank.recent[0].tolist()
-        self._recent_n = int(bank.recent_n[0])
-        self._lik = bank.lik[0].tolist()
-        self._episode = bank.episode[0].tolist()
+        self._bank = bank
+        self._columns = {name: f for f, name in enumerate(bank.features)}
+        self._scored = None
 
     @property
     def samples(self) -> int:
         """Samples learned so far."""
-        return self._n
-
-
-def _plain_list(values: Sequence[float]) -> list[float | None]:
-    return [v if math.isfinite(v) else None for v in values]
-
-
-def _number(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
+        return int(self._bank.n[0])
 
 
 def make_scorer(**params: Any) -> NoveltyScorer:
