@@ -4,8 +4,8 @@ Where :mod:`skewwatch.sim.generator` draws latencies from distributions, this mo
 them: requests from a real trace (arrival times and token lengths, scaled to a target share of
 the fleet's capacity) are routed to replicas that serve them the way vLLM-style engines do.
 
-The engine model, per replica (every constant in :class:`FleetConfig`, defaults for a
-70B-class model with FP8 weights and KV cache on one 80 GB H100-class GPU):
+The engine model, per replica (every constant in :class:`~skewwatch.sim.fleet_config.FleetConfig`,
+defaults for a 70B-class model with FP8 weights and KV cache on one 80 GB H100-class GPU):
 
 - **Iterations.** The engine runs one iteration after another while it has work. At the start
   of an iteration it admits waiting requests (FIFO) while the running batch is below
@@ -64,7 +64,6 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -72,12 +71,17 @@ import numpy as np
 from skewwatch.collect.histogram import TPOT_BUCKETS_S, TTFT_BUCKETS_S, IntervalHistogram
 from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
-from skewwatch.sim.faults import CUDA_ERRORS, FaultError, Injection, applies_to, target_model
-from skewwatch.sim.generator import STEP_S, TrafficChunk
-from skewwatch.sim.router import POLICIES, DynamicWeightRouter, make_router
-from skewwatch.sim.trace import Trace, load_trace
+from skewwatch.sim.faults import CUDA_ERRORS, Injection, applies_to, target_model
+from skewwatch.sim.fleet_config import GIB, FleetConfig, replica_capacity_rps, unloaded_latency_s
+from skewwatch.sim.generator import STEP_S, TrafficChunk, replica_ids
+from skewwatch.sim.router import DynamicWeightRouter, make_router
+from skewwatch.sim.trace import load_trace
 
-GIB = float(1 << 30)
+# the configuration lives in skewwatch.sim.fleet_config; it is named here too, beside the simulator
+# it configures (callers build one and run the other)
+__all__ = ["GIB", "LIVE_ENGINE_FIELDS", "FleetConfig", "FleetSimulator", "replica_capacity_rps",
+           "unloaded_latency_s"]
+
 # Event kinds, in the order they are handled at equal times: a step closes before anything
 # that happens at its boundary, so a chunk holds exactly the requests with ts < its end.
 _STEP, _ITER_END, _ARRIVAL = 0, 1, 2
@@ -88,94 +92,6 @@ LIVE_ENGINE_FIELDS: tuple[str, ...] = (
 # long_tail: a replica's median latency is taken over its last this many finished requests (not stalled ones)
 MEDIAN_OVER = 101
 MEDIAN_MIN = 5  # fewer finished so far: the engine's unloaded latency of the trace's median request
-
-
-@dataclass(frozen=True, slots=True)
-class FleetConfig:
-    """Every constant of the simulated fleet; defaults: a 70B-class model, FP8, one H100 80 GB each."""
-
-    models: tuple[str, ...] = ("llama-3-70b",)
-    replicas: int = 4  # per model
-    replica_prefix: str = "r"
-    policy: str = "round_robin"  # round_robin | least_connections | dynamic | dynamic_least_request
-    # -- engine (per replica)
-    max_batch: int = 32  # batch_capacity: max running sequences
-    kv_capacity_tokens: int = 52_000  # ~8 GiB of FP8 KV at 160 KiB/token (80 layers x 8 KV heads x 128 x 2)
-    kv_bytes_per_token: float = 160.0 * 1024
-    prefill_ms_per_token: float = 0.2  # ~5k prompt tokens/s: 140 GFLOP/token at ~700 TFLOP/s effective
-    decode_base_ms: float = 22.0  # one pass over ~66 GiB of weights at ~3.3 TB/s
-    decode_per_seq_ms: float = 0.15  # per running sequence (sampling, scheduling, small GEMM growth)
-    decode_per_context_token_ms: float = 5e-5  # KV read: 160 KiB per context token at ~3.3 TB/s
-    kv_hit_rate_mean: float = 0.75  # prefix-cache hit share of prompt tokens ~ Beta(mean, concentration)
-    kv_hit_rate_concentration: float = 40.0
-    gpu_memory_total_bytes: float = 80.0 * GIB
-    model_memory_bytes: float = 66.0 * GIB
-    runtime_memory_bytes: float = 4.0 * GIB  # activations, CUDA graphs, allocator slack
-    idle_power_w: float = 90.0
-    max_power_w: float = 700.0
-    # -- traffic
-    load: float = 0.8  # target share of the fleet's estimated capacity (ignored when rate is set)
-    rate: float | None = None  # fleet requests/s; None: load x capacity
-    model_rates: tuple[float, ...] | None = None  # requests/s per model (in models order); overrides both
-    trace: Trace | None = field(default=None, compare=False)  # None: the bundled "conv" trace
-    seed: int = 0
-    injections: tuple[Injection, ...] = ()
-    telemetry: bool = True
-    live_signals: bool = True  # telemetry carries the engine's live gauges and latency histograms
-    drain_s: float = 600.0  # after the end, in-flight requests get this long to finish, then fail
-
-    def __post_init__(self) -> None:
-        if not self.models or len(set(self.models)) != len(self.models):
-            raise ValueError(f"models: give one or more distinct names, got {self.models!r}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown routing policy {self.policy!r} (known: {', '.join(POLICIES)})")
-        if self.replicas < 1 or self.max_batch < 1 or self.kv_capacity_tokens < 1:
-            raise ValueError("replicas, max_batch and kv_capacity_tokens must be positive")
-        if self.rate is None and not self.load > 0:
-            raise ValueError(f"load must be > 0, got {self.load}")
-        if self.model_rates is not None and (len(self.model_rates) != len(self.models)
-                                             or not all(r > 0 for r in self.model_rates)):
-            raise ValueError(f"model_rates: one rate > 0 per model ({len(self.models)}), got {self.model_rates!r}")
-        pairs = fleet_replicas(self)
-        for inj in self.injections:
-            try:
-                target_model(inj, pairs)
-            except FaultError as exc:
-                raise ValueError(str(exc)) from exc
-
-
-def fleet_replicas(config: FleetConfig) -> list[tuple[str, str]]:
-    """``(model, replica)`` pairs, numbered across models like the generator's."""
-    return [(model, f"{config.replica_prefix}{m * config.replicas + i}")
-            for m, model in enumerate(config.models) for i in range(config.replicas)]
-
-
-def replica_capacity_rps(config: FleetConfig, trace: Trace) -> float:
-    """Requests/s one replica sustains on this trace's mean lengths with a full batch (estimate).
-
-    >>> round(replica_capacity_rps(FleetConfig(), load_trace("conv")), 2)
-    4.03
-    """
-    prompt = float(trace.prompt_tokens.mean())
-    completion = max(float(trace.completion_tokens.mean()), 1.0)
-    batch = max(min(float(config.max_batch), config.kv_capacity_tokens / max(prompt + completion, 1.0)), 1.0)
-    step_ms = (config.decode_base_ms + config.decode_per_seq_ms * batch
-               + config.decode_per_context_token_ms * batch * (prompt + completion / 2))
-    service_ms = prompt * (1 - config.kv_hit_rate_mean) * config.prefill_ms_per_token + completion * step_ms / batch
-    return 1000.0 / service_ms
-
-
-def unloaded_latency_s(config: FleetConfig, prompt: float, completion: float) -> float:
-    """Seconds one request of these lengths takes alone on an idle replica (prefill of its uncached
-    share, then one decode step per token at batch 1).
-
-    >>> round(unloaded_latency_s(FleetConfig(), 1020, 129), 2)
-    2.92
-    """
-    prefill_ms = prompt * (1.0 - config.kv_hit_rate_mean) * config.prefill_ms_per_token
-    step_ms = (config.decode_base_ms + config.decode_per_seq_ms
-               + config.decode_per_context_token_ms * (prompt + completion / 2.0))
-    return (prefill_ms + max(completion, 1.0) * step_ms) / 1000.0
 
 
 class _Request:
@@ -258,7 +174,7 @@ class FleetSimulator:
         self.trace = config.trace if config.trace is not None else load_trace()
         self.router = make_router(config.policy)
         self.on_step = on_step  # called after each chunk is built, before it is yielded
-        pairs = fleet_replicas(config)
+        pairs = replica_ids(config)
         targets = [target_model(inj, pairs) for inj in config.injections]
         self.replicas = [
             _Replica(i, model, name, [inj for inj, target in zip(config.injections, targets, strict=True)

@@ -35,7 +35,7 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -100,8 +100,20 @@ class GeneratorConfig:
                 raise ValueError(str(exc)) from exc
 
 
-def replica_ids(config: GeneratorConfig) -> list[tuple[str, str]]:
-    """``(model, replica)`` pairs: ``replicas`` per model, numbered across models."""
+class ReplicaNaming(Protocol):
+    """How a simulated fleet names its replicas (the generator's and the fleet simulator's configs)."""
+
+    @property
+    def models(self) -> tuple[str, ...]: ...
+    @property
+    def replicas(self) -> int: ...
+    @property
+    def replica_prefix(self) -> str: ...
+
+
+def replica_ids(config: ReplicaNaming) -> list[tuple[str, str]]:
+    """``(model, replica)`` pairs: ``replicas`` per model, numbered across models (the same names in
+    the generator and the fleet simulator, so labels and scenarios mean the same replica in both)."""
     return [(model, f"{config.replica_prefix}{m * config.replicas + i}")
             for m, model in enumerate(config.models) for i in range(config.replicas)]
 

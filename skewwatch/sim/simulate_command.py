@@ -49,9 +49,9 @@ from skewwatch.logs import logging_options, quiet_libraries, setup_logging
 from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.faults import FAULT_KINDS, FaultError, target_model, write_labels
-from skewwatch.sim.fleet import FleetConfig, FleetSimulator, fleet_replicas
+from skewwatch.sim.fleet import FleetConfig, FleetSimulator
 from skewwatch.sim.generate_command import InjectionCommand, injections_from_options, parse_speed, parse_start_ts
-from skewwatch.sim.generator import TrafficChunk, event_rows
+from skewwatch.sim.generator import TrafficChunk, event_rows, replica_ids
 from skewwatch.sim.loop import LocalWeightsLoop
 from skewwatch.sim.router import CORRECTION_POLICIES, POLICIES
 from skewwatch.sim.shapes import SHAPES, make_shape
@@ -191,7 +191,7 @@ def simulate_command(models: str, replicas: int, policy: str, load: float, rate:
         check_kafka(require_bootstrap(bootstrap, settings, "to produce to"), settings)
     options = client_options(settings.kafka)
     if labels_path:
-        pairs = fleet_replicas(config)
+        pairs = replica_ids(config)
         write_labels(labels_path, [inj.label(start, target_model(inj, pairs)) for inj in config.injections])
     closed = policy in CORRECTION_POLICIES
     kafka_loop = closed and weights_source == "kafka"

@@ -9,8 +9,8 @@ from skewwatch.schemas.requests import check_request_event
 from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.faults import Injection
-from skewwatch.sim.fleet import FleetConfig, FleetSimulator, fleet_replicas, replica_capacity_rps
-from skewwatch.sim.generator import event_rows
+from skewwatch.sim.fleet import FleetConfig, FleetSimulator, replica_capacity_rps
+from skewwatch.sim.generator import event_rows, replica_ids
 from skewwatch.sim.loop import LocalWeightsLoop
 from skewwatch.sim.router import DynamicWeightRouter, LeastConnectionsRouter, RoundRobinRouter
 from skewwatch.sim.trace import load_trace
@@ -149,7 +149,7 @@ def test_closed_loop_moves_traffic_off_the_faulty_replica_under_dynamic_only() -
 def test_two_models_have_separate_pools() -> None:
     config = FleetConfig(models=("a", "b"), replicas=2, load=0.5, seed=10)
     _, cols, _ = simulate(config, 60)
-    assert set(zip(cols.model.tolist(), cols.replica.tolist(), strict=True)) == set(fleet_replicas(config))
+    assert set(zip(cols.model.tolist(), cols.replica.tolist(), strict=True)) == set(replica_ids(config))
 
 
 def test_bad_fleet_config_is_refused() -> None:
