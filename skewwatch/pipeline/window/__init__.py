@@ -45,8 +45,9 @@ definitions), ``partition_state.py`` (``PartitionState``: the partition as plain
   ``batch_size_mean``/``batch_size_std``/``batch_fill_mean`` as None and the batch detectors stay
   silent. Rows whose size the worker derived from telemetry are counted (``batch_derived_count``).
 
-The feature definitions live in exactly one place, :meth:`WindowSummary.features`; per-model
-vectors (``model_merge.py``) merge summaries and call the same method.
+The feature definitions live in exactly one place, ``feature_columns.py``: a step's columns go
+through it for every key at once, and :meth:`WindowSummary.features` (what per-model vectors are
+made with, ``model_merge.py`` merging the summaries first) sends its one row through the same code.
 
 >>> from skewwatch.config import WindowSettings
 >>> from skewwatch.schemas.requests.columns import RequestColumns

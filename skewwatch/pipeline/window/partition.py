@@ -62,15 +62,10 @@ from skewwatch.pipeline.window.buckets import (
     Sealed,
     split_entries,
 )
+from skewwatch.pipeline.window.feature_columns import LATENCY_QUANTILES, TPOT_QUANTILES, TTFT_QUANTILES
 from skewwatch.pipeline.window.partition_state import PartitionState
 from skewwatch.pipeline.window.row_totals import RowTotals
-from skewwatch.pipeline.window.steps import (
-    LATENCY_QUANTILES,
-    TPOT_QUANTILES,
-    TTFT_QUANTILES,
-    ClosedSteps,
-    StepBatch,
-)
+from skewwatch.pipeline.window.steps import ClosedSteps, StepBatch
 from skewwatch.pipeline.window.summary import tpot_accuracy
 from skewwatch.schemas.feature_vector import RECENT_S
 from skewwatch.schemas.requests.columns import BATCH_DERIVED, RequestColumns

@@ -5,8 +5,9 @@ row per (model, replica), the window's merged statistics in one ``(rows, STATS_L
 quantiles in ``(rows, k)`` arrays and the sketches as dense per-row count matrices. The per-row
 Python objects the rest of the pipeline reads (:class:`ReplicaStep` = :class:`FeatureVector` +
 :class:`WindowSummary`) are built only when someone iterates, all rows of a batch at once, from
-``tolist()`` columns (:meth:`StepBatch.replica_steps`). The numbers are bit-identical to
-:meth:`WindowSummary.features` on the same summary (the tests check it on every step).
+``tolist()`` columns (:meth:`StepBatch.replica_steps`). The vectors come from
+``feature_columns.py``, as :meth:`WindowSummary.features` does, so a row's vector equals its own
+summary's features to the bit (the tests check it on every step).
 
 >>> from skewwatch.config import WindowSettings
 >>> from skewwatch.schemas.requests.columns import RequestColumns
@@ -26,10 +27,9 @@ True
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, overload
+from typing import NamedTuple, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -50,16 +50,13 @@ from skewwatch.pipeline.window.bucket_row import (
     OPT_N,
     OPT_SUM,
 )
+from skewwatch.pipeline.window.feature_columns import feature_vectors
 from skewwatch.pipeline.window.summary import WindowSummary
-from skewwatch.schemas.feature_vector import FEATURES_SCHEMA_VERSION, FeatureVector
+from skewwatch.schemas.feature_vector import FeatureVector
 
 FloatArray = npt.NDArray[np.float64]
 CountMatrix = npt.NDArray[np.int32]
 
-LATENCY_QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
-TTFT_QUANTILES: tuple[float, ...] = (0.5, 0.99)
-TPOT_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99, 1.0)  # P50, P90, P99, max
-_FEATURE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(FeatureVector))
 # WindowSummary is built positionally too: this is the order the builder passes its columns in
 _SUMMARY_ORDER: tuple[str, ...] = (
     "model", "replica", "window_end", "length_s", "relative_accuracy", "count", "errors", "completion_tokens",
@@ -75,13 +72,6 @@ class ReplicaStep(NamedTuple):
 
     features: FeatureVector
     summary: WindowSummary
-
-
-def _or_none(values: npt.NDArray[Any], known: npt.NDArray[np.bool_]) -> list[Any]:
-    """``values`` as Python floats, ``None`` where not ``known`` (unknown is never 0)."""
-    out = values.astype(object)
-    out[~known] = None
-    return out.tolist()
 
 
 def _sparse_rows(counts: CountMatrix, offset: int) -> list[SparseCounts]:
@@ -215,79 +205,10 @@ class StepBatch:
 
     def _build_vectors(self) -> list[FeatureVector]:
         rows = len(self.keys)
-        if not rows:
-            return []
-        st = self.stats
-        length = self.length_s
-        count_f = st[:, COUNT]
-        has_events = count_f > 0
-        field_count = st[:, MOMENT_COUNT_COLUMNS]  # (rows, 5) each MOMENT_FIELDS' own count
-        known = field_count > 0
-        with np.errstate(invalid="ignore", divide="ignore"):
-            var = st[:, M2] / field_count  # population variance; NaN/inf where unknown (masked below)
-            optional_mean = st[:, OPT_SUM] / st[:, OPT_N]
-            error_rate = st[:, ERRORS] / count_f
-        mean = st[:, MEAN]
-        count = count_f.astype(np.int64).tolist()
-        batch_count = np.rint(st[:, BATCH_N]).astype(np.int64).tolist()
-        derived_count = np.rint(st[:, DERIVED_N]).astype(np.int64).tolist()
-        optional_count = st[:, OPT_N].round().astype(np.int64)
-        optional_known = optional_count > 0
-        step_count = self.step_count.tolist()
-        latency_known = ~np.isnan(self.latency_q)
-        ttft_known = ~np.isnan(self.ttft_q)
-        tpot_known = ~np.isnan(self.tpot_q)
-        recent_n = self.recent[:, 0]
-        recent_known = recent_n > 0
-        with np.errstate(invalid="ignore", divide="ignore"):
-            recent_var = self.recent[:, 2] / recent_n
-        recent_count = recent_n.astype(np.int64).tolist()
-        columns = {
-            "rps": (count_f / length).tolist(),
-            "latency_p50": _or_none(self.latency_q[:, 0], latency_known[:, 0]),
-            "latency_p95": _or_none(self.latency_q[:, 1], latency_known[:, 1]),
-            "latency_p99": _or_none(self.latency_q[:, 2], latency_known[:, 2]),
-            "latency_mean": _or_none(mean[:, 0], known[:, 0]),
-            "ttft_p50": _or_none(self.ttft_q[:, 0], ttft_known[:, 0]),
-            "ttft_p99": _or_none(self.ttft_q[:, 1], ttft_known[:, 1]),
-            "batch_size_mean": _or_none(mean[:, 3], known[:, 3]),
-            "batch_size_std": _or_none(np.sqrt(np.maximum(np.where(known[:, 3], var[:, 3], 0.0), 0.0)),
-                                       known[:, 3]),
-            "batch_fill_mean": _or_none(mean[:, 4], known[:, 4]),
-            "prompt_tokens_mean": _or_none(mean[:, 1], known[:, 1]),
-            "prompt_tokens_var": _or_none(var[:, 1], known[:, 1]),
-            "completion_tokens_mean": _or_none(mean[:, 2], known[:, 2]),
-            "completion_tokens_var": _or_none(var[:, 2], known[:, 2]),
-            "tokens_per_s": (st[:, COMPLETION].astype(np.int64) / length).tolist(),
-            "error_rate": _or_none(error_rate, has_events),
-            "queue_length_mean": _or_none(optional_mean[:, 1], optional_known[:, 1]),
-            "kv_cache_hit_rate_mean": _or_none(optional_mean[:, 2], optional_known[:, 2]),
-            # math.exp as WindowSummary.features does: the two paths give the same floats
-            "ttft_per_prompt_token": [math.exp(v) if k else None
-                                      for v, k in zip(optional_mean[:, 3].tolist(), optional_known[:, 3].tolist(),
-                                                      strict=True)],
-            "ttft_prompt_tokens_gmean": [math.exp(v) if k else None
-                                         for v, k in zip(optional_mean[:, 4].tolist(), optional_known[:, 4].tolist(),
-                                                         strict=True)],
-            "tpot_p50": _or_none(self.tpot_q[:, 0], tpot_known[:, 0]),
-            "tpot_p90": _or_none(self.tpot_q[:, 1], tpot_known[:, 1]),
-            "tpot_p99": _or_none(self.tpot_q[:, 2], tpot_known[:, 2]),
-            "tpot_max": _or_none(self.tpot_q[:, 3], tpot_known[:, 3]),
-            "recent_count": recent_count,
-            "recent_prompt_tokens_mean": _or_none(self.recent[:, 1], recent_known),
-            "recent_prompt_tokens_var": _or_none(recent_var, recent_known),
-        }
         cuda = self.step_cuda_errors
         step_cuda = [dict(cuda[i]) if i in cuda else {} for i in range(rows)] if cuda else [{} for _ in range(rows)]
-        end = self.window_end
-        columns.update(
-            model=[model for model, _ in self.keys], replica=[replica for _, replica in self.keys],
-            window_start=[end - length] * rows, window_end=[end] * rows, count=count, step_count=step_count,
-            step_cuda_errors=step_cuda, replicas=[None] * rows, batch_count=batch_count,
-            batch_derived_count=derived_count, v=[FEATURES_SCHEMA_VERSION] * rows,
-        )
-        # positionally, in the dataclass's field order (looked up, not assumed): ~3x faster than kwargs
-        return [FeatureVector(*values) for values in zip(*(columns[name] for name in _FEATURE_FIELDS), strict=True)]
+        return feature_vectors(self.keys, self.window_end, self.length_s, self.stats, self.step_count.tolist(),
+                               step_cuda, self.latency_q, self.ttft_q, self.tpot_q, self.recent, [None] * rows)
 
     def _build_summaries(self) -> list[WindowSummary]:
         rows = len(self.keys)

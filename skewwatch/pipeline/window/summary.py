@@ -1,6 +1,6 @@
-"""The stage 1 -> stage 2 hand-off: :class:`WindowSummary`, the bucket row layout, and THE feature
-definitions (:meth:`WindowSummary.features`; the columnar step in ``steps.py`` computes the same
-numbers for many rows at once and the tests hold the two bit-identical).
+"""The stage 1 -> stage 2 hand-off: :class:`WindowSummary`, one window's bucket row spelled out with
+its sketches, and its feature vector (:meth:`WindowSummary.features`: the summary as one row of
+``feature_columns.py``, where a step's columns go too).
 
 >>> import numpy as np
 >>> from skewwatch.pipeline.sketch import EMPTY_SPARSE
@@ -24,8 +24,30 @@ import numpy as np
 import numpy.typing as npt
 
 from skewwatch.pipeline import moments
-from skewwatch.pipeline.sketch import EMPTY_SPARSE, SparseCounts, log_bins
-from skewwatch.pipeline.window.bucket_row import ADDED_OPTIONAL, EVENT_MOMENTS, MOMENT_FIELDS, OPTIONAL_FIELDS
+from skewwatch.pipeline.sketch import EMPTY_SPARSE, LogBins, SparseCounts, log_bins
+from skewwatch.pipeline.window.bucket_row import (
+    ADDED_OPTIONAL,
+    BATCH_N,
+    COMPLETION,
+    COUNT,
+    DERIVED_N,
+    ERRORS,
+    EVENT_MOMENTS,
+    FILL_N,
+    M2,
+    MEAN,
+    MOMENT_FIELDS,
+    OPT_N,
+    OPT_SUM,
+    OPTIONAL_FIELDS,
+    STATS_LEN,
+)
+from skewwatch.pipeline.window.feature_columns import (
+    LATENCY_QUANTILES,
+    TPOT_QUANTILES,
+    TTFT_QUANTILES,
+    feature_vectors,
+)
 from skewwatch.schemas.feature_vector import FeatureVector
 
 FloatArray = npt.NDArray[np.float64]
@@ -36,8 +58,11 @@ SUMMARY_VERSION = 1
 TPOT_RELATIVE_ACCURACY = 0.05
 
 
-def _exp(value: float | None) -> float | None:
-    return None if value is None else math.exp(value)
+def _quantiles(bins: LogBins, sketch: SparseCounts, qs: tuple[float, ...]) -> FloatArray:
+    """``(1, len(qs))``: the quantiles of one sparse sketch, NaN when it is empty (as
+    :meth:`LogBins.row_quantiles` answers for a row of a step)."""
+    answers = bins.quantile(sketch[1], qs, slots=sketch[0]) if sketch.shape[1] else None
+    return np.array([answers if answers else [math.nan] * len(qs)], dtype=np.float64)
 
 
 def tpot_accuracy(relative_accuracy: float) -> float:
@@ -47,7 +72,7 @@ def tpot_accuracy(relative_accuracy: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# The summary of one window, and THE feature definitions
+# The summary of one window
 # ---------------------------------------------------------------------------------------------
 
 @dataclass(slots=True, eq=False)
@@ -97,75 +122,24 @@ class WindowSummary:
         return moments.Moments(counts, self.mean, self.m2)
 
     def features(self) -> FeatureVector:
-        """The feature vector of this window. Every feature is defined here and only here."""
-        n = self.count
-        length = self.length_s
+        """The feature vector of this window: this summary as a batch of one row of
+        :func:`~skewwatch.pipeline.window.feature_columns.feature_vectors`, where every feature is
+        defined."""
+        stats = np.zeros((1, STATS_LEN))
+        row = stats[0]
+        row[COUNT], row[ERRORS], row[COMPLETION] = self.count, self.errors, self.completion_tokens
+        row[MEAN], row[M2] = self.mean, self.m2
+        row[OPT_N], row[OPT_SUM] = self.optional_count, self.optional_sum
+        row[BATCH_N], row[FILL_N], row[DERIVED_N] = self.batch_count, self.fill_count, self.derived_count
         bins = log_bins(self.relative_accuracy)
-        # quantiles: sketch, rank floor(q*(n-1)) (numpy "lower"), <= relative_accuracy error
-        latency_q: list[float | None] = [None] * 3
-        ttft_q: list[float | None] = [None] * 2
-        if self.latency.shape[1]:
-            latency_q = list(bins.quantile(self.latency[1], [0.5, 0.95, 0.99], slots=self.latency[0]) or [])
-        if self.ttft.shape[1]:
-            ttft_q = list(bins.quantile(self.ttft[1], [0.5, 0.99], slots=self.ttft[0]) or [])
-        tpot_q: list[float | None] = [None] * 4
-        if self.tpot.shape[1]:
-            tpot_bins = log_bins(tpot_accuracy(self.relative_accuracy))
-            tpot_q = list(tpot_bins.quantile(self.tpot[1], [0.5, 0.9, 0.99, 1.0], slots=self.tpot[0]) or [])
-        recent = self.recent_count
-        mean: dict[str, float | None] = dict.fromkeys(MOMENT_FIELDS)
-        var: dict[str, float | None] = dict.fromkeys(MOMENT_FIELDS)
-        counts = [n] * EVENT_MOMENTS + [self.batch_count, self.fill_count]
-        for f, count, field_mean, m2 in zip(MOMENT_FIELDS, counts, self.mean.tolist(), self.m2.tolist(),
-                                            strict=True):
-            if count > 0:  # no event with the field: unknown (None), never 0
-                mean[f] = field_mean
-                var[f] = m2 / count  # population
-        optional_mean = {
-            f: (total / reported if reported else None)
-            for f, reported, total in zip(OPTIONAL_FIELDS, self.optional_count.tolist(),
-                                          self.optional_sum.tolist(), strict=True)
-        }
-        batch_var = var["batch_size"]
-        return FeatureVector(
-            model=self.model,
-            replica=self.replica,
-            window_start=self.window_start,
-            window_end=self.window_end,
-            count=n,
-            rps=n / length,
-            latency_p50=latency_q[0],
-            latency_p95=latency_q[1],
-            latency_p99=latency_q[2],
-            latency_mean=mean["latency_ms"],
-            ttft_p50=ttft_q[0],
-            ttft_p99=ttft_q[1],
-            batch_size_mean=mean["batch_size"],
-            batch_size_std=None if batch_var is None else math.sqrt(max(batch_var, 0.0)),
-            batch_fill_mean=mean["batch_fill"],
-            prompt_tokens_mean=mean["prompt_tokens"],
-            prompt_tokens_var=var["prompt_tokens"],
-            completion_tokens_mean=mean["completion_tokens"],
-            completion_tokens_var=var["completion_tokens"],
-            tokens_per_s=self.completion_tokens / length,
-            error_rate=self.errors / n if n else None,
-            queue_length_mean=optional_mean["queue_length"],
-            kv_cache_hit_rate_mean=optional_mean["kv_cache_hit_rate"],
-            ttft_per_prompt_token=_exp(optional_mean["log_ttft_per_prompt_token"]),
-            ttft_prompt_tokens_gmean=_exp(optional_mean["log_ttft_prompt_tokens"]),
-            step_count=self.step_count,
-            step_cuda_errors=dict(self.step_cuda_errors),
-            replicas=self.replicas,
-            batch_count=self.batch_count,
-            batch_derived_count=self.derived_count,
-            tpot_p50=tpot_q[0],
-            tpot_p90=tpot_q[1],
-            tpot_p99=tpot_q[2],
-            tpot_max=tpot_q[3],
-            recent_count=recent,
-            recent_prompt_tokens_mean=self.recent_prompt_mean if recent else None,
-            recent_prompt_tokens_var=self.recent_prompt_m2 / recent if recent else None,
-        )
+        tpot_bins = log_bins(tpot_accuracy(self.relative_accuracy))
+        recent = np.array([[self.recent_count, self.recent_prompt_mean, self.recent_prompt_m2]], dtype=np.float64)
+        [vector] = feature_vectors(
+            [(self.model, self.replica)], self.window_end, self.length_s, stats, [self.step_count],
+            [dict(self.step_cuda_errors)], _quantiles(bins, self.latency, LATENCY_QUANTILES),
+            _quantiles(bins, self.ttft, TTFT_QUANTILES), _quantiles(tpot_bins, self.tpot, TPOT_QUANTILES), recent,
+            [self.replicas])
+        return vector
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (internal topic stage 1 -> stage 2); per-field stats as named maps."""
