@@ -126,6 +126,8 @@ from bench.scoring import (  # noqa: E402
     score,
     weight_episodes,
 )
+from skewwatch.schemas.alerts import decode_alert  # noqa: E402
+from skewwatch.schemas.corrections import decode_correction  # noqa: E402
 from skewwatch.schemas.telemetry_sample import TelemetrySample  # noqa: E402
 from skewwatch.sim.generator import TrafficChunk  # noqa: E402
 from skewwatch.sim.shapes import SHAPES, make_shape  # noqa: E402
@@ -279,7 +281,6 @@ def _sim_stats(sim: Any) -> dict[str, Any]:
 
 def run_worker(scenario: Scenario, profile: str, split: str, bootstrap: str, workdir: Path) -> Run:
     """One scenario through the real worker: produce, read alerts and corrections back."""
-    import orjson
 
     from skewwatch.sim.emit import produce_traffic
 
@@ -308,7 +309,7 @@ def run_worker(scenario: Scenario, profile: str, split: str, bootstrap: str, wor
                 seen[:] = [len(records), time.monotonic()]
             reached = {m for m in models if any(
                 r.topic == topics.routing_corrections and r.key == m.encode()
-                and orjson.loads(r.value)["ts"] >= wanted for r in records)}
+                and decode_correction(r.value).ts >= wanted for r in records)}
             # every model there, or some and nothing new for 15 s (a pool whose replicas all went idle
             # and were released gets no correction for the last steps)
             if reached != models and not (reached and time.monotonic() - seen[1] >= 15.0):
@@ -323,8 +324,9 @@ def run_worker(scenario: Scenario, profile: str, split: str, bootstrap: str, wor
     finally:
         worker.stop()
         delete_run_topics(bootstrap, settings)
-    alerts = [orjson.loads(r.value) for r in records if r.topic == topics.alerts]
-    corrections = [orjson.loads(r.value) for r in records if r.topic == topics.routing_corrections]
+    # as plain data, read by the records' one decoder each (the scoring takes dicts)
+    alerts = [decode_alert(r.value).to_dict() for r in records if r.topic == topics.alerts]
+    corrections = [decode_correction(r.value).to_dict() for r in records if r.topic == topics.routing_corrections]
     stats = {"wall_s": round(time.monotonic() - began, 1), "events": produced.events, **_sim_stats(sim),
              "load": meter.report()}
     return Run(scenario, profile, split, "worker", alerts, corrections, stats, feed.record())

@@ -70,6 +70,8 @@ from bench.real_fleet import (  # noqa: E402
     stop_process,
 )
 from skewwatch.ports import free_port  # noqa: E402
+from skewwatch.schemas.alerts import decode_alert  # noqa: E402
+from skewwatch.schemas.corrections import decode_correction  # noqa: E402
 from skewwatch.sim.trace import load_trace  # noqa: E402
 from tests.integration.worker_proc import settings_env  # noqa: E402
 
@@ -205,11 +207,12 @@ def run_once(config: RunConfig, bootstrap: str, paths: tuple[Path, Path, Path], 
                                                                   settings.topics.routing_corrections,
                                                                   settings.topics.features],
                                lambda _: False, 10.0)
-        records = [orjson.loads(m.value) for m in messages]
+        alerts = [decode_alert(m.value).to_dict() for m in messages if m.topic == settings.topics.alerts]
+        corrections = [decode_correction(m.value).to_dict() for m in messages
+                       if m.topic == settings.topics.routing_corrections]
+        features = [r for r in (orjson.loads(m.value) for m in messages if m.topic == settings.topics.features)
+                    if r.get("replica")]
     delete_run_topics(bootstrap, settings)
-    alerts = [r for r in records if r.get("detector") and r.get("state")]
-    corrections = [r for r in records if "weights" in r]
-    features = [r for r in records if "window_end" in r and r.get("replica")]
     span = (fault_start, fault_end) if fault is not None else (fault_start, t0 + config.duration_s)
     return {"fault": config.fault, "policy": config.policy, "profile": config.profile.split("=")[0],
             "rate": load.rate, "capacity_rps": capacity,

@@ -68,7 +68,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/scale.py` from anywhere
 
 import numpy as np  # noqa: E402
-import orjson  # noqa: E402
 
 from bench.throughput.common import (  # noqa: E402
     RESULTS,
@@ -91,6 +90,7 @@ from skewwatch.pipeline.replica_step_record import (  # noqa: E402
     step_header,
 )
 from skewwatch.pipeline.window import ClosedSteps, PartitionWindows  # noqa: E402
+from skewwatch.schemas.alerts import decode_alert  # noqa: E402
 from skewwatch.schemas.requests.columns import RequestColumns  # noqa: E402
 
 PARTITIONS = 8
@@ -510,10 +510,10 @@ async def measure_reaction(bootstrap: str, workdir: Path, trials: int, replicas:
             read = time.time()
             for messages in polled.values():
                 for message in messages:
-                    alert = orjson.loads(message.value)
-                    if alert["detector"] == "gpu_health" and alert["state"] == "open" \
-                            and alert["replica"] in fault_ts and alert["replica"] not in seen_at:
-                        seen_at[alert["replica"]] = (read, message.timestamp / 1000.0)
+                    alert = decode_alert(message.value)
+                    if alert.detector == "gpu_health" and alert.state == "open" \
+                            and alert.replica in fault_ts and alert.replica not in seen_at:
+                        seen_at[alert.replica] = (read, message.timestamp / 1000.0)
 
     tasks = [asyncio.ensure_future(traffic()), asyncio.ensure_future(read_alerts())]
     try:
