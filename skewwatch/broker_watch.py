@@ -13,7 +13,7 @@ Each transition is logged once: "Kafka at X is unreachable: <why>" (WARNING) and
 reachable again after N s" (INFO). Until the first success the watch retries with exponential
 back-off (``interval_s`` up to 10 s) and reports why on :attr:`BrokerWatch.last_error`; a refusal
 (wrong password, untrusted certificate) is diagnosed in one line by
-:func:`~skewwatch.kafka_security.check_connection`.
+:func:`~skewwatch.kafka_client.check_connection`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 
 from skewwatch.config import KafkaSettings
 from skewwatch.errors import KafkaRefused, SkewwatchError
-from skewwatch.kafka_client import client_kwargs
-from skewwatch.kafka_security import check_connection, describe_listener
+from skewwatch.kafka_client import check_connection, client_kwargs
+from skewwatch.kafka_security import describe_listener
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class BrokerWatch:
             await self._close_client()
 
     async def _probe(self) -> tuple[bool, str | None]:
-        from aiokafka.client import AIOKafkaClient
+        from aiokafka import AIOKafkaClient
 
         try:
             async with asyncio.timeout(self.timeout_s):

@@ -6,6 +6,14 @@ client in the project is built with them, so connection settings are added here 
 the address, and the ``[kafka]`` section's TLS and SASL options (:mod:`skewwatch.kafka_security`).
 :func:`require_bootstrap` and :func:`check_kafka` are what a command does before it starts anything.
 
+It is also the one place that touches aiokafka's private or internal API (:func:`refresh_metadata`,
+:func:`wait_for_topic`, :func:`new_batch`, :func:`check_connection`), where its public API has
+nothing equivalent. These helpers
+were checked against aiokafka 0.13 and 0.14 (pyproject.toml pins ``aiokafka>=0.13,<0.15``);
+``tests/unit/test_aiokafka_api.py`` fails, naming the helper, when the installed aiokafka moves what
+they rely on. What aiokafka exports is used directly (``AIOKafkaClient.fetch_all_metadata``, in
+``aiokafka.__all__``; ``AIOKafkaProducer.create_batch``/``send_batch``).
+
 >>> client_kwargs(bootstrap="127.0.0.1:9092")
 {'bootstrap_servers': '127.0.0.1:9092'}
 >>> from skewwatch.config import KafkaSettings
@@ -27,6 +35,9 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.producer.message_accumulator import BatchBuilder
+
     from skewwatch.config import KafkaSettings, Settings
     from skewwatch.errors import SkewwatchError
 
@@ -88,8 +99,6 @@ def check_kafka(bootstrap: str, settings: Settings, timeout: float = 10.0) -> No
     starts: nothing answering is KafkaUnreachable (exit code 3), a refused TLS handshake or login
     KafkaRefused (4), each one line, without the client's own error lines and without retries.
     Long-running services do not stop on KafkaUnreachable: they wait for their broker."""
-    from skewwatch.kafka_security import check_connection
-
     run_blocking(check_connection(bootstrap, settings.kafka, timeout=timeout))
 
 
@@ -194,6 +203,66 @@ def describe_exception(exc: BaseException) -> str:
     return message if message.startswith(name) else f"{name}: {message}"
 
 
+# aiokafka's private and internal API (see the module's docstring for the versions checked)
+
+
+async def refresh_metadata(consumer: AIOKafkaConsumer) -> None:
+    """Fetch the cluster's metadata into a started consumer now, so that ``partitions_for_topic()``
+    knows the topics it neither subscribes to nor is assigned yet (aiokafka refreshes it only on its
+    own schedule, ``metadata_max_age_ms``). Private: ``consumer._client.force_metadata_update()``;
+    the public ``consumer.topics()`` fetches the metadata without storing it in the consumer."""
+    await consumer._client.force_metadata_update()
+
+
+async def wait_for_topic(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+    """The partitions of ``topic``, waiting (refreshing the consumer's metadata) until the cluster lists
+    them; aiokafka's UnknownTopicOrPartitionError after the consumer's ``request_timeout_ms``. Private:
+    ``consumer._client._wait_on_metadata(topic)``, what the producer's public ``partitions_for(topic)``
+    does; the consumer has no public equivalent."""
+    partitions: set[int] = await consumer._client._wait_on_metadata(topic)
+    return partitions
+
+
+async def check_connection(bootstrap: str, kafka: KafkaSettings, timeout: float = 10.0) -> None:
+    """Open one connection as the clients will (TLS, SASL) and make one request; raise the one-line
+    :class:`~skewwatch.errors.KafkaRefused` or :class:`~skewwatch.errors.KafkaUnreachable` if that fails.
+
+    One attempt per bootstrap server, no retry: a wrong password is reported once, not in a loop (every
+    public client retries its bootstrap). Internal: ``aiokafka.conn.create_conn``, which makes the
+    connection and, on a SASL listener, the login.
+    """
+    from aiokafka.conn import create_conn
+
+    from skewwatch.errors import KafkaRefused
+    from skewwatch.kafka_security import bootstrap_hosts, client_options, connection_problem
+
+    options = client_options(kafka)
+    problem: SkewwatchError | None = None
+    for host, port in bootstrap_hosts(bootstrap):
+        try:
+            async with asyncio.timeout(timeout):
+                conn = await create_conn(host, port, client_id="skewwatch-check",
+                                         request_timeout_ms=int(timeout * 1000), **options)
+        except Exception as exc:
+            problem = problem if isinstance(problem, KafkaRefused) else connection_problem(exc, bootstrap, kafka)
+            continue
+        with contextlib.suppress(Exception):
+            conn.close()
+        return
+    assert problem is not None
+    raise problem
+
+
+def new_batch(batch_bytes: int) -> BatchBuilder:
+    """An empty, uncompressed, non-transactional batch of ``batch_bytes`` for ``producer.send_batch()``:
+    what the public ``producer.create_batch()`` builds, but of this size rather than the producer's
+    ``max_batch_size``. Internal: ``aiokafka.producer.message_accumulator.BatchBuilder``'s constructor;
+    TypeError where another aiokafka's signature differs (callers fall back on ``create_batch()``)."""
+    from aiokafka.producer.message_accumulator import BatchBuilder
+
+    return BatchBuilder(batch_bytes, 0, is_transactional=False)  # 0: no compression
+
+
 def quiet_client_logs() -> None:
     """Keep aiokafka's per-connection errors off a command's terminal when no logging is configured.
 
@@ -205,6 +274,7 @@ def quiet_client_logs() -> None:
 
 __all__ = [
     "KafkaUnavailable",
+    "check_connection",
     "check_kafka",
     "client_kwargs",
     "describe_cluster",
@@ -212,7 +282,10 @@ __all__ = [
     "faust_app_kwargs",
     "group_consumer_kwargs",
     "kafka_failure",
+    "new_batch",
     "quiet_client_logs",
+    "refresh_metadata",
     "require_bootstrap",
     "run_blocking",
+    "wait_for_topic",
 ]

@@ -14,8 +14,9 @@ admin): :func:`client_options`. The protocols are Kafka's own names:
   ``ssl_check_hostname = false``, built with aiokafka's ``create_ssl_context``.
 
 A broker that refuses the connection is diagnosed in one line naming the listener and the mechanism
-(:func:`check_connection`): a wrong password, an untrusted certificate or a protocol that does not
-match the listener is :class:`~skewwatch.errors.KafkaRefused` (exit code 4, retrying will not help);
+(:func:`connection_problem`, for :func:`skewwatch.kafka_client.check_connection`): a wrong password,
+an untrusted certificate or a protocol that does not match the listener is
+:class:`~skewwatch.errors.KafkaRefused` (exit code 4, retrying will not help);
 nothing answering is :class:`~skewwatch.errors.KafkaUnreachable` (3).
 
 >>> from skewwatch.config import KafkaSettings
@@ -33,7 +34,6 @@ nothing answering is :class:`~skewwatch.errors.KafkaUnreachable` (3).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import os
 import socket
@@ -245,37 +245,11 @@ def connection_problem(exc: BaseException, bootstrap: str, kafka: KafkaSettings)
     return KafkaUnreachable(f"no Kafka answers at {bootstrap}: {type(exc).__name__}: {exc}")
 
 
-async def check_connection(bootstrap: str, kafka: KafkaSettings, timeout: float = 10.0) -> None:
-    """Open one connection as the clients will (TLS, SASL) and make one request; raise the one-line
-    :class:`~skewwatch.errors.KafkaRefused` or :class:`~skewwatch.errors.KafkaUnreachable` if that fails.
-
-    One attempt per bootstrap server, no retry: a wrong password is reported once, not in a loop.
-    """
-    from aiokafka.conn import create_conn
-
-    options = client_options(kafka)
-    problem: SkewwatchError | None = None
-    for host, port in bootstrap_hosts(bootstrap):
-        try:
-            async with asyncio.timeout(timeout):
-                conn = await create_conn(host, port, client_id="skewwatch-check",
-                                         request_timeout_ms=int(timeout * 1000), **options)
-        except Exception as exc:
-            problem = problem if isinstance(problem, KafkaRefused) else connection_problem(exc, bootstrap, kafka)
-            continue
-        with contextlib.suppress(Exception):
-            conn.close()
-        return
-    assert problem is not None
-    raise problem
-
-
 __all__ = [
     "SASL_MECHANISMS",
     "SECURITY_PROTOCOLS",
     "Secret",
     "bootstrap_hosts",
-    "check_connection",
     "check_security",
     "client_options",
     "connection_problem",

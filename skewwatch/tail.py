@@ -202,6 +202,7 @@ async def tail(bootstrap: str, topic: str, kind: Kind, printer: Printer, *, sinc
 
     from skewwatch.client.command import topic_missing
     from skewwatch.kafka_client import client_kwargs as connection
+    from skewwatch.kafka_client import refresh_metadata
 
     options = {**connection(bootstrap=bootstrap), **(client_kwargs or {})}
     consumer = AIOKafkaConsumer(**options, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")
@@ -215,7 +216,7 @@ async def tail(bootstrap: str, topic: str, kind: Kind, printer: Printer, *, sinc
     try:
         partitions = consumer.partitions_for_topic(topic)
         if not partitions:
-            await consumer._client.force_metadata_update()  # aiokafka: metadata of an unsubscribed topic
+            await refresh_metadata(consumer)  # the metadata of a topic the consumer is not assigned yet
             partitions = consumer.partitions_for_topic(topic)
         if not partitions:
             raise topic_missing(topic, bootstrap)

@@ -25,6 +25,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from skewwatch.agents.read_to_end import read_to_end
+from skewwatch.kafka_client import refresh_metadata
 
 CHUNK_BYTES = 4 * 1024 * 1024  # below the checkpoint topic's max.message.bytes (16 MiB)
 _CHUNK_HEADER = struct.Struct(">4sQI")  # magic, generation, chunk index
@@ -104,7 +105,7 @@ class CheckpointStore:
         try:
             partitions = consumer.partitions_for_topic(self._topic) or set()
             if not partitions:
-                await consumer._client.force_metadata_update()
+                await refresh_metadata(consumer)
                 partitions = consumer.partitions_for_topic(self._topic) or set()
             tps = [TopicPartition(self._topic, p) for p in sorted(partitions)]
             if not tps:

@@ -20,12 +20,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiokafka
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
-from aiokafka.producer.message_accumulator import BatchBuilder
+
+from skewwatch.kafka_client import new_batch
+
+if TYPE_CHECKING:
+    from skewwatch.kafka_client import BatchBuilder  # aiokafka's internal module is named in kafka_client only
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +83,7 @@ class KeyedPublisher:
     def _new_batch(self) -> BatchBuilder:
         if self.batch_bytes is not None:
             try:  # BatchBuilder's constructor is not aiokafka's documented API (create_batch() is)
-                return BatchBuilder(self.batch_bytes, 0, is_transactional=False)  # 0: no compression
+                return new_batch(self.batch_bytes)
             except TypeError:  # another aiokafka's signature: the producer's own size, documented
                 log.warning("aiokafka %s: BatchBuilder(size, compression, is_transactional=) refused; "
                             "publishing in create_batch() batches", aiokafka.__version__)

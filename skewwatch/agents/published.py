@@ -36,6 +36,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from skewwatch.agents.read_to_end import READ_TIMEOUT_MS, read_to_end
+from skewwatch.kafka_client import refresh_metadata
 
 # Record timestamps come from the producers' clocks (stage 1's host for the input, the previous owner's
 # for its outputs); reading this much earlier covers hosts whose clocks disagree by up to a minute.
@@ -101,7 +102,7 @@ async def read_published(connection: Mapping[str, Any], input_topic: str, starts
     try:
         # the outputs' partitions, before the first assign(): until then the client tracks no topic and
         # its metadata holds all of them (as in skewwatch.agents.checkpoint)
-        await consumer._client.force_metadata_update()
+        await refresh_metadata(consumer)
         kinds = {corrections_topic: "corrections", alerts_topic: "alerts"}
         tps = [TopicPartition(topic, p) for topic in kinds for p in sorted(consumer.partitions_for_topic(topic) or ())]
         since_ms = await _first_timestamp(consumer, input_topic, starts)

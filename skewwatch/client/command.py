@@ -36,13 +36,13 @@ async def topic_partitions(bootstrap: str, topic: str, timeout: float = 15.0,
     from aiokafka import AIOKafkaConsumer
 
     from skewwatch.kafka_client import client_kwargs as connection
-    from skewwatch.kafka_client import kafka_failure
+    from skewwatch.kafka_client import kafka_failure, refresh_metadata
 
     consumer = AIOKafkaConsumer(**{**connection(bootstrap=bootstrap), **(client_kwargs or {})}, group_id=None)
     try:
         async with asyncio.timeout(timeout):
             await consumer.start()
-            await consumer._client.force_metadata_update()  # aiokafka: metadata of an unsubscribed topic
+            await refresh_metadata(consumer)  # the metadata of a topic the consumer is not assigned
     except Exception as exc:
         raise kafka_failure(exc, bootstrap, f"to describe {topic}") from None
     finally:

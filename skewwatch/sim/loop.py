@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from skewwatch.config import WindowSettings
-from skewwatch.kafka_client import client_kwargs
+from skewwatch.kafka_client import client_kwargs, wait_for_topic
 from skewwatch.pipeline.pool_evidence import PoolEvidence
 from skewwatch.pipeline.weights import WeightConfig, WeightInput, compute_weights
 from skewwatch.pipeline.window import PartitionWindows
@@ -113,9 +113,7 @@ class KafkaCorrections:
                                                      auto_offset_reset="latest", **self._client_options)
         await consumer.start()
         try:
-            # aiokafka's consumer has no public "wait for this topic's metadata" (the producer's
-            # partitions_for calls the same client method); topics() does not update the client.
-            partitions = await asyncio.wait_for(consumer._client._wait_on_metadata(self.topic), 10.0)  # noqa: SLF001
+            partitions = await asyncio.wait_for(wait_for_topic(consumer, self.topic), 10.0)
         except Exception:
             partitions = None
         if not partitions:
