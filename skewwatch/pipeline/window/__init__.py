@@ -49,7 +49,7 @@ The feature definitions live in exactly one place, ``feature_columns.py``: a ste
 through it for every key at once, and :meth:`WindowSummary.features` (what per-model vectors are
 made with, ``model_merge.py`` merging the summaries first) sends its one row through the same code.
 
->>> from skewwatch.config import WindowSettings
+>>> from skewwatch.pipeline.window_settings import WindowSettings
 >>> from skewwatch.schemas.requests.columns import RequestColumns
 >>> ev = dict(model="m", replica="r1", prompt_tokens=10, completion_tokens=20, batch_size=4,
 ...           batch_capacity=16)

@@ -34,7 +34,6 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from skewwatch.config import WindowSettings
 from skewwatch.pipeline import moments
 from skewwatch.pipeline.sketch import log_bins
 from skewwatch.pipeline.window import snapshot
@@ -67,6 +66,7 @@ from skewwatch.pipeline.window.partition_state import PartitionState
 from skewwatch.pipeline.window.row_totals import RowTotals
 from skewwatch.pipeline.window.steps import ClosedSteps, StepBatch
 from skewwatch.pipeline.window.summary import tpot_accuracy
+from skewwatch.pipeline.window_settings import WindowSettings
 from skewwatch.schemas.feature_vector import RECENT_S
 from skewwatch.schemas.requests.columns import BATCH_DERIVED, RequestColumns
 

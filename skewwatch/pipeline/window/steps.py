@@ -9,7 +9,7 @@ Python objects the rest of the pipeline reads (:class:`ReplicaStep` = :class:`Fe
 ``feature_columns.py``, as :meth:`WindowSummary.features` does, so a row's vector equals its own
 summary's features to the bit (the tests check it on every step).
 
->>> from skewwatch.config import WindowSettings
+>>> from skewwatch.pipeline.window_settings import WindowSettings
 >>> from skewwatch.schemas.requests.columns import RequestColumns
 >>> from skewwatch.pipeline.window import PartitionWindows
 >>> ev = dict(model="m", replica="r1", prompt_tokens=10, completion_tokens=20, batch_size=4,
