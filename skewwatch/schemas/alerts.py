@@ -49,7 +49,9 @@ class Alert:
     severity: Severity
     state: AlertState
     message: str
-    evidence: Evidence = field(default_factory=dict)  # the numbers that triggered it
+    # the numbers that triggered it; read as any JSON value, as every reader took it before the one
+    # decoder (a detector's flag is a bool, which Evidence's int admits when it is built)
+    evidence: dict[str, Any] = field(default_factory=dict)
 
     @property
     def key(self) -> str:

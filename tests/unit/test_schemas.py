@@ -335,7 +335,7 @@ def test_the_client_library_reads_corrections_without_the_engine() -> None:
 
 @pytest.mark.parametrize("alert", [
     Alert(60.0, "m", "r1", "kv_pressure", Severity.WARNING, "open", "kv > 95 %", {"rule": "usage", "x": 1.5, "n": 3}),
-    Alert(1_700_000_060.0, "m", None, "fail_static", Severity.CRITICAL, "resolved", "", {"note": None}),
+    Alert(1_700_000_060.0, "m", None, "fail_static", Severity.CRITICAL, "resolved", "", {"note": None, "flag": True}),
 ])
 def test_an_alert_round_trips_as_the_worker_published_it(alert: Alert) -> None:
     before = {"ts": alert.ts, "model": alert.model, "replica": alert.replica, "detector": alert.detector,
