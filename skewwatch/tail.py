@@ -78,7 +78,8 @@ def _time(ts: Any) -> str:
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _num(value: Any, digits: int = 1) -> str:
+def _number_cell(value: Any, digits: int = 1) -> str:
+    """A table cell: the number with ``digits`` decimals, ``-`` where the record has none."""
     return "-" if not isinstance(value, int | float) else f"{value:.{digits}f}"
 
 
@@ -134,9 +135,10 @@ def format_row(kind: Kind, record: Mapping[str, Any]) -> list[str]:
                 " ".join(f"{r}={w:.2f}" for r, w in sorted(weights.items())),
                 " ".join(f"{a.get('replica')}:{a.get('action')}" for a in actions) or "-"]
     return [_time(record.get("window_end")), str(record.get("model", "")), str(record.get("replica") or "*"),
-            str(record.get("count", "")), _num(record.get("rps"), 2), _num(record.get("latency_p50")),
-            _num(record.get("latency_p99")), _num(record.get("tpot_p99"), 2), _num(record.get("batch_fill_mean"), 2),
-            _num(record.get("error_rate"), 3)]
+            str(record.get("count", "")), _number_cell(record.get("rps"), 2),
+            _number_cell(record.get("latency_p50")), _number_cell(record.get("latency_p99")),
+            _number_cell(record.get("tpot_p99"), 2), _number_cell(record.get("batch_fill_mean"), 2),
+            _number_cell(record.get("error_rate"), 3)]
 
 
 def matches(kind: Kind, record: Mapping[str, Any], model: str | None, replica: str | None) -> bool:

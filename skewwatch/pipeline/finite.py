@@ -6,6 +6,13 @@ novelty scorer's ``None`` for "no extreme yet") and samples read from dicts use 
 
 >>> [finite_or_none(v) for v in (1, 2.5, "3", None, True, float("nan"), float("-inf"), "fast")]
 [1.0, 2.5, 3.0, None, None, None, None, None]
+
+A value already a number takes the narrower rule of the detectors' step columns, which hold NaN where
+a replica has no value: :func:`nan_as_none` turns that NaN back into None and keeps every other
+number as it is, infinities included (a comparison against them still holds).
+
+>>> [nan_as_none(v) for v in (2.5, None, float("nan"), float("inf"))]
+[2.5, None, None, inf]
 """
 
 from __future__ import annotations
@@ -24,3 +31,8 @@ def finite_or_none(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return number if math.isfinite(number) else None
+
+
+def nan_as_none(value: float | None) -> float | None:
+    """A column's value as a ``float``, None where the column holds NaN (no value) or there is none."""
+    return None if value is None or math.isnan(value) else float(value)

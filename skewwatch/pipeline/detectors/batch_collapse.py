@@ -58,6 +58,7 @@ P95 from the window.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Annotated, Any
 
 import numpy as np
@@ -71,6 +72,7 @@ from skewwatch.pipeline.detectors.evidence import poisson_tail_bound
 from skewwatch.pipeline.detectors.peers import others_median, others_medians
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
+from skewwatch.pipeline.finite import nan_as_none
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
@@ -300,27 +302,28 @@ class BatchCollapseDetector(ThresholdDetector):
                     "max_batch_size": size,
                 }
             )
+        figure = partial(_evidence_number, evidence)
         if peer_holds and not stuck_holds and not seed_holds:
             message = (
-                f"batch collapse (against its peers): batches fill {fmt(100 * _num(evidence, 'batch_fill_mean'), 0)} % "
-                f"where its peers' fill {fmt(100 * _num(evidence, 'peer_fill'), 0)} %, while its requests wait "
-                f"(first tokens {fmt(_num(evidence, 'ttft_p50_ms'), 0)} ms, the peers' "
-                f"{fmt(_num(evidence, 'peer_ttft_p50_ms'), 0)} ms; "
-                f"queue {fmt(_num(evidence, 'queue_length_mean'), 1)}, "
-                f"the peers' {fmt(_num(evidence, 'peer_queue'), 1)}) (events)"
+                f"batch collapse (against its peers): batches fill {fmt(100 * figure('batch_fill_mean'), 0)} % "
+                f"where its peers' fill {fmt(100 * figure('peer_fill'), 0)} %, while its requests wait "
+                f"(first tokens {fmt(figure('ttft_p50_ms'), 0)} ms, the peers' "
+                f"{fmt(figure('peer_ttft_p50_ms'), 0)} ms; "
+                f"queue {fmt(figure('queue_length_mean'), 1)}, "
+                f"the peers' {fmt(figure('peer_queue'), 1)}) (events)"
             )
         elif stuck_holds and not seed_holds:
             if evidence.get("stuck_source") == "telemetry":
                 message = (
-                    f"batch collapse (stuck scheduler): {fmt(_num(evidence, 'stuck_admissible'), 0)} of "
-                    f"{fmt(_num(evidence, 'stuck_queue'), 0)} waiting requests fit the free batch slots and KV cache "
-                    f"but were not admitted (probability {_num(evidence, 'stuck_probability'):.1e} <= {cfg.alpha:g} "
+                    f"batch collapse (stuck scheduler): {fmt(figure('stuck_admissible'), 0)} of "
+                    f"{fmt(figure('stuck_queue'), 0)} waiting requests fit the free batch slots and KV cache "
+                    f"but were not admitted (probability {figure('stuck_probability'):.1e} <= {cfg.alpha:g} "
                     f"for arrivals within one iteration)"
                 )
             else:
                 message = (
-                    f"batch collapse (stuck scheduler): {fmt(_num(evidence, 'stuck_queue'), 0)} requests waiting while "
-                    f"the running batch fills {fmt(100 * _num(evidence, 'stuck_fill'), 0)} % "
+                    f"batch collapse (stuck scheduler): {fmt(figure('stuck_queue'), 0)} requests waiting while "
+                    f"the running batch fills {fmt(100 * figure('stuck_fill'), 0)} % "
                     f"< {100 * cfg.stuck_fill_max:g} % (events)"
                 )
         else:
@@ -346,7 +349,7 @@ class BatchCollapseDetector(ThresholdDetector):
                 cfg.stuck_rule and telemetry is not None and telemetry.queue_length is not None
                 and telemetry.running_requests is not None):
             return None  # (the engine's own queue: the stuck rule judges it, sooner)
-        peer_fill, peer_ttft, peer_queue, peer_prompt = (_value(c[row]) for c in self._peer)
+        peer_fill, peer_ttft, peer_queue, peer_prompt = (nan_as_none(c[row]) for c in self._peer)
         fill = fv.batch_fill_mean
         if fill is None or peer_fill is None or (peer_ttft is None and peer_queue is None):
             return None
@@ -412,11 +415,8 @@ class BatchCollapseDetector(ThresholdDetector):
         return holds
 
 
-def _value(x: float) -> float | None:
-    return None if math.isnan(x) else float(x)
-
-
-def _num(evidence: dict[str, Any], key: str) -> float:
+def _evidence_number(evidence: dict[str, Any], key: str) -> float:
+    """An evidence number for the alert's message: NaN (``fmt`` writes n/a) where it is not a number."""
     value = evidence.get(key)
     return float(value) if isinstance(value, int | float) else float("nan")
 

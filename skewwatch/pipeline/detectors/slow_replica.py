@@ -101,6 +101,7 @@ from skewwatch.pipeline.detectors.key_columns import KeyColumns
 from skewwatch.pipeline.detectors.peers import others_median, others_medians
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
+from skewwatch.pipeline.finite import nan_as_none
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
@@ -418,7 +419,7 @@ class SlowReplicaDetector(ThresholdDetector):
         row = self._row_of.get(fv.key)
         if row is None:
             return None
-        peer_ttft, ttft = _num(self._peer_ttft[row]), _num(fv.ttft_p50)
+        peer_ttft, ttft = nan_as_none(self._peer_ttft[row]), nan_as_none(fv.ttft_p50)
         if peer_ttft is not None and ttft is not None and peer_ttft > 0 and ttft > cfg.ttft_ratio * shift * peer_ttft:
             return "first tokens"
         return None
@@ -487,10 +488,6 @@ class SlowReplicaDetector(ThresholdDetector):
             f"' {upper} {fmt(level, 0)} ms)"
         )
         return Finding(holds, message=message, evidence=evidence)
-
-
-def _num(value: float | None) -> float | None:
-    return None if value is None or math.isnan(value) else float(value)
 
 
 def _prefill(fv: FeatureVector) -> float | None:
