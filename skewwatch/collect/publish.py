@@ -4,9 +4,8 @@ Topic ``llm.gpu-telemetry``, key = replica id (so a replica's telemetry shares t
 partition of its request events), published through
 :class:`~skewwatch.client.bounded_producer.BoundedProducer` so a broker outage never stalls sampling.
 
-The wire encoding is ``skewwatch.schemas.telemetry.encode_telemetry`` (the JSON Schema
-contract) when that module is present; until then ``orjson`` of ``sample.to_dict()``, the
-same JSON without the schema check.
+The wire encoding is the contract's one encoder, :func:`skewwatch.schemas.telemetry.encode_telemetry`
+(:func:`encode_sample` is its name here).
 
 >>> from skewwatch.schemas.telemetry_sample import TelemetrySample
 >>> import orjson
@@ -19,36 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import signal
-from collections.abc import Callable
-
-import orjson
 
 from skewwatch.client.bounded_producer import BoundedProducer
 from skewwatch.errors import NothingSent
+from skewwatch.schemas.telemetry import encode_telemetry as encode_sample
 from skewwatch.schemas.telemetry_sample import TelemetrySample
-
-Encoder = Callable[[TelemetrySample], bytes]
-
-
-def _orjson_encode(sample: TelemetrySample) -> bytes:
-    return orjson.dumps(sample.to_dict())
-
-
-@functools.cache
-def _encoder() -> Encoder:
-    try:
-        from skewwatch.schemas.telemetry import encode_telemetry
-    except ImportError:
-        return _orjson_encode
-    encoder: Encoder = encode_telemetry
-    return encoder
-
-
-def encode_sample(sample: TelemetrySample) -> bytes:
-    """The wire bytes of one sample (the schema module's encoder when available)."""
-    return _encoder()(sample)
 
 
 def publish_sample(producer: BoundedProducer, sample: TelemetrySample) -> None:
