@@ -50,13 +50,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.throughput.common import machine_info  # noqa: E402
 from skewwatch.broker import EmbeddedBroker  # noqa: E402
 from skewwatch.config import Settings  # noqa: E402
+from skewwatch.schemas.features import decode_features  # noqa: E402
 from skewwatch.sim.faults import Injection  # noqa: E402
 from skewwatch.sim.generator import GeneratorConfig  # noqa: E402
 from skewwatch.topics import delete_topics, ensure_topics  # noqa: E402
@@ -144,7 +144,7 @@ def read_outputs(run: Run, until: float, timeout: float = 180.0) -> dict[str, li
 
     def done(records: list[Any]) -> bool:
         for r in records[looked[0]:]:
-            if r.topic == topics.features and orjson.loads(r.value)["window_end"] >= until:
+            if r.topic == topics.features and decode_features(r.value).window_end >= until:
                 have.add(r.key.decode())
         looked[0] = len(records)
         return have >= want
@@ -312,7 +312,7 @@ def consume_first_model_vector(run: Run, until: float) -> float:
     seen: list[float] = []
 
     def done(records: list[Any]) -> bool:
-        if not seen and any(r.key.decode() in run.replicas_per_model and orjson.loads(r.value)["window_end"] >= until
+        if not seen and any(r.key.decode() in run.replicas_per_model and decode_features(r.value).window_end >= until
                             for r in records if r.topic == topics.features):
             seen.append(time.monotonic())
         return bool(seen)
