@@ -15,9 +15,10 @@ is new: a correction whose ``seq`` is not above the newest on the topic, or an a
 the newest of its key (or of the same state at the newest time), is already there, exactly as the
 replay would make it, and is not sent again.
 
+>>> from skewwatch.schemas.alerts import Alert, Severity
 >>> seen = Published()
->>> seen.add("corrections", {"model": "m", "seq": 60_000})
->>> seen.add("alerts", {"model": "m", "replica": "r1", "detector": "long_tail", "ts": 55.0, "state": "open"})
+>>> seen.add(RoutingCorrection("m", 60.0, 60_000, {"r1": 1.0}))
+>>> seen.add(Alert(55.0, "m", "r1", "long_tail", Severity.WARNING, "open", "slow"))
 >>> seen.correction_is_new("m", 60_000), seen.correction_is_new("m", 65_000), seen.correction_is_new("n", 5)
 (False, True, True)
 >>> [seen.alert_is_new("m", "r1", "long_tail", ts, state) for ts, state in [(55.0, "open"), (55.0, "resolved"),
@@ -28,15 +29,16 @@ replay would make it, and is not sent again.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from skewwatch.agents.read_to_end import READ_TIMEOUT_MS, read_to_end
 from skewwatch.kafka_client import refresh_metadata
+from skewwatch.schemas.alerts import Alert, decode_alert
+from skewwatch.schemas.corrections import RoutingCorrection, decode_correction
 
 # Record timestamps come from the producers' clocks (stage 1's host for the input, the previous owner's
 # for its outputs); reading this much earlier covers hosts whose clocks disagree by up to a minute.
@@ -70,13 +72,12 @@ class Published:
             for state in states:
                 self._alert(key, ts, state)
 
-    def add(self, topic_kind: str, value: Mapping[str, Any]) -> None:
-        """One record of the corrections (``topic_kind`` "corrections") or alerts topic."""
-        if topic_kind == "corrections":
-            self._correction(str(value["model"]), int(value["seq"]))
+    def add(self, record: RoutingCorrection | Alert) -> None:
+        """One record of the corrections or alerts topic, as its decoder reads it."""
+        if isinstance(record, RoutingCorrection):
+            self._correction(record.model, record.seq)
         else:
-            key = (str(value["model"]), value.get("replica"), str(value["detector"]))
-            self._alert(key, float(value["ts"]), str(value["state"]))
+            self._alert((record.model, record.replica, record.detector), record.ts, record.state)
 
     def _correction(self, model: str, seq: int) -> None:
         self.corrections[model] = max(seq, self.corrections.get(model, -1))
@@ -103,8 +104,10 @@ async def read_published(connection: Mapping[str, Any], input_topic: str, starts
         # the outputs' partitions, before the first assign(): until then the client tracks no topic and
         # its metadata holds all of them (as in skewwatch.agents.checkpoint)
         await refresh_metadata(consumer)
-        kinds = {corrections_topic: "corrections", alerts_topic: "alerts"}
-        tps = [TopicPartition(topic, p) for topic in kinds for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        decoders: dict[str, Callable[[bytes], RoutingCorrection | Alert]] = {
+            corrections_topic: decode_correction, alerts_topic: decode_alert}
+        tps = [TopicPartition(topic, p) for topic in decoders
+               for p in sorted(consumer.partitions_for_topic(topic) or ())]
         since_ms = await _first_timestamp(consumer, input_topic, starts)
         if since_ms is None or not tps:
             return found
@@ -122,8 +125,8 @@ async def read_published(connection: Mapping[str, Any], input_topic: str, starts
             if message.value is None:
                 continue
             try:
-                found.add(kinds[message.topic], orjson.loads(message.value))
-            except (ValueError, KeyError, TypeError):  # not ours (another writer): not a decision
+                found.add(decoders[message.topic](message.value))
+            except ValueError:  # not ours (another writer): not a decision
                 continue
         return found
     finally:
