@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from skewwatch.config import KafkaSettings
-from skewwatch.errors import KafkaRefused, SkewwatchError
+from skewwatch.errors import CommandError, KafkaRefused
 from skewwatch.kafka_client import check_connection, client_kwargs
 from skewwatch.kafka_security import describe_listener
 
@@ -112,7 +112,7 @@ class BrokerWatch:
         except KafkaRefused as refused:
             self.refused = refused
             return refused.message
-        except SkewwatchError as problem:
+        except CommandError as problem:
             return problem.message
         except Exception as other:  # noqa: BLE001 - a diagnosis must not take the watch down
             return f"{type(other).__name__}: {other}"

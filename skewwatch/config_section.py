@@ -42,6 +42,8 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 import msgspec
 from msgspec import Meta
 
+from skewwatch.errors import SkewwatchError
+
 T = TypeVar("T")
 
 # the ranges most settings share
@@ -61,8 +63,10 @@ _NONE = frozenset({"", "none", "null"})
 _INTEGER = re.compile(r"[+-]?\d+")
 
 
-class ConfigError(ValueError):
+class ConfigError(SkewwatchError, ValueError):
     """A setting that cannot be used: one line naming the key, its value and where it came from."""
+
+    exit_code = 2  # the CLI prints the line and exits with it (ConfigProblem's code)
 
 
 class _SectionMethods:

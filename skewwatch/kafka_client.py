@@ -39,13 +39,9 @@ if TYPE_CHECKING:
     from aiokafka.producer.message_accumulator import BatchBuilder
 
     from skewwatch.config import KafkaSettings, Settings
-    from skewwatch.errors import SkewwatchError
+    from skewwatch.errors import CommandError
 
 T = TypeVar("T")
-
-
-class KafkaUnavailable(RuntimeError):
-    """Nothing answers at the bootstrap address (or it lists no live broker); one line saying which."""
 
 
 def client_kwargs(kafka: KafkaSettings | None = None, *, bootstrap: str | None = None) -> dict[str, Any]:
@@ -156,9 +152,12 @@ async def describe_cluster(bootstrap: str, timeout: float = 10.0, kafka: KafkaSe
                            ) -> dict[str, Any]:
     """A real Kafka metadata request: ``{"brokers": [...], "cluster_id": ..., "controller_id": ...}``.
 
-    Raises :class:`KafkaUnavailable` when nothing answers at ``bootstrap`` within ``timeout`` seconds.
+    Raises :class:`~skewwatch.errors.KafkaUnreachable` when nothing answers at ``bootstrap`` within
+    ``timeout`` seconds, or the cluster lists no live broker yet.
     """
     from aiokafka.admin import AIOKafkaAdminClient
+
+    from skewwatch.errors import KafkaUnreachable
 
     admin = AIOKafkaAdminClient(**client_kwargs(kafka, bootstrap=bootstrap), client_id="skewwatch-probe",
                                 request_timeout_ms=int(timeout * 1000))
@@ -167,16 +166,16 @@ async def describe_cluster(bootstrap: str, timeout: float = 10.0, kafka: KafkaSe
             await admin.start()
             cluster: dict[str, Any] = await admin.describe_cluster()
     except Exception as exc:
-        raise KafkaUnavailable(f"no Kafka answers at {bootstrap}: {describe_exception(exc)}") from exc
+        raise KafkaUnreachable(f"no Kafka answers at {bootstrap}: {describe_exception(exc)}") from exc
     finally:
         with contextlib.suppress(Exception):
             await admin.close()
     if not cluster.get("brokers"):
-        raise KafkaUnavailable(f"Kafka at {bootstrap} answers but lists no live broker yet")
+        raise KafkaUnreachable(f"Kafka at {bootstrap} answers but lists no live broker yet")
     return cluster
 
 
-def kafka_failure(exc: BaseException, bootstrap: str, what: str = "during the run") -> SkewwatchError:
+def kafka_failure(exc: BaseException, bootstrap: str, what: str = "during the run") -> CommandError:
     """The one-line error of a Kafka client that failed after the command's first connection: the
     broker went away (exit code 3), or refused TLS or the login (4)."""
     from aiokafka import errors as kafka_errors
@@ -237,7 +236,7 @@ async def check_connection(bootstrap: str, kafka: KafkaSettings, timeout: float 
     from skewwatch.kafka_security import bootstrap_hosts, client_options, connection_problem
 
     options = client_options(kafka)
-    problem: SkewwatchError | None = None
+    problem: CommandError | None = None
     for host, port in bootstrap_hosts(bootstrap):
         try:
             async with asyncio.timeout(timeout):
@@ -273,7 +272,6 @@ def quiet_client_logs() -> None:
 
 
 __all__ = [
-    "KafkaUnavailable",
     "check_connection",
     "check_kafka",
     "client_kwargs",

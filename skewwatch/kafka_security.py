@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from skewwatch.config_section import ConfigError
-from skewwatch.errors import KafkaRefused, KafkaUnreachable, SkewwatchError
+from skewwatch.errors import CommandError, KafkaRefused, KafkaUnreachable
 
 if TYPE_CHECKING:
     from skewwatch.config import KafkaSettings
@@ -209,7 +209,7 @@ def bootstrap_hosts(bootstrap: str) -> list[tuple[str, int]]:
     return hosts
 
 
-def connection_problem(exc: BaseException, bootstrap: str, kafka: KafkaSettings) -> SkewwatchError:
+def connection_problem(exc: BaseException, bootstrap: str, kafka: KafkaSettings) -> CommandError:
     """The one-line error for a failed connection to one bootstrap server."""
     from aiokafka import errors as kafka_errors
 

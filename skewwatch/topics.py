@@ -24,7 +24,7 @@ import click
 
 from skewwatch.cli import command_settings
 from skewwatch.config import KafkaSettings, Settings
-from skewwatch.errors import ConfigProblem, KafkaRefused, KafkaUnreachable
+from skewwatch.errors import ConfigProblem, KafkaRefused, KafkaUnreachable, SkewwatchError
 from skewwatch.kafka_client import (
     check_kafka,
     client_kwargs,
@@ -39,12 +39,10 @@ _TOPIC_ALREADY_EXISTS = 36  # Kafka error code TOPIC_ALREADY_EXISTS: another pro
 _CHECKPOINT_MAX_BYTES = 16 * 1024 * 1024  # a partition's window-state snapshot can exceed the 1 MiB default
 
 
-class TopicError(RuntimeError):
-    """A topic could not be created or the cluster could not be reached; one actionable line."""
-
-
-class ClusterUnreachable(TopicError):
-    """No Kafka answered at the bootstrap address within the timeout."""
+class TopicError(SkewwatchError, RuntimeError):
+    """Kafka answered but a topic could not be created (an ACL, a replication factor it cannot meet) or
+    has no leader in time; one actionable line. No Kafka answering is
+    :class:`~skewwatch.errors.KafkaUnreachable`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +106,7 @@ async def ensure_topics(bootstrap: str, settings: Settings, timeout: float = 30.
                 await admin.start()
                 existing = set(await admin.list_topics())
         except Exception as exc:
-            raise ClusterUnreachable(
+            raise KafkaUnreachable(
                 f"no Kafka answers at {bootstrap} ({describe_exception(exc)}); start one with "
                 "`skewwatch broker` or set KAFKA_BOOTSTRAP"
             ) from exc
@@ -260,8 +258,6 @@ def create_command(bootstrap: str | None, config_path: Path | None) -> None:
     check_kafka(bootstrap, settings)  # nothing answering: exit 3; TLS or SASL refused: exit 4
     try:
         created = run_blocking(ensure_topics(bootstrap, settings))
-    except ClusterUnreachable as exc:
-        raise KafkaUnreachable(str(exc)) from None
     except TopicError as exc:  # Kafka answered and refused (an ACL, a replication factor it cannot meet)
         raise KafkaRefused(str(exc)) from None
     specs = topic_specs(settings)
@@ -344,5 +340,5 @@ def describe_command(names: tuple[str, ...], bootstrap: str | None, config_path:
 _SHOWN_CONFIGS = {"cleanup.policy", "max.message.bytes", "retention.ms", "retention.bytes", "min.insync.replicas"}
 
 
-__all__ = ["ClusterUnreachable", "TopicError", "TopicSpec", "TopicState", "delete_topics", "describe_topics",
+__all__ = ["TopicError", "TopicSpec", "TopicState", "delete_topics", "describe_topics",
            "ensure_topics", "topic_specs", "topics_command"]

@@ -41,10 +41,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Generic, TypeVar
 
+from skewwatch.errors import SkewwatchError
+
 K = TypeVar("K", bound=Hashable)
 
 
-class ChainBroken(RuntimeError):
+class ChainBroken(SkewwatchError, RuntimeError):
     """A job was skipped because an earlier job of the same partition failed."""
 
 

@@ -129,7 +129,7 @@ class PipelineService(mode.Service):
                 self.phase = "starting the producer"
                 self.producer = await self._start_producer()
                 break
-            except (TopicError, KafkaError, OSError) as exc:
+            except (TopicError, KafkaUnreachable, KafkaError, OSError) as exc:
                 self.phase = "waiting for Kafka"
                 log.warning("cannot start the pipeline yet (%s); retrying in %.0f s", describe_exception(exc), delay)
                 await self.sleep(delay)

@@ -32,6 +32,7 @@ from skewwatch.agents.metrics import WorkerMetrics
 from skewwatch.agents.rebalance import StageRebalanceListener
 from skewwatch.agents.rejects import RejectLog
 from skewwatch.config import Settings
+from skewwatch.errors import SkewwatchError
 from skewwatch.kafka_client import client_kwargs, group_consumer_kwargs
 from skewwatch.schemas.dead_letter import dead_letter_record
 from skewwatch.schemas.rejection import Rejection
@@ -41,8 +42,10 @@ log = logging.getLogger(__name__)
 POLL_TIMEOUT_MS = 200  # a poll returns after this long without records: idle work and stop run on time
 
 
-class StageBusy(Exception):
+class StageBusy(SkewwatchError):
     """A stage's lock was not free in time; the message says why (restoring partitions, or a poll)."""
+
+    retriable = True  # the lock frees once the restore or the poll holding it ends
 
 
 class Stage(ABC):

@@ -12,16 +12,18 @@ import click
 from skewwatch.broker.errors import BrokerError, DataDirInUse, PortBusy
 from skewwatch.broker.jars import kafka_version
 from skewwatch.broker.process import EmbeddedBroker
-from skewwatch.errors import AddressInUse, BrokerFailed, DataDirLocked, KafkaUnreachable, SkewwatchError
-from skewwatch.kafka_client import KafkaUnavailable, describe_cluster, quiet_client_logs, run_blocking
+from skewwatch.errors import AddressInUse, BrokerFailed, CommandError, DataDirLocked, KafkaUnreachable, SkewwatchError
+from skewwatch.kafka_client import describe_cluster, quiet_client_logs, run_blocking
 from skewwatch.logs import logging_options, quiet_libraries, setup_logging
 
 if TYPE_CHECKING:
     from skewwatch.config import Settings
 
 
-class _Terminated(Exception):
+class _Terminated(SkewwatchError):
     """SIGTERM arrived: stop like on Ctrl-C."""
+
+    exit_code = 0  # stopping on SIGTERM is a success, as on Ctrl-C
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
@@ -71,7 +73,7 @@ def broker_command(
         click.echo(f"{origin}={bootstrap} is set: using that cluster, starting no broker")
         try:
             cluster = run_blocking(describe_cluster(bootstrap, timeout=15.0))
-        except KafkaUnavailable as exc:
+        except KafkaUnreachable as exc:
             raise KafkaUnreachable(f"{exc} (from {origin}; unset it to start the embedded broker)") from None
         click.echo(f"cluster {cluster.get('cluster_id')} at {bootstrap} answers: {len(cluster['brokers'])} broker(s)")
         return
@@ -107,7 +109,7 @@ def broker_command(
         signal.signal(signal.SIGINT, previous_sigint)
 
 
-def _as_command_error(exc: BrokerError) -> SkewwatchError:
+def _as_command_error(exc: BrokerError) -> CommandError:
     """The one-line error and exit code of ``skewwatch broker`` for ``exc``."""
     if isinstance(exc, PortBusy):
         return AddressInUse(str(exc))
@@ -121,7 +123,7 @@ def _create_topics(bootstrap: str, settings: Settings) -> None:
 
     try:
         created = run_blocking(ensure_topics(bootstrap, settings))
-    except TopicError as exc:
+    except (TopicError, KafkaUnreachable) as exc:
         raise BrokerError(f"Kafka started, but creating topics failed: {exc}") from exc
     if created:
         click.echo(f"created topics: {', '.join(created)}", err=True)

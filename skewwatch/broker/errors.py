@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import re
 
+from skewwatch.errors import SkewwatchError
 
-class BrokerError(RuntimeError):
+
+class BrokerError(SkewwatchError, RuntimeError):
     """The broker cannot be fetched, started or reached; the message says what to do, in one line."""
+
+    exit_code = 8  # skewwatch broker and demo report it as BrokerFailed
 
 
 class PortBusy(BrokerError):
     """The broker's (or its controller's) port is taken."""
 
+    exit_code = 5  # AddressInUse
+
 
 class DataDirInUse(BrokerError):
     """Another broker holds the lock on the data directory."""
+
+    exit_code = 6  # DataDirLocked
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

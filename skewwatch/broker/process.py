@@ -28,7 +28,8 @@ from typing import IO
 from skewwatch.broker.errors import BrokerError, DataDirInUse, PortBusy, last_error_line
 from skewwatch.broker.jars import LOG4J_CONFIG_PATH, ensure_kafka_jars
 from skewwatch.broker.java import find_java
-from skewwatch.kafka_client import KafkaUnavailable, describe_cluster, run_blocking
+from skewwatch.errors import KafkaUnreachable
+from skewwatch.kafka_client import describe_cluster, run_blocking
 from skewwatch.ports import LOOPBACK, free_port, port_is_free
 
 log = logging.getLogger(__name__)
@@ -338,7 +339,7 @@ class EmbeddedBroker:
                 try:
                     run_blocking(describe_cluster(self.bootstrap, timeout=5.0))
                     return
-                except KafkaUnavailable as exc:
+                except KafkaUnreachable as exc:
                     last_problem = str(exc)
             if time.monotonic() > deadline:
                 raise BrokerError(

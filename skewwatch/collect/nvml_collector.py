@@ -36,6 +36,7 @@ import pynvml
 
 from skewwatch.collect.replica_map import replica_for
 from skewwatch.collect.xid_window import XidWindow
+from skewwatch.errors import SkewwatchError
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,10 @@ XID_WINDOW_S = 300.0  # xid_count_5m
 MAX_EVENTS_PER_WAIT = 64  # drain at most this many queued events per wait, then sample
 
 
-class NvmlUnavailable(RuntimeError):
+class NvmlUnavailable(SkewwatchError, RuntimeError):
     """NVML cannot be used on this machine; ``str()`` is one line for the user."""
+
+    exit_code = 2  # collect-gpu: the option cannot be used on this machine (--simulate can)
 
 
 class GpuReader(Protocol):

@@ -28,9 +28,13 @@ from typing import Any
 
 import orjson
 
+from skewwatch.errors import SkewwatchError
 
-class ReplicaMapError(ValueError):
+
+class ReplicaMapError(SkewwatchError, ValueError):
     """The replica map cannot be used; the message names the file and the problem."""
+
+    exit_code = 2  # a setting (--replica-map) that cannot be used
 
 
 def default_replica(node: str, gpu_index: int) -> str:

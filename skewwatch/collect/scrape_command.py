@@ -43,7 +43,7 @@ from skewwatch.client.bounded_producer import BoundedProducer
 from skewwatch.collect.engine_maps import ENGINE_MAPS, CounterTracker, EngineMap, map_exposition
 from skewwatch.collect.publish import encode_sample, publish_sample, require_delivered, stop_on_signals
 from skewwatch.config import KafkaSettings
-from skewwatch.errors import PeerUnreachable
+from skewwatch.errors import PeerUnreachable, SkewwatchError
 from skewwatch.kafka_client import require_bootstrap
 from skewwatch.kafka_security import client_options, describe_listener
 from skewwatch.logs import logging_options, setup_logging, skewwatch_version
@@ -54,8 +54,11 @@ log = logging.getLogger(__name__)
 ENGINE_KINDS: tuple[str, ...] = ("llamacpp", "sglang", "tgi", "vllm")  # the kinds that serve requests (not dcgm)
 
 
-class ScrapeError(RuntimeError):
+class ScrapeError(SkewwatchError, RuntimeError):
     """A scrape failed; ``str()`` is one line naming the target."""
+
+    exit_code = 3  # scrape --once: the target is a peer that does not answer (PeerUnreachable)
+    retriable = True  # the long-running scrape tries again next interval
 
 
 def normalize_target(url: str) -> str:

@@ -41,6 +41,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
+from skewwatch.errors import SkewwatchError
 from skewwatch.otlp.attribute_map import DEFAULT_ATTRIBUTE_MAP, AttributeMap, SpanView
 from skewwatch.schemas.rejection import Rejection
 from skewwatch.schemas.requests import encode_request_events
@@ -52,7 +53,7 @@ MALFORMED_OTLP = "malformed_otlp"  # reason code for payloads that are not OTLP 
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
 
 
-class OtlpDecodeError(ValueError):
+class OtlpDecodeError(SkewwatchError, ValueError):
     """The payload is not an ExportTraceServiceRequest in the given encoding; the message says why."""
 
 

@@ -82,7 +82,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from skewwatch.broker_watch import BrokerWatch
 from skewwatch.cli import command_settings
 from skewwatch.config import LimitSettings, Settings
-from skewwatch.errors import ConfigProblem, KafkaUnreachable
+from skewwatch.errors import ConfigProblem, KafkaUnreachable, SkewwatchError
 from skewwatch.kafka_client import check_kafka, require_bootstrap
 from skewwatch.kafka_security import client_options, describe_listener, describe_tls_error
 from skewwatch.listen import bind_socket
@@ -195,7 +195,7 @@ def _media_type(content_type: str) -> str:
     return content_type.split(";", 1)[0].strip().lower()
 
 
-class TooLarge(ValueError):
+class TooLarge(SkewwatchError, ValueError):
     """A gzip body that expands beyond the decompressed-size limit."""
 
 

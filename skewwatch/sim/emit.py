@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
+from skewwatch.errors import SkewwatchError
 from skewwatch.kafka_client import client_kwargs
 from skewwatch.schemas.requests import encode_request_event, encode_request_events
 from skewwatch.schemas.telemetry_sample import TelemetrySample
@@ -45,8 +46,10 @@ Event = Mapping[str, Any]
 MAX_EVENTS_PER_MESSAGE = 2000  # well under limits.max_events_per_message and the 1 MiB value limit
 
 
-class TopicMissingError(RuntimeError):
+class TopicMissingError(SkewwatchError, RuntimeError):
     """The target topic does not exist (skewwatch never relies on auto-creation)."""
+
+    exit_code = 2  # generate and simulate report it as a setting to fix (ConfigProblem)
 
 
 class ReplicaBatcher:

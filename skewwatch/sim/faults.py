@@ -67,6 +67,8 @@ from typing import Any
 
 import orjson
 
+from skewwatch.errors import SkewwatchError
+
 ParamValue = float | str
 
 FAULT_KINDS: tuple[str, ...] = (
@@ -120,8 +122,10 @@ CUDA_ERROR_CLASSES: dict[str, tuple[str, ...]] = {
 HARDWARE_XID = 79  # NVIDIA XID 79: GPU has fallen off the bus
 
 
-class FaultError(ValueError):
+class FaultError(SkewwatchError, ValueError):
     """An injection that cannot be used; the message says which part and what is allowed."""
+
+    exit_code = 2  # a bad --inject is a usage error
 
 
 def _coerce(kind: str, name: str, value: Any) -> ParamValue:

@@ -41,14 +41,18 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from skewwatch.errors import SkewwatchError
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 TS_UNITS: dict[str, float] = {"s": 1.0, "ms": 1e-3, "us": 1e-6}  # numeric timestamps -> seconds
 
 
-class TraceError(ValueError):
+class TraceError(SkewwatchError, ValueError):
     """A trace that cannot be used; the message names the file, row or column."""
+
+    exit_code = 2  # a trace file or mapping given as an option that cannot be used
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from skewwatch.config import KafkaSettings
+from skewwatch.errors import KafkaUnreachable
 from skewwatch.kafka_client import (
-    KafkaUnavailable,
     client_kwargs,
     describe_cluster,
     describe_exception,
@@ -98,7 +98,8 @@ def test_run_blocking_works_inside_a_running_loop() -> None:
 
 def test_describe_cluster_with_nothing_listening_is_one_line() -> None:
     dead = f"127.0.0.1:{free_port()}"
-    with pytest.raises(KafkaUnavailable, match=f"no Kafka answers at {dead}") as caught:
+    with pytest.raises(KafkaUnreachable, match=f"no Kafka answers at {dead}") as caught:
         run_blocking(describe_cluster(dead, timeout=2.0))
     assert "\n" not in str(caught.value)
+    assert caught.value.exit_code == 3 and caught.value.retriable
     assert describe_exception(OSError("OSError: [Errno 111]\n refused")) == "OSError: [Errno 111] refused"
