@@ -33,12 +33,12 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Ma
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from aiokafka import AIOKafkaProducer
 
 from skewwatch.errors import SkewwatchError
 from skewwatch.kafka_client import client_kwargs
 from skewwatch.schemas.requests import encode_request_event, encode_request_events
+from skewwatch.schemas.telemetry import encode_telemetry
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 from skewwatch.sim.generator import TrafficChunk, event_rows
 
@@ -223,7 +223,7 @@ class TrafficProducer:
         stats.last_ts = ts
         if isinstance(item, TelemetrySample):
             if self.telemetry_topic is not None:
-                await self._sender.send(self.telemetry_topic, item.replica, orjson.dumps(item.to_dict()))
+                await self._sender.send(self.telemetry_topic, item.replica, encode_telemetry(item))
                 stats.telemetry += 1
             return
         stats.events += 1
