@@ -34,6 +34,15 @@ from skewwatch.schemas.feature_vector import RECENT_S, FeatureVector
 from skewwatch.schemas.requests.columns import BATCH_DERIVED
 
 
+def _tpot(events: Sequence[Mapping[str, Any]]) -> list[float]:
+    """Time per output token: decode time / the tokens after the first, (latency - ttft) / (completion
+    - 1) (none for a one-token output); without a ttft, latency / completion tokens."""
+    return [max(float(e["latency_ms"]) - float(e["ttft_ms"]), 0.0) / (int(e["completion_tokens"]) - 1)
+            if e.get("ttft_ms") is not None else float(e["latency_ms"]) / int(e["completion_tokens"])
+            for e in events
+            if int(e["completion_tokens"]) > (1 if e.get("ttft_ms") is not None else 0)]
+
+
 def _exact_quantiles(values: list[float], qs: Sequence[float]) -> list[float | None]:
     if not values:
         return [None] * len(qs)
@@ -71,13 +80,9 @@ def reference_features(events: Sequence[Mapping[str, Any]], model: str, replica:
     newest = [e for e in window if bucket(e) == last_bucket]
     recent_buckets = min(max(round(RECENT_S / step), 1), last_bucket - first_bucket + 1)
     recent_prompt = [float(e["prompt_tokens"]) for e in window if bucket(e) > last_bucket - recent_buckets]
-    # time per output token: decode time / the tokens after the first, (latency - ttft) / (completion - 1)
-    # (none for a one-token output); without a ttft, latency / completion tokens
-    tpot = [max(float(e["latency_ms"]) - float(e["ttft_ms"]), 0.0) / (int(e["completion_tokens"]) - 1)
-            if e.get("ttft_ms") is not None else float(e["latency_ms"]) / int(e["completion_tokens"])
-            for e in window
-            if int(e["completion_tokens"]) > (1 if e.get("ttft_ms") is not None else 0)]
+    tpot = _tpot(window)
     tpot_p50, tpot_p90, tpot_p99, tpot_max = _exact_quantiles(tpot, [0.5, 0.9, 0.99, 1.0])
+    newest_tpot = _tpot(newest)
 
     def column(name: str) -> list[float]:
         return [float(e[name]) for e in window if e.get(name) is not None]
@@ -137,4 +142,5 @@ def reference_features(events: Sequence[Mapping[str, Any]], model: str, replica:
         recent_count=len(recent_prompt),
         recent_prompt_tokens_mean=_mean(recent_prompt),
         recent_prompt_tokens_var=_var(recent_prompt),
+        step_tpot_max=max(newest_tpot) if newest_tpot else None,
     )

@@ -104,6 +104,7 @@ def merge_summaries(model: str, window_end: float, summaries: Sequence[WindowSum
         recent_count=sum(recent_counts),
         recent_prompt_mean=float(recent.mean),
         recent_prompt_m2=float(recent.m2),
+        step_tpot_max=max((s.step_tpot_max for s in summaries if s.step_tpot_max is not None), default=None),
     )
 
 

@@ -181,6 +181,12 @@ FEATURE_FIELDS: Final[tuple[FeatureField, ...]] = (
                              "is 0 or null."),
     FeatureField("recent_prompt_tokens_var", "number", nullable=True, unit="tokens²",
                  description="v1.2, optional: population variance of their prompt length, tokens^2."),
+    # contract v1.10 (optional, additive): the newest step's slowest request, which no other step's
+    # vector holds: summed over many steps, a few stalled requests at a request a minute add up
+    FeatureField("step_tpot_max", "number", nullable=True, unit="ms/token",
+                 description="v1.10, optional: the largest time per output token among the newest step's events "
+                             "only, ms/token (as tpot_p50). Null when the step had none. On per-model vectors: over "
+                             "the events of every replica."),
     FeatureField("v", "version", required=True, description="Schema version."),
 )
 FIELDS_BY_NAME: Final = {f.name: f for f in FEATURE_FIELDS}

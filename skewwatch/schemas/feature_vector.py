@@ -63,6 +63,7 @@ class FeatureVector:
     recent_count: int | None = None
     recent_prompt_tokens_mean: float | None = None
     recent_prompt_tokens_var: float | None = None
+    step_tpot_max: float | None = None
     v: int = FEATURES_SCHEMA_VERSION
 
     @property

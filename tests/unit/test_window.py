@@ -24,7 +24,8 @@ from tests.reference import reference_features
 
 SETTINGS = WindowSettings()  # 60 s window, 5 s step, 5 s lateness, 90 s idle release, 1 %
 QUANTILE_FIELDS = ("latency_p50", "latency_p95", "latency_p99", "ttft_p50", "ttft_p99")
-TPOT_FIELDS = ("tpot_p50", "tpot_p90", "tpot_p99", "tpot_max")  # a coarser sketch: 5 % (TPOT_RELATIVE_ACCURACY)
+# a coarser sketch: 5 % (TPOT_RELATIVE_ACCURACY)
+TPOT_FIELDS = ("tpot_p50", "tpot_p90", "tpot_p99", "tpot_max", "step_tpot_max")
 
 
 # -- helpers shared with test_model_merge.py ------------------------------------------------------
@@ -102,7 +103,7 @@ def assert_features_match(actual: FeatureVector, expected: FeatureVector, quanti
 
 
 def without_tpot(fv: FeatureVector) -> FeatureVector:
-    return dataclasses.replace(fv, tpot_p50=None, tpot_p90=None, tpot_p99=None, tpot_max=None)
+    return dataclasses.replace(fv, tpot_p50=None, tpot_p90=None, tpot_p99=None, tpot_max=None, step_tpot_max=None)
 
 
 def by_key(steps: Iterable[ReplicaStep]) -> dict[tuple[str, str | None], dict[float, FeatureVector]]:

@@ -68,6 +68,7 @@ def feature_vectors(
     tpot_q: FloatArray,
     recent: FloatArray,
     replicas: list[int | None],
+    step_tpot_max: FloatArray | None = None,
 ) -> list[FeatureVector]:
     """One :class:`FeatureVector` per row: ``keys[i]`` = (model, replica) and the window
     ``[window_end - length_s, window_end)`` whose merged bucket row is ``stats[i]``
@@ -76,7 +77,8 @@ def feature_vectors(
     ``latency_q``, ``ttft_q``, ``tpot_q``: ``(rows, len(*_QUANTILES))``, NaN where the sketch is
     empty; ``recent``: ``(rows, 3)``, count, prompt-length mean and m2 over the newest RECENT_S;
     ``step_count``, ``step_cuda_errors`` and ``replicas`` as the vectors carry them (each row's dict
-    is the vector's own).
+    is the vector's own); ``step_tpot_max``: ``(rows,)``, NaN where the newest step had no TPOT (None:
+    unknown on every row).
     """
     rows = len(keys)
     if not rows:
@@ -101,12 +103,14 @@ def feature_vectors(
                 "tpot_p50", "tpot_p90", "tpot_p99", "tpot_max",
                 "latency_mean", "prompt_tokens_mean", "completion_tokens_mean", "batch_size_mean", "batch_fill_mean",
                 "prompt_tokens_var", "completion_tokens_var", "batch_size_std", "error_rate",
-                "queue_length_mean", "kv_cache_hit_rate_mean", "recent_prompt_tokens_mean", "recent_prompt_tokens_var")
+                "queue_length_mean", "kv_cache_hit_rate_mean", "recent_prompt_tokens_mean", "recent_prompt_tokens_var",
+                "step_tpot_max")
+    step_top = np.full((rows, 1), np.nan) if step_tpot_max is None else np.asarray(step_tpot_max)[:, None]
     values = np.concatenate([latency_q, ttft_q, tpot_q, mean, var[:, 1:3], batch_std[:, None], error_rate[:, None],
-                             optional_mean[:, 1:3], recent[:, 1:2], recent_var[:, None]], axis=1)
+                             optional_mean[:, 1:3], recent[:, 1:2], recent_var[:, None], step_top], axis=1)
     is_known = np.concatenate([~np.isnan(latency_q), ~np.isnan(ttft_q), ~np.isnan(tpot_q), known, known[:, 1:3],
                                known[:, 3:4], (count_f > 0)[:, None], optional_known[:, 1:3],
-                               recent_known[:, None], recent_known[:, None]], axis=1)
+                               recent_known[:, None], recent_known[:, None], ~np.isnan(step_top)], axis=1)
     objects = values.astype(object)
     objects[~is_known] = None
     columns: dict[str, list[Any]] = dict(zip(nullable, objects.T.tolist(), strict=True))

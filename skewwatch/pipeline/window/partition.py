@@ -54,6 +54,7 @@ from skewwatch.pipeline.window.bucket_row import (
     window_stats,
 )
 from skewwatch.pipeline.window.buckets import (
+    EMPTY_ENTRIES,
     EMPTY_SEALED,
     N_SKETCHES,
     Entries,
@@ -348,6 +349,7 @@ class PartitionWindows:
         self._add_sealed(self._ring[position], -1)
         entering = self._open.pop(bucket_id, None)
         cuda: dict[int, dict[str, int]] = {}
+        newest_tpot = EMPTY_ENTRIES  # the newest step's TPOT entries (row, slot, count)
         if entering is None:
             self._stats[position] = 0.0
             self._ring[position] = EMPTY_SEALED
@@ -357,6 +359,7 @@ class PartitionWindows:
             sealed = self._ring[position] = split_entries(entering.sketch(N_SKETCHES * self.bins.n_slots),
                                                           self.bins.n_slots)
             self._add_sealed(sealed, +1)
+            newest_tpot = sealed.tpot
             step_count = entering.stats[select, COUNT].astype(np.int64)
             if entering.cuda_errors:
                 index_of_row = dict(zip(rows.tolist(), range(rows.size), strict=True))
@@ -386,7 +389,16 @@ class PartitionWindows:
             tpot_counts=tpot,
             tpot_offset=self._tpot.offset,
             recent=self._recent_prompt(bucket_id, select),
+            step_tpot_max=self._slowest(newest_tpot, rows),
         )
+
+    def _slowest(self, tpot: Entries, rows: npt.NDArray[np.intp]) -> FloatArray:
+        """Per row of ``rows``: the largest TPOT bin value among the newest step's entries (NaN: none)."""
+        top = np.full(len(self._last_ts), -1, dtype=np.int64)
+        if tpot.shape[1]:
+            np.maximum.at(top, tpot[0].astype(np.intp), tpot[1].astype(np.int64))
+        slot = top[rows]
+        return np.where(slot >= 0, self.tpot_bins.value(np.maximum(slot, 0)), np.nan)
 
     def _recent_prompt(self, bucket_id: int, select: slice | npt.NDArray[np.intp]) -> FloatArray:
         """``(rows, 3)``: count, prompt-length mean and m2 of the newest ``recent_buckets`` sealed

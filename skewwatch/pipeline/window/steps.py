@@ -27,6 +27,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, overload
@@ -62,7 +63,7 @@ _SUMMARY_ORDER: tuple[str, ...] = (
     "model", "replica", "window_end", "length_s", "relative_accuracy", "count", "errors", "completion_tokens",
     "mean", "m2", "optional_count", "optional_sum", "latency", "ttft", "step_count", "step_cuda_errors",
     "replicas", "batch_count", "fill_count", "derived_count", "tpot", "recent_count", "recent_prompt_mean",
-    "recent_prompt_m2")
+    "recent_prompt_m2", "step_tpot_max")
 if tuple(f.name for f in dataclasses.fields(WindowSummary)) != _SUMMARY_ORDER:  # pragma: no cover
     raise ImportError("WindowSummary's fields changed: update StepBatch._build")
 
@@ -116,6 +117,7 @@ class StepBatch:
     tpot_counts: CountMatrix
     tpot_offset: int
     recent: FloatArray  # (rows, 3): count, prompt-length mean and m2 over the newest RECENT_S
+    step_tpot_max: FloatArray  # (rows,) the newest step's largest TPOT (a sketch bin's value); NaN: none
     _vectors: list[FeatureVector] | None = field(default=None, repr=False)
     _steps: list[ReplicaStep] | None = field(default=None, repr=False)
 
@@ -179,6 +181,7 @@ class StepBatch:
         recent = self.recent[order]
         prompt = moments.merge_runs(moments.Moments(recent[:, :1], recent[:, 1:2], recent[:, 2:3]), starts)
         step_count = np.add.reduceat(self.step_count[order], starts).tolist()
+        step_top = np.fmax.reduceat(self.step_tpot_max[order], starts).tolist()  # (fmax: NaN only where all are)
         sketches = [_sparse_rows(_group_counts(counts[order], starts), offset) for counts, offset in (
             (self.latency_counts, self.latency_offset), (self.ttft_counts, self.ttft_offset),
             (self.tpot_counts, self.tpot_offset))]
@@ -198,7 +201,8 @@ class StepBatch:
                 latency=sketches[0][g], ttft=sketches[1][g], step_count=step_count[g], step_cuda_errors=cuda[g],
                 replicas=int(lengths[g]), batch_count=int(ints[g, BATCH_N]), fill_count=int(ints[g, FILL_N]),
                 derived_count=int(ints[g, DERIVED_N]), tpot=sketches[2][g], recent_count=int(recent_n),
-                recent_prompt_mean=float(prompt.mean[g, 0]), recent_prompt_m2=float(prompt.m2[g, 0]))
+                recent_prompt_mean=float(prompt.mean[g, 0]), recent_prompt_m2=float(prompt.m2[g, 0]),
+                step_tpot_max=None if math.isnan(step_top[g]) else step_top[g])
             for g, (model, recent_n) in enumerate(zip(models, np.add.reduceat(
                 np.rint(recent[:, 0]).astype(np.int64), starts).tolist(), strict=True))
         ]
@@ -208,7 +212,8 @@ class StepBatch:
         cuda = self.step_cuda_errors
         step_cuda = [dict(cuda[i]) if i in cuda else {} for i in range(rows)] if cuda else [{} for _ in range(rows)]
         return feature_vectors(self.keys, self.window_end, self.length_s, self.stats, self.step_count.tolist(),
-                               step_cuda, self.latency_q, self.ttft_q, self.tpot_q, self.recent, [None] * rows)
+                               step_cuda, self.latency_q, self.ttft_q, self.tpot_q, self.recent, [None] * rows,
+                               self.step_tpot_max)
 
     def _build_summaries(self) -> list[WindowSummary]:
         rows = len(self.keys)
@@ -231,7 +236,8 @@ class StepBatch:
                 st[:, M2], optional_count, st[:, OPT_SUM], _sparse_rows(self.latency_counts, self.latency_offset),
                 _sparse_rows(self.ttft_counts, self.ttft_offset), step_count, step_cuda, [None] * rows,
                 batch_count, fill_count, derived_count, _sparse_rows(self.tpot_counts, self.tpot_offset),
-                recent_count, self.recent[:, 1].tolist(), self.recent[:, 2].tolist(), strict=True)
+                recent_count, self.recent[:, 1].tolist(), self.recent[:, 2].tolist(),
+                [None if math.isnan(v) else v for v in self.step_tpot_max.tolist()], strict=True)
         ]
 
 

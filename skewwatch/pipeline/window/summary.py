@@ -111,6 +111,7 @@ class WindowSummary:
     recent_count: int = 0  # events in the newest RECENT_S of the window
     recent_prompt_mean: float = 0.0  # their prompt-length mean ...
     recent_prompt_m2: float = 0.0  # ... and sum of squared deviations
+    step_tpot_max: float | None = None  # the newest step's largest TPOT (None: none, or an older summary)
 
     @property
     def window_start(self) -> float:
@@ -138,7 +139,7 @@ class WindowSummary:
             [(self.model, self.replica)], self.window_end, self.length_s, stats, [self.step_count],
             [dict(self.step_cuda_errors)], _quantiles(bins, self.latency, LATENCY_QUANTILES),
             _quantiles(bins, self.ttft, TTFT_QUANTILES), _quantiles(tpot_bins, self.tpot, TPOT_QUANTILES), recent,
-            [self.replicas])
+            [self.replicas], np.array([math.nan if self.step_tpot_max is None else self.step_tpot_max]))
         return vector
 
     def to_dict(self) -> dict[str, Any]:
@@ -169,6 +170,7 @@ class WindowSummary:
             "recent_count": self.recent_count,
             "recent_prompt_mean": self.recent_prompt_mean,
             "recent_prompt_m2": self.recent_prompt_m2,
+            "step_tpot_max": self.step_tpot_max,
         }
 
     @classmethod
@@ -222,6 +224,8 @@ class WindowSummary:
                 recent_count=int(data.get("recent_count", 0)),
                 recent_prompt_mean=float(data.get("recent_prompt_mean", 0.0)),
                 recent_prompt_m2=float(data.get("recent_prompt_m2", 0.0)),
+                # from a worker before contract v1.10: the newest step's slowest request unknown
+                step_tpot_max=None if data.get("step_tpot_max") is None else float(data["step_tpot_max"]),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"window summary: malformed ({exc!r})") from exc
