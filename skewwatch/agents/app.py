@@ -3,10 +3,10 @@
 Faust gives the process its lifecycle (signals, graceful stop) and its conventions; it runs no
 Kafka client and no web server of its own (:class:`LifecycleOnly`). The per-request hot path does
 *not* go through a Faust stream: each stage owns an aiokafka consumer (see
-:mod:`skewwatch.agents.stage`) because Faust's per-message cost caps a stream at ~9k events/s while
-the pipeline must keep up with a fleet. Its state is checkpointed with the offset it covers
-(:mod:`skewwatch.agents.checkpoint`) instead of a Faust table, which would write a changelog entry
-per event and ack offsets independently.
+:mod:`skewwatch.agents.stage`) because a Faust stream pays a fixed cost per message, and at a
+fleet's event rate that cost, not the work, would set the pipeline's pace. Its state is
+checkpointed with the offset it covers (:mod:`skewwatch.agents.checkpoint`) instead of a Faust
+table, which would write a changelog entry per event and ack offsets independently.
 
 HTTP (:mod:`skewwatch.agents.http_api`, ``[web]`` host and port, 127.0.0.1:6066 by default):
 ``GET /healthz``, ``GET /readyz``, ``GET /api/v1/weights``, ``POST /api/v1/update_weights``,
@@ -67,8 +67,9 @@ PRODUCER_MAX_REQUEST_BYTES = 16 * 1024 * 1024  # checkpoint chunks are up to 4 M
 # aiokafka sends one produce request per broker at a time, holding at most one batch per partition,
 # and a send() to a partition whose batch is full waits until that batch has left. With the default
 # 16 KiB batches, a step's hand-off records (a few KB each, on the few partitions of the models' keys)
-# queued behind one round trip per 16 KiB: measured on the batched throughput run, publishing took
-# ~40 % of stage 1's time. A batch still leaves after linger_ms however little it holds.
+# queued behind one round trip per 16 KiB, so the broker's round trips, not the work, set stage 1's
+# pace. One batch holds a step's records of a partition; it still leaves after linger_ms however
+# little it holds.
 PRODUCER_BATCH_BYTES = 1024 * 1024
 RESTART_BACKOFF_S = (1.0, 30.0)  # a failed stage restarts after 1 s, doubling up to 30 s
 STABLE_RUN_S = 60.0  # a stage that ran this long before failing starts again from the shortest back-off

@@ -2,8 +2,8 @@
 
 The hot path reads with aiokafka ``getmany`` and hands each message to the columnar decoder,
 so a batch message of 100 events costs one decode and one vectorised window update — not
-100 trips through a Faust stream (measured: ~9k events/s for a per-event Faust agent against
-~180k events/s for a plain aiokafka loop). Per input partition it keeps a
+100 trips through a Faust stream, whose fixed cost per event, not the work, would set the stage's
+pace (bench/README.md, "Costs the code was shaped by"). Per input partition it keeps a
 :class:`~skewwatch.pipeline.window.PartitionWindows` in memory and, every closed 5 s step:
 
 1. publishes each replica's feature vector on ``llm.features`` (key ``model/replica``),
@@ -114,7 +114,7 @@ class ReplicaStage(CheckpointedStage[PartitionState]):
         "partition_assignment_strategy": (RangePartitionAssignor,),
         # 2 MiB per partition (16 MB fetch responses for 8): larger polls amortise the per-poll costs,
         # but a response above glibc's largest mmap threshold (32 MB, i.e. 4 MiB here) is mapped and
-        # unmapped afresh each time and reading it took ~15 % of the worker's time (bench/README.md,
+        # unmapped afresh each time, which costs more than the larger poll saves (bench/README.md,
         # "Waiting for the broker, fetch sizes and the decoder's GC": 1 MiB and 2 MiB side by side)
         "max_partition_fetch_bytes": 2 * 1024 * 1024,
     }

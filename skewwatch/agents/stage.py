@@ -13,7 +13,8 @@ committed (:class:`~skewwatch.agents.commit.CommitPipeline`: outputs acknowledge
 checkpoint, then the offset); on revocation and on a clean stop, the newest state is checkpointed
 before anyone else reads it.
 
-The loop does per poll what the stages did before they shared it, and nothing per message.
+The loop's own work is per poll, nothing per message: a poll holds up to ``max_records`` records,
+and whatever the loop did per message every event on the hot path would pay.
 """
 
 from __future__ import annotations

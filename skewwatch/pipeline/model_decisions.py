@@ -172,8 +172,8 @@ class ModelDecider:
         # A step makes several objects per replica (weights, their components, empty vectors,
         # columns) and none in a reference cycle: with the cyclic GC paused while they are made it
         # does not scan its young generation over and over, nor, at tens of thousands of replicas,
-        # the whole heap of window and decider state (which made the cost per replica grow with
-        # the fleet); it runs again, as before, right after.
+        # the whole heap of window and decider state (a cost per replica that would grow with the
+        # fleet); the collector is back on right after the step.
         with gc_paused():
             return self._step(model, window_end, replica_features, model_features, telemetry)
 

@@ -234,9 +234,9 @@ def history_for(window: WindowSettings, interval_s: float | None = None, spare: 
     ``1.5 * ahead + allowed_lateness + interval`` (110 s with the defaults) holds
     ``span / interval + 1`` samples (23) at the telemetry interval (a collector and the bridges
     publish every ``step_s``, 5 s), plus ``spare`` for the extra samples a collector publishes at
-    once on an XID. Before the flow control it was a constant 32 (160 s); each sample costs ~310
-    bytes per (replica, source, GPU). Older samples only serve ``xid_last``'s tie-break between
-    GPUs (when each GPU's XID fields last changed), which then sees at most the history's span.
+    once on an XID. No more than that: each sample held is memory per (replica, source, GPU), and
+    older samples only serve ``xid_last``'s tie-break between GPUs (when each GPU's XID fields last
+    changed), which then sees at most the history's span.
 
     >>> history_for(WindowSettings())
     23
@@ -273,8 +273,8 @@ class TelemetryJoin:
         """Keep ``sample`` (in any order; a repeat of a timestamp replaces it: delivery is at least once).
 
         The sample's identity strings are replaced by interned equal ones: every decoded message
-        brings its own copies of the replica, source and node names (~170 of a sample's ~650
-        bytes), and the history holds ~20 samples per key.
+        brings its own copies of the replica, source and node names, a large share of a sample's
+        memory, and the history holds :func:`history_for` samples per key.
         """
         sample.replica = intern(sample.replica)
         sample.source = intern(sample.source)

@@ -136,8 +136,8 @@ class StepBatch:
         (:meth:`merged`), so the hot path builds no per-row :class:`WindowSummary`."""
         if self._vectors is None:
             # ~5 objects per row and none of them in a reference cycle: pausing the cyclic GC while
-            # they are made saves it from scanning the growing young generation over and over
-            # (a third of the build time at 10k rows); it runs again, as before, right after
+            # they are made saves it from scanning the growing young generation over and over, a
+            # cost that grows with the rows; the collector is back on right after
             with gc_paused():
                 self._vectors = self._build_vectors()
         return self._vectors
