@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import click
 import orjson
 
+from skewwatch.errors import SkewwatchError
 from skewwatch.kafka_security import describe_listener
 from skewwatch.logs import logging_options, setup_logging, skewwatch_version
 from skewwatch.schemas.alerts import Alert, decode_alert
@@ -56,12 +57,14 @@ DEFAULT_RESEND_S = 60.0
 MAX_BACKOFF_S = 30.0
 
 
-class AlertmanagerRefused(RuntimeError):
+class AlertmanagerRefused(SkewwatchError, RuntimeError):
     """Alertmanager answered 4xx: the alert itself is refused, re-sending it will not help."""
 
 
-class AlertmanagerUnavailable(RuntimeError):
+class AlertmanagerUnavailable(SkewwatchError, RuntimeError):
     """Alertmanager answered 5xx or not at all: retried with backoff."""
+
+    retriable = True  # Alertmanager restarting or overloaded answers again later
 
 
 def _rfc3339(ts: float) -> str:

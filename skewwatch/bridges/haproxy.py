@@ -51,6 +51,7 @@ from typing import Any, Literal
 import click
 
 from skewwatch.client.corrections import CorrectionsSubscriber, OnStale
+from skewwatch.errors import SkewwatchError
 from skewwatch.logs import logging_options, setup_logging
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ ACTION_STATES: dict[str, ServerStateName] = {"drain": "drain", "isolate": "maint
 _STRONGER = {"ready": 0, "drain": 1, "maint": 2}  # two actions on one server: the stronger one holds
 
 
-class HAProxyError(RuntimeError):
+class HAProxyError(SkewwatchError, RuntimeError):
     """The runtime API refused a command or cannot be reached; one actionable line."""
 
 

@@ -54,6 +54,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from skewwatch.errors import SkewwatchError
 from skewwatch.schemas.alerts import Action
 from skewwatch.schemas.corrections import Mode, RoutingCorrection, decode_correction
 
@@ -66,7 +67,7 @@ DEFAULT_HEARTBEAT_S = 30.0  # the worker's [detectors.corrections] heartbeat_s
 DEFAULT_STALE_AFTER = 3.0  # heartbeats without a record before a model is stale
 
 
-class CorrectionsError(RuntimeError):
+class CorrectionsError(SkewwatchError, RuntimeError):
     """The corrections topic cannot be read (no such topic, no Kafka); one actionable line."""
 
 
@@ -210,6 +211,8 @@ class CorrectionsSubscriber:
         self._task = asyncio.ensure_future(self._run(consumer, dict(ends)))
 
     async def _partitions(self, consumer: Any, timeout: float) -> set[int]:
+        from skewwatch.kafka_client import refresh_metadata
+
         deadline = time.monotonic() + timeout
         while True:
             partitions = consumer.partitions_for_topic(self.topic)
@@ -218,7 +221,7 @@ class CorrectionsSubscriber:
             if time.monotonic() > deadline:
                 raise CorrectionsTopicMissing(f"topic {self.topic} does not exist at {self.bootstrap} (create it with "
                                        "`skewwatch topics create`, or start a worker)")
-            await consumer._client.force_metadata_update()  # aiokafka: metadata for an unsubscribed topic
+            await refresh_metadata(consumer)  # the topic is not subscribed: aiokafka would not fetch it yet
             await asyncio.sleep(0.2)
 
     async def stop(self) -> None:
