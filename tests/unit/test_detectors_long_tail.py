@@ -6,6 +6,8 @@ requests as an exceedance test; both judged only with enough evidence."""
 
 from __future__ import annotations
 
+import math
+import random
 from typing import Any
 
 import pytest
@@ -290,3 +292,67 @@ def test_latency_signal_off_judges_tpot_alone() -> None:
                                                                   if r == "r0" and i >= 20 else {})}) for r in POOL]
         det.update_step(StepColumns(vectors, [None] * len(vectors)), end, alerts, [])
     assert alerts == []
+
+
+# ---------------------------------------------------------------- the horizon rule (low rates)
+
+LOW_RATE_POOL = [f"r{i}" for i in range(8)]
+
+
+def run_low_rate_pool(minutes: float, stall: dict[str, float] | None = None, seed: int = 1,
+                      det: LongTailDetector | None = None) -> tuple[list[Alert], LongTailDetector]:
+    """An 8-replica pool finishing ~1.8 requests a minute each (windows of 0-4 requests: below every
+    window rule's floor), log-normal TPOT around 20 ms. ``stall``: r0's requests stall with
+    probability ``share`` by ``factor`` (from the start), or all of them are ``slow`` x slower."""
+    rng = random.Random(seed)
+    det = det or LongTailDetector()
+    alerts: list[Alert] = []
+    window: dict[str, list[tuple[float, float]]] = {r: [] for r in LOW_RATE_POOL}
+    for i in range(int(minutes * 12)):
+        end = 10_000.0 + 5 * i
+        vectors = []
+        for replica in LOW_RATE_POOL:
+            step_tpot = []
+            if rng.random() < 0.15:
+                tpot = 20.0 * math.exp(rng.gauss(0.0, 0.3))
+                if stall and replica == "r0":
+                    if rng.random() < stall.get("share", 0.0):
+                        tpot *= stall["factor"]
+                    tpot *= stall.get("slow", 1.0)
+                step_tpot.append(tpot)
+            window[replica] = [(t, v) for t, v in window[replica] if t > end - 60] + [(end, v) for v in step_tpot]
+            values = sorted(v for _, v in window[replica])
+            vectors.append(FeatureVector(
+                model="m", replica=replica, window_start=end - 60, window_end=end, count=len(values),
+                step_count=len(step_tpot), step_tpot_max=max(step_tpot) if step_tpot else None,
+                tpot_p50=values[len(values) // 2] if values else None, tpot_max=values[-1] if values else None))
+        det.update_step(StepColumns(vectors, [None] * len(vectors)), end, alerts, [])
+    return alerts, det
+
+
+def test_horizon_a_few_stalled_requests_at_a_request_a_minute_open_on_the_replica() -> None:
+    alerts, _ = run_low_rate_pool(15, stall={"share": 0.25, "factor": 10.0})
+    opened = [a for a in alerts if a.state == "open"]
+    assert opened and {a.replica for a in opened} == {"r0"}
+    first = opened[0]
+    assert first.evidence["signal"] == "TPOT over the horizon"
+    assert first.evidence["horizon_hits"] >= 3 and first.evidence["horizon_probability"] <= 5e-4
+    assert "of its peers'" in first.message
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_horizon_a_healthy_low_rate_pool_raises_nothing_in_two_hours(seed: int) -> None:
+    alerts, _ = run_low_rate_pool(120, seed=seed)
+    assert alerts == []
+
+
+def test_horizon_a_replica_slower_as_a_whole_is_not_a_tail() -> None:
+    alerts, _ = run_low_rate_pool(15, stall={"slow": 3.0})
+    assert alerts == []
+
+
+def test_horizon_off_or_without_the_newest_steps_slowest_makes_no_claim() -> None:
+    alerts, _ = run_low_rate_pool(15, stall={"share": 0.25, "factor": 10.0},
+                                  det=LongTailDetector(LongTailConfig(horizon_rule=False)))
+    assert alerts == []
+    assert seed_detector().config.horizon_rule is False  # the seed's rules are as they were

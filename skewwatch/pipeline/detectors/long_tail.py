@@ -46,8 +46,15 @@ holds when either holds:
   follows the slope of the peers' tail from their P95 to their P99 (a power law: it overstates a
   log-normal's rate there), never below one request in all the peers' requests of the window.
 
-Every rule needs at least ``min_count`` (6) finished requests in the window: a window of 1-5
-requests says nothing about a share of them.
+* **horizon** (``horizon_rule``), where the peers' windows are too thin for a P99: each window's
+  newest step, its requests and its slowest (``step_count``, ``step_tpot_max``), summed over
+  ``horizon_s`` (600 s) against ``tail_ratio`` x the slowest of the peers' ``M`` requests over the
+  same span, which a request like theirs exceeds with probability at most ``1 / (M + 1)``; held
+  while the replica's newest request above it is recent and its bulk is not slow
+  (:class:`~skewwatch.pipeline.detectors.tail_horizon.HorizonRule`).
+
+Every window rule needs at least ``min_count`` (6) finished requests in the window: a window of
+1-5 requests says nothing about a share of them; the horizon rule's evidence is its span's.
 
 >>> from skewwatch.schemas.feature_vector import FeatureVector
 >>> det = LongTailDetector()
@@ -95,6 +102,7 @@ from skewwatch.pipeline.detectors.live import (
 )
 from skewwatch.pipeline.detectors.peers import others_median, others_medians, others_sum
 from skewwatch.pipeline.detectors.step_columns import StepColumns
+from skewwatch.pipeline.detectors.tail_horizon import HorizonRule
 from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
@@ -104,8 +112,8 @@ BASELINE_EXCEEDANCE = 0.01  # a request of the baseline is above its P99 with at
 
 #: The ``seed`` profile's ``[detectors.long_tail]``: the seed's rule as it stood (P99 > 3 x P50 for
 #: 3 steps, windows of 20 requests and more), the evidence-aware rules off.
-PROFILE_SEED: dict[str, Any] = {"seed_rule": True, "live_rule": False, "exceedance_rule": False, "clear_steps": 2,
-                                "persistence": 3, "min_count": 20}
+PROFILE_SEED: dict[str, Any] = {"seed_rule": True, "live_rule": False, "exceedance_rule": False, "horizon_rule": False,
+                                "clear_steps": 2, "persistence": 3, "min_count": 20}
 
 
 class LongTailConfig(DetectorConfig, frozen=True):
@@ -141,13 +149,19 @@ class LongTailConfig(DetectorConfig, frozen=True):
     shift_ratio: Annotated[float, Meta(gt=1)] = 1.5  # median TPOT above this x the baseline's: a slow replica
     peer_min_count: Count = 20  # a peer's window needs this many requests to give a P99
     lookback_s: Positive = 60.0  # without peers: the replica's own window this long before
+    # horizon rule, where the peers' windows are too thin for a P99: each window's newest step (its
+    # requests and the slowest of them) summed over horizon_s against the peers' slowest over the
+    # same span (tail_horizon.py): 10 min hold dozens of a pool's requests at one a minute each
+    horizon_rule: bool = True
+    horizon_s: Positive = 600.0
+    horizon_recent_s: Positive = 60.0  # ... held while its newest request above the level is this recent
     # the seed's rule (the seed profile): P99 > ratio x P50 on end-to-end latency
     seed_rule: bool = False
     ratio: Annotated[float, Meta(gt=1)] = 3.0
 
     def __post_init__(self) -> None:
-        self._require(self.seed_rule or self.live_rule or self.exceedance_rule, "seed_rule",
-                      "is off, so live_rule or exceedance_rule must be on")
+        self._require(self.seed_rule or self.live_rule or self.exceedance_rule or self.horizon_rule, "seed_rule",
+                      "is off, so live_rule, exceedance_rule or horizon_rule must be on")
         self._require(self.ttft_span_s >= self.live_span_s, "ttft_span_s", "must be >= live_span_s")
 
 
@@ -186,6 +200,12 @@ class LongTailDetector(ThresholdDetector):
         # each replica's windows' TPOT for its own-past reference (the memory's TPOT_KEY: window
         # end in ms -> [p50, p99, count]) as columns [count, p50, p99], kept for a step's replicas at once
         self._tpot = KeyColumns(width=3)
+        # the horizon rule: the pool's newest steps over horizon_s, and its judgement of the step
+        cfg = self.config
+        self._horizon = HorizonRule(cfg.horizon_s, cfg.horizon_recent_s, cfg.tail_ratio, self._signal_alpha(),
+                                    cfg.shift_ratio, cfg.min_peers)
+        self._horizon_step: StepColumns | None = None  # the step it judged
+        self._open: set[str] = set()  # replicas whose alert was open after the last step
 
     def rule_meta(self, rule: str) -> tuple[Severity, str | None, str]:
         cfg = self.config
@@ -194,6 +214,8 @@ class LongTailDetector(ThresholdDetector):
             rules.append("tokens slower than the baseline's beyond its median")
         if cfg.exceedance_rule:
             rules.append(f"requests above {cfg.tail_ratio:g} x the baseline's TPOT P99")
+        if cfg.horizon_rule:
+            rules.append(f"requests above {cfg.tail_ratio:g} x the peers' slowest over {cfg.horizon_s:g} s")
         if cfg.seed_rule:
             rules.append(f"p99 > {cfg.ratio:g} x p50")
         return Severity.WARNING, "enable_tracing", "long tail: " + ", or ".join(rules)
@@ -203,6 +225,8 @@ class LongTailDetector(ThresholdDetector):
         fields: tuple[str, ...] = ("count", "window_end", "tpot_p50", "tpot_p90", "tpot_p99", "tpot_max", "ttft_p50")
         if cfg.exceedance_rule and cfg.latency_signal:
             fields = (*fields, "latency_p50", "latency_p95", "latency_p99")
+        if cfg.horizon_rule:
+            fields = (*fields, "step_count", "step_tpot_max")
         return (*fields, "latency_p50", "latency_p99") if cfg.seed_rule else fields
 
     # ------------------------------------------------------------------ the pool
@@ -213,7 +237,14 @@ class LongTailDetector(ThresholdDetector):
         self._row_of, self._peer_live, self._peer_columns = {}, [], ()
         self._peer_latency: tuple[npt.NDArray[np.float64], ...] = ()
         self._prepared, self._live_aggregates = None, []
+        self._horizon_step = None
         cfg = self.config
+        if cfg.horizon_rule and step is not None and len(step) >= 2:
+            state = self._state
+            now_open = {key for key in self._active if any(r.hysteresis.is_open for r in state[key].rules)}
+            self._horizon.step(step.vectors[0].window_end, step.keys, step.column("step_count"),
+                               step.column("step_tpot_max"), self._open - now_open)
+            self._open, self._horizon_step = now_open, step
         if step is None or len(step) < 2 or not (cfg.live_rule or cfg.exceedance_rule):
             return
         now = step.vectors[0].window_end
@@ -342,6 +373,9 @@ class LongTailDetector(ThresholdDetector):
                         rules |= own_lat & self._exceedance_possible(
                             step, lat_q, _LATENCY_QUANTILES, lat99, lat_count, (lat95, _LATENCY_LOWER_TAIL, lat_total))
                 can |= floor & rules
+        if cfg.horizon_rule and self._horizon_step is step:
+            peer_p99 = self._peer_columns[1] if self._prepared is step else np.full(len(step), np.nan)
+            can |= self._horizon.holds(len(step)) & np.isnan(peer_p99)  # where the window has no reference
         if cfg.seed_rule:
             p50, p99 = step.column("latency_p50"), step.column("latency_p99")
             can |= (count >= max(cfg.min_count, 1)) & (p50 > 0) & (p99 > cfg.ratio * p50)
@@ -448,6 +482,7 @@ class LongTailDetector(ThresholdDetector):
     def forget(self, key: str) -> None:
         super().forget(key)
         self._tpot.forget(key)
+        self._horizon.horizon.forget(key)
 
     def remember(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]) -> None:
         """What :meth:`evaluate` does to the memory of a replica none of its rules holds on, with
@@ -485,6 +520,10 @@ class LongTailDetector(ThresholdDetector):
                 # the live rule judged the same requests while they ran: the finished ones add nothing
                 exceedance = Finding(holds=None, evidence=exceedance.evidence)
             findings.append(exceedance)
+        if cfg.horizon_rule and (peers is None or peers.tpot_p99 is None):
+            # where the window has no peers' reference (their windows too thin): the steps summed over
+            # the horizon, which neither the live span nor the window holds (not deferred to the live rule)
+            findings.append(self._horizon_finding(fv, evidence))
         if cfg.seed_rule:
             findings.append(self._seed(fv, evidence))
         holding = [f for f in findings if f.holds]
@@ -666,6 +705,16 @@ class LongTailDetector(ThresholdDetector):
             message += f" (its first tokens {prefill:.1f} x slower than theirs: the level {prefill:.1f} x higher)"
         return Finding(holds=holds, message=message, evidence=dict(evidence),
                        params={"sample_rate": cfg.sample_rate})
+
+    def _horizon_finding(self, fv: FeatureVector, evidence: dict[str, Any]) -> Finding:
+        """The horizon rule (module docstring) on ``fv``'s replica, as :meth:`prepare` judged its step."""
+        step = self._horizon_step
+        row = None if step is None else step.row_of.get(fv.key)
+        if row is None or step is None or step.vectors[row] is not fv:
+            return Finding(holds=None, evidence=evidence)
+        holds, found, message = self._horizon.finding(row, self.config.horizon_s)
+        return Finding(holds=holds, message=message, evidence={**evidence, **found},
+                       params={"sample_rate": self.config.sample_rate})
 
     def _seed(self, fv: FeatureVector, evidence: dict[str, Any]) -> Finding:
         """The seed's rule: end-to-end P99 > ratio x P50."""
