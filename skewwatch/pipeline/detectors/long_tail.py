@@ -88,27 +88,29 @@ from msgspec import Meta
 
 from skewwatch.config_section import Count, Fraction, NonNegativeInt, Positive
 from skewwatch.pipeline.detectors.alerts import Severity, fmt
-from skewwatch.pipeline.detectors.evidence import binomial_tail_bound, min_exceeding
 from skewwatch.pipeline.detectors.key_columns import KeyColumns
 from skewwatch.pipeline.detectors.live import (
     LIVE_KEY,
     LiveAggregate,
-    Noise,
-    SlowBaseline,
-    aggregate,
     peer_baselines,
     record,
-    tail_excess,
 )
 from skewwatch.pipeline.detectors.peers import others_median, others_medians, others_sum
 from skewwatch.pipeline.detectors.step_columns import StepColumns
+from skewwatch.pipeline.detectors.tail_exceedance import (
+    LATENCY_LOWER_TAIL,
+    LATENCY_QUANTILES,
+    TPOT_QUANTILES,
+    ExceedanceTest,
+)
 from skewwatch.pipeline.detectors.tail_horizon import HorizonRule
+from skewwatch.pipeline.detectors.tail_live import LiveRule
 from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
+from skewwatch.pipeline.finite import nan_as_none
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 TPOT_KEY = "tpot_by_end_ms"  # the memory entry: window end (ms) -> [TPOT p50, p99, count] of a window
-BASELINE_EXCEEDANCE = 0.01  # a request of the baseline is above its P99 with at most this probability
 
 #: The ``seed`` profile's ``[detectors.long_tail]``: the seed's rule as it stood (P99 > 3 x P50 for
 #: 3 steps, windows of 20 requests and more), the evidence-aware rules off.
@@ -202,6 +204,8 @@ class LongTailDetector(ThresholdDetector):
         self._tpot = KeyColumns(width=3)
         # the horizon rule: the pool's newest steps over horizon_s, and its judgement of the step
         cfg = self.config
+        self._live = LiveRule(cfg)
+        self._test = ExceedanceTest(cfg.tail_ratio, cfg.shift_ratio, self._signal_alpha(), cfg.sample_rate)
         self._horizon = HorizonRule(cfg.horizon_s, cfg.horizon_recent_s, cfg.tail_ratio, self._signal_alpha(),
                                     cfg.shift_ratio, cfg.min_peers)
         self._horizon_step: StepColumns | None = None  # the step it judged
@@ -267,7 +271,7 @@ class LongTailDetector(ThresholdDetector):
                         continue
                 memory = self.key_memory(key)
                 record(memory, sample, cfg.ttft_span_s)
-                live[row] = self._aggregate(memory, now)
+                live[row] = self._live.aggregate(memory, now)
         peer_live = peer_baselines(live, cfg.live_min_tokens, cfg.min_peers)
         count = step.column("count")
         p50, p99, ttft = step.column("tpot_p50"), step.column("tpot_p99"), step.column("ttft_p50")
@@ -316,13 +320,13 @@ class LongTailDetector(ThresholdDetector):
         if row is None:
             return None
         p50, p99, ttft, count = self._peer_columns
-        peers = _Peers(live=self._peer_live[row], tpot_p50=_num(p50[row]), tpot_p99=_num(p99[row]),
-                       ttft_p50=_num(ttft[row]), count=_num(count[row]))
+        peers = _Peers(live=self._peer_live[row], tpot_p50=nan_as_none(p50[row]), tpot_p99=nan_as_none(p99[row]),
+                       ttft_p50=nan_as_none(ttft[row]), count=nan_as_none(count[row]))
         if self._peer_latency:
             lat50, lat99, lat_count, lat95, lat_total = self._peer_latency
             if not math.isnan(lat_count[row]):
-                peers.latency_p50, peers.latency_p99 = _num(lat50[row]), _num(lat99[row])
-                peers.latency_count, peers.latency_p95 = _num(lat_count[row]), _num(lat95[row])
+                peers.latency_p50, peers.latency_p99 = nan_as_none(lat50[row]), nan_as_none(lat99[row])
+                peers.latency_count, peers.latency_p95 = nan_as_none(lat_count[row]), nan_as_none(lat95[row])
                 peers.latency_total = float(lat_total[row])
         return peers
 
@@ -364,14 +368,14 @@ class LongTailDetector(ThresholdDetector):
                                        step.column("tpot_max")])
                     # TPOT: the rate at the peers' P99 (no slope beyond it: under queueing the replicas'
                     # TPOT differ by more than their tails' slope allows)
-                    rules |= own & (~pooled | self._exceedance_possible(step, tpot_q, _QUANTILES, p99, peer_count))
+                    rules |= own & (~pooled | self._test.possible(count, tpot_q, TPOT_QUANTILES, p99, peer_count))
                     if cfg.latency_signal and self._peer_latency:
                         _, lat99, lat_count, lat95, lat_total = self._peer_latency
                         lat_q = np.stack([step.column("latency_p50"), step.column("latency_p95"),
                                           step.column("latency_p99")])
                         own_lat = ~np.isnan(lat_q[0]) & ~np.isnan(lat_q[2])
-                        rules |= own_lat & self._exceedance_possible(
-                            step, lat_q, _LATENCY_QUANTILES, lat99, lat_count, (lat95, _LATENCY_LOWER_TAIL, lat_total))
+                        rules |= own_lat & self._test.possible(
+                            count, lat_q, LATENCY_QUANTILES, lat99, lat_count, (lat95, LATENCY_LOWER_TAIL, lat_total))
                 can |= floor & rules
         if cfg.horizon_rule and self._horizon_step is step:
             peer_p99 = self._peer_columns[1] if self._prepared is step else np.full(len(step), np.nan)
@@ -380,49 +384,6 @@ class LongTailDetector(ThresholdDetector):
             p50, p99 = step.column("latency_p50"), step.column("latency_p99")
             can |= (count >= max(cfg.min_count, 1)) & (p50 > 0) & (p99 > cfg.ratio * p50)
         return ~can
-
-    def _exceedance_possible(self, step: StepColumns, quantiles: npt.NDArray[np.float64],
-                             levels: npt.NDArray[np.float64], peer_p99: npt.NDArray[np.float64],
-                             peer_count: npt.NDArray[np.float64],
-                             tail: tuple[npt.NDArray[np.float64], float, npt.NDArray[np.float64]] | None = None,
-                             ) -> npt.NDArray[np.bool_]:
-        """Where the exceedance rule against the peers could hold: :meth:`_exceedance`'s count of
-        requests above the level and its binomial bound, as columns, with a hair of slack both on
-        the level and on the bound (so rounding can only let a replica through to evaluate);
-        ``tail`` (the peers' lower quantile, the share above it, their requests in all): the rate
-        beyond their P99 at their tail's slope; None: the rate at their P99."""
-        cfg = self.config
-        n = step.column("count")
-        level = cfg.tail_ratio * peer_p99 * (1.0 - 1e-9)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            above = quantiles >= level  # NaN (no value, or no level) is never above
-            possible = above.any(axis=0) & (n > 0)
-            rows = np.flatnonzero(possible)  # most replicas have no quantile above the level: done
-            if not len(rows):
-                return possible
-            # the first (lowest) quantile above the level proves the most requests above it
-            quantile = levels[np.argmax(above[:, rows], axis=0)]
-            n = n[rows]
-            exceeding = n - np.floor(quantile * (n - 1))
-            m = np.trunc(peer_count[rows])
-            rate = np.maximum((m - np.floor(0.99 * (m - 1)) - 1) / (m + 1), BASELINE_EXCEEDANCE)
-            if tail is not None:
-                lower, lower_tail, total = tail
-                rate = _beyond_p99(rate, self.config.tail_ratio, lower[rows], peer_p99[rows], lower_tail, total[rows])
-            rate *= 1.0 - 1e-9  # (a hair lower than evaluate's rate: the screen may only let more through)
-            # binomial_tail_bound is 1 unless the count is above n p
-            over = exceeding > n * rate * (1.0 - 1e-9)
-            possible[rows] = over
-            rows, n, exceeding, rate = rows[over], n[over], exceeding[over], rate[over]
-            if not len(rows):
-                return possible
-            rate = np.minimum(np.maximum(rate, 1e-12), 1.0 - 1e-12)
-            share = np.minimum(exceeding / n, 1.0)
-            kl = np.where(share > 0, share * np.log(share / rate), 0.0) + np.where(
-                share < 1, (1.0 - share) * np.log((1.0 - share) / (1.0 - rate)), 0.0)
-            # exp(-n KL) <= alpha (each signal's share of it)
-            possible[rows] = n * kl >= -math.log(self._signal_alpha()) * (1.0 - 1e-9)
-        return possible
 
     def remember_step(self, step: StepColumns, rows: npt.NDArray[np.int64]) -> None:
         """:meth:`remember` of the step's ``rows``: the TPOT history of all at once; the live rule
@@ -437,7 +398,7 @@ class LongTailDetector(ThresholdDetector):
             for row in rows.tolist():
                 agg = aggregates[row]
                 if agg is not None and agg.tokens >= cfg.live_min_tokens:
-                    self._live_learn(vectors[row], self.key_memory(keys[row]), agg, peer_live[row])
+                    self._live.learn(vectors[row], self.key_memory(keys[row]), agg, peer_live[row])
         if cfg.exceedance_rule and len(rows):
             keys = step.keys
             own = self._tpot.rows(keys if len(rows) == len(keys) else [keys[row] for row in rows.tolist()])
@@ -500,8 +461,8 @@ class LongTailDetector(ThresholdDetector):
                 agg = self._live_aggregates[row]
             else:
                 record(memory, telemetry, cfg.ttft_span_s)
-                agg = self._aggregate(memory, fv.window_end)
-            self._live_learn(fv, memory, agg, None if row is None else self._peer_live[row])
+                agg = self._live.aggregate(memory, fv.window_end)
+            self._live.learn(fv, memory, agg, None if row is None else self._peer_live[row])
         if cfg.exceedance_rule:
             self._keep_tpot(fv)
 
@@ -513,7 +474,7 @@ class LongTailDetector(ThresholdDetector):
         evidence: dict[str, float | int | str | None] = {"count": fv.count, "min_count": cfg.min_count}
         findings: list[Finding] = []
         if cfg.live_rule:
-            findings.append(self._live(fv, telemetry, memory, None if peers is None else peers.live, evidence))
+            findings.append(self._live.finding(fv, telemetry, memory, None if peers is None else peers.live, evidence))
         if cfg.exceedance_rule:
             exceedance = self._exceedance(fv, memory, peers, evidence)
             if findings and findings[0].holds is not None and cfg.defer_to_live:
@@ -531,75 +492,6 @@ class LongTailDetector(ThresholdDetector):
             return {"main": holding[0]}
         judged = [f for f in findings if f.holds is False]
         return {"main": judged[0] if judged else Finding(holds=None, evidence=evidence)}
-
-    def _live(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any],
-              peer_live: LiveAggregate | None, evidence: dict[str, Any]) -> Finding:
-        """The live rule (module docstring); keeps the replica's samples, noise and own baseline."""
-        cfg = self.config
-        record(memory, telemetry, cfg.ttft_span_s)
-        agg = self._aggregate(memory, fv.window_end)
-        judged = self._live_learn(fv, memory, agg, peer_live)
-        if judged is None:
-            return Finding(holds=None, evidence=evidence)
-        agg, baseline, source, excess, sigma, threshold, steps, ttft_ratio, prefill, holds = judged
-        evidence.update({"live_tokens": agg.tokens, "live_tpot_mean_ms": 1000 * agg.tpot_mean_s,
-                         "baseline_tpot_mean_ms": 1000 * baseline.tpot_mean_s, "baseline": source,
-                         "tail_excess": excess, "noise": sigma, "threshold": threshold, "history_steps": steps,
-                         "ttft_over_baseline": ttft_ratio})
-        message = (
-            f"long tail (live): tokens took {fmt(1000 * agg.tpot_mean_s, 1)} ms on average, "
-            f"the {source}' {fmt(1000 * baseline.tpot_mean_s, 1)} ms: {math.exp(excess):.2f} x beyond "
-            f"its median's shift ({excess:.2f} > {threshold:.2f}, {excess / sigma:.1f} standard deviations; "
-            f"{agg.tokens:.0f} tokens in {cfg.live_span_s:g} s)"
-        )
-        if prefill:
-            message += f"; first tokens {ttft_ratio:.1f} x slower: prefill explains it"
-        return Finding(holds=holds, message=message, evidence=evidence, params={"sample_rate": cfg.sample_rate})
-
-    def _live_learn(self, fv: FeatureVector, memory: dict[str, Any], agg: LiveAggregate | None,
-                    peer_live: LiveAggregate | None) -> _LiveJudgement | None:
-        """The live rule's judgement of ``agg`` (the replica's recorded samples, aggregated at its
-        window end), None where it makes no claim; the noise and the own baseline learn from a
-        step where the rule does not hold."""
-        cfg = self.config
-        if agg is None or agg.tokens < cfg.live_min_tokens:
-            return None  # nothing learnt: the baseline and noise are made on first use (as they start)
-        alpha = min(5.0 / cfg.live_noise_tau_s, 1.0)  # one step of 5 s
-        own = SlowBaseline(memory, "live_base", alpha)
-        noise = Noise(memory, "live_noise", alpha, cfg.live_noise_prior, 1.0, cfg.live_noise_floor)
-        baseline, source = (peer_live, "peers") if peer_live is not None else \
-            (own.get(cfg.live_history_steps), "own past")
-        if baseline is None or baseline.tpot_mean_s <= 0 or fv.count < cfg.min_count:
-            own.update(agg)
-            return None
-        excess = tail_excess(memory, fv.window_end, cfg.live_span_s, baseline)
-        if excess is None:
-            return None
-        sigma = noise.sigma
-        threshold = noise.threshold(cfg.live_z)
-        steps = noise.steps
-        ttft_ratio = None  # the larger of the median's and the slowest first tokens' ratio to the baseline's
-        if agg.ttft_p50_s and baseline.ttft_p50_s:
-            ttft_ratio = agg.ttft_p50_s / baseline.ttft_p50_s
-        if agg.ttft_p99_s and baseline.ttft_p99_s:
-            ttft_ratio = max(ttft_ratio or 0.0, agg.ttft_p99_s / baseline.ttft_p99_s)
-        prefill = ttft_ratio is not None and ttft_ratio > cfg.ttft_ratio
-        holds = excess > threshold and not prefill and steps >= cfg.live_history_steps
-        if not holds:
-            noise.update(excess)
-            own.update(agg)
-        return agg, baseline, source, excess, sigma, threshold, steps, ttft_ratio, prefill, holds
-
-    def _aggregate(self, memory: dict[str, Any], now: float) -> LiveAggregate | None:
-        """The live aggregate of the last ``live_span_s``, its TTFT over the last ``ttft_span_s``
-        (requests start seldom, and a stuck queue starts none)."""
-        cfg = self.config
-        agg = aggregate(memory, now, cfg.live_span_s)
-        if agg is None:
-            return None
-        slow_start = aggregate(memory, now, cfg.ttft_span_s)
-        ttft = slow_start.ttft_p50_s if slow_start is not None else None
-        return LiveAggregate(agg.tokens, agg.tpot_mean_s, agg.tpot_p50_s, ttft, agg.ttft_p99_s, agg.tpot_top_s)
 
     def _keep_tpot(self, fv: FeatureVector) -> list[float] | None:
         """Keep the window's TPOT (with ``peer_min_count`` requests) for the own-past reference,
@@ -644,67 +536,22 @@ class LongTailDetector(ThresholdDetector):
         else:
             ref = None
         if ref is not None and n >= cfg.min_count and p50 is not None and top is not None and ref[1] > 0:
-            tpot = self._exceedance_test(n, ((0.5, p50), (0.9, p90), (0.99, p99), (1.0, top)), ref, tail, prefill,
+            tpot = self._test.judge(n, ((0.5, p50), (0.9, p90), (0.99, p99), (1.0, top)), ref, tail, prefill,
                                          "TPOT", "decoded slower than", "ms per token", evidence, "tpot")
         latency: Finding | None = None
         if (cfg.latency_signal and peers is not None and peers.latency_p50 is not None
                 and peers.latency_p99 is not None and peers.latency_count and peers.latency_p99 > 0
                 and n >= cfg.min_count and fv.latency_p50 is not None and fv.latency_p99 is not None):
             ref = (peers.latency_p50, peers.latency_p99, peers.latency_count, "peers")
-            latency = self._exceedance_test(
+            latency = self._test.judge(
                 n, ((0.5, fv.latency_p50), (0.95, fv.latency_p95), (0.99, fv.latency_p99)), ref,
-                (peers.latency_p95, _LATENCY_LOWER_TAIL, peers.latency_total), prefill,
+                (peers.latency_p95, LATENCY_LOWER_TAIL, peers.latency_total), prefill,
                 "latency", "took longer than", "ms", evidence, "latency")
         found = [f for f in (tpot, latency) if f is not None]
         if not found:
             return Finding(holds=None, evidence=evidence)
         holding = [f for f in found if f.holds]
         return holding[0] if holding else found[0]
-
-    def _exceedance_test(self, n: int, quantiles: tuple[tuple[float, float | None], ...],
-                         ref: tuple[float, float, float, str], tail: tuple[float | None, float, float] | None,
-                         prefill: float,
-                         what: str, verb: str, unit: str, evidence: dict[str, Any], prefix: str) -> Finding:
-        """One signal's exceedance test: how many of the window's ``n`` requests its quantiles prove
-        above ``tail_ratio`` x the reference P99, against Binomial(n, the reference's exceedance rate)."""
-        cfg = self.config
-        ref50, ref99, ref_n, source = ref
-        level = cfg.tail_ratio * ref99 * prefill
-        exceeding = 0
-        for quantile, value in quantiles:
-            if value is not None and value >= level:
-                exceeding = min_exceeding(n, quantile)
-                break
-        # a P99 read from m requests is their (floor(0.99 (m - 1)) + 1)-th smallest, which a new
-        # request of the same distribution exceeds with probability (m - that rank) / (m + 1); on few
-        # requests that is well above 1 % (the second largest of 30: 6.5 %), whatever tail_ratio adds
-        m = int(ref_n)
-        baseline_rate = max((m - math.floor(0.99 * (m - 1)) - 1) / (m + 1), BASELINE_EXCEEDANCE)
-        if tail is not None:  # beyond the P99 at the slope of the reference's tail
-            lower, lower_tail, total = tail
-            baseline_rate = float(_beyond_p99(np.array([baseline_rate]), cfg.tail_ratio,
-                                              np.array([math.nan if lower is None else lower]), np.array([ref99]),
-                                              lower_tail, np.array([total]))[0])
-        probability = binomial_tail_bound(exceeding, n, baseline_rate)
-        median = quantiles[0][1]
-        shifted = ref50 > 0 and median is not None and median > cfg.shift_ratio * ref50
-        alpha = self._signal_alpha()
-        values = {f"{prefix}_p{round(100 * q)}_ms" if q < 1 else f"{prefix}_max_ms": v for q, v in quantiles}
-        evidence.update({**values, "level_ms": level, "exceeding": exceeding, "baseline_rate": baseline_rate,
-                         "probability": probability, "alpha": alpha, "reference": source, "signal": what})
-        holds = probability <= alpha and not shifted
-        message = (
-            f"long tail: at least {exceeding} of {n} requests {verb} {fmt(level, 1)} {unit} "
-            f"({cfg.tail_ratio:g} x the {source}' {what} P99 {fmt(ref99, 1)} {unit}; probability "
-            f"{probability:.1e} <= {alpha:g} if it served like them)"
-        )
-        if shifted and median is not None:
-            message += (f"; its median {fmt(median, 1)} {unit} is {median / ref50:.1f} x theirs: "
-                        "a slow replica, not a tail")
-        if prefill > 1.0:
-            message += f" (its first tokens {prefill:.1f} x slower than theirs: the level {prefill:.1f} x higher)"
-        return Finding(holds=holds, message=message, evidence=dict(evidence),
-                       params={"sample_rate": cfg.sample_rate})
 
     def _horizon_finding(self, fv: FeatureVector, evidence: dict[str, Any]) -> Finding:
         """The horizon rule (module docstring) on ``fv``'s replica, as :meth:`prepare` judged its step."""
@@ -731,36 +578,3 @@ class LongTailDetector(ThresholdDetector):
         )
         return Finding(holds=p99 > cfg.ratio * p50, message=message, evidence=evidence,
                        params={"sample_rate": cfg.sample_rate})
-
-
-_QUANTILES = np.array([0.5, 0.9, 0.99, 1.0])  # of the window's TPOT p50, p90, p99 and max
-_LATENCY_QUANTILES = np.array([0.5, 0.95, 0.99])  # of the window's latency p50, p95 and p99
-_LATENCY_LOWER_TAIL = 0.05  # above the peers' latency P95
-
-
-def _beyond_p99(rate: npt.NDArray[np.float64], ratio: float, lower: npt.NDArray[np.float64],
-                p99: npt.NDArray[np.float64], lower_tail: float,
-                total: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """How often a baseline request exceeds ``ratio`` x its P99, from ``rate`` (at the P99 itself):
-    the tail beyond the P99 continued as a power law with the slope it has between the baseline's
-    lower quantile (exceeded with probability ``lower_tail``) and its P99, ``S(x) ~ x^-a``. A
-    log-normal's tail (concave on log-log axes) falls faster than that line, so it overstates the
-    rate there; it is never taken below one request in all the peers' ``total`` (``1 / (total +
-    1)``: what so many requests can show), nor above ``rate`` (without a lower quantile, ``rate``).
-
-    >>> float(_beyond_p99(np.array([0.01]), 2.0, np.array([10.0]), np.array([100.0]), 0.1, np.array([1e6]))[0])
-    0.005
-    """
-    with np.errstate(divide="ignore", invalid="ignore"):
-        slope = np.log(lower_tail / BASELINE_EXCEEDANCE) / np.log(p99 / lower)
-        beyond = rate * np.power(ratio, -np.where((lower > 0) & (p99 > lower), slope, 0.0))
-    floor = 1.0 / (np.maximum(np.nan_to_num(total), 0.0) + 1.0)
-    return np.minimum(np.maximum(np.nan_to_num(beyond, nan=1.0), floor), rate)
-
-#: The live rule's judgement: the aggregate, baseline, its source, tail excess, noise, threshold,
-#: history steps, first tokens' ratio, prefill, holds.
-_LiveJudgement = tuple[LiveAggregate, LiveAggregate, str, float, float, float, int, float | None, bool, bool]
-
-
-def _num(value: float) -> float | None:
-    return None if math.isnan(value) else float(value)
