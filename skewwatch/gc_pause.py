@@ -2,9 +2,9 @@
 
 A decode, a step's build or a decision makes many objects per event or replica, none in a
 reference cycle. With the collector running, every few hundred allocations it scans the growing
-young generation again and promotes survivors, which costs a third of a step's build at 10k
-replicas and ~25 % of the decoder's transpose (bench/README.md). Paused, reference counting still
-frees everything; the collector runs again, as before, right after. Nested pauses keep it off
+young generation again and promotes survivors: work that finds nothing to free and grows with the
+batch (bench/README.md, "Costs the code was shaped by"). Paused, reference counting still frees
+everything; the collector is back on right after. Nested pauses keep it off
 until the outermost one ends.
 
 >>> import gc

@@ -5,11 +5,11 @@ alerts, corrections), then, once the broker has acknowledged every one of them, 
 checkpoint of the state that produced them, and once that is acknowledged it may commit the input
 offset. The order is what makes a restart lose nothing: a checkpoint never covers an output that
 was not stored. Waiting for it inline costs one or more broker round trips (``linger_ms`` plus
-``acks=all``) per partition and step during which the stage reads nothing (measured on the
-batched throughput run: ~25 % of the worker's wall time idle, bench/README.md).
+``acks=all``) per partition and step during which the stage reads nothing, so the broker's
+latency, not the work, would set the stage's pace (bench/README.md, "Costs the code was shaped by").
 
-:class:`OrderedAcks` keeps the order without the wait: the stage sends its outputs as before
-(the producer's futures are created at once), encodes the checkpoint, and hands the rest
+:class:`OrderedAcks` keeps the order without the wait: the stage sends its outputs at once
+(the producer's futures are created then), encodes the checkpoint, and hands the rest
 ("wait for these futures, then write the checkpoint, then mark the offset") to a background
 task chained after the previous one of the same partition. Bounded: at most ``max_pending``
 chains per partition are in flight; the next one waits for the oldest (back-pressure when the

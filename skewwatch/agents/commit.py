@@ -13,7 +13,7 @@ Both stages follow one rule per input partition (Kafka Streams' commit, Flink's 
    acknowledged the offset is handed to :meth:`CommitPipeline.take_commits` for the group commit.
 
 A checkpoint therefore never covers an output the broker did not store, and a restart replays at
-most one interval of input (its outputs are published again: at-least-once, as before).
+most one interval of input (its outputs are published again: delivery is at least once).
 
 >>> import asyncio
 >>> from skewwatch.config import LimitSettings

@@ -125,8 +125,8 @@ class WorkerApi:
     async def metrics(self, request: web.Request) -> web.Response:
         ready, _ = self.state.readiness()  # the rules' "worker not ready" reads what /readyz says
         self.state.metrics.ready.set(1.0 if ready else 0.0)
-        # in a thread: with per-replica series a large fleet's exposition takes a while (~0.8 s for 10k
-        # replicas), which must not stall the stages on this loop
+        # in a thread: with per-replica series the exposition grows with the fleet, and however long
+        # it takes must not stall the stages on this loop
         body = await asyncio.to_thread(self.state.metrics.exposition)
         return web.Response(body=body,
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})

@@ -273,8 +273,8 @@ class EmbeddedBroker:
             "-XX:+UseG1GC",
             "-XX:MaxGCPauseMillis=20",
             "-XX:+ExitOnOutOfMemoryError",
-            # C1 only: the broker starts in ~4 s instead of ~10 s on a busy 2-core machine, and C2's
-            # compiler threads stop competing with the pipeline for CPU. A loopback dev broker is
+            # C1 only: the broker starts sooner (C2 would optimise start-up code that runs once), and
+            # C2's compiler threads stop competing with the pipeline for CPU. A loopback dev broker is
             # nowhere near CPU-bound; -XX:TieredStopAtLevel=4 in jvm_options restores full C2.
             "-XX:TieredStopAtLevel=1",
             "-Djava.awt.headless=true",

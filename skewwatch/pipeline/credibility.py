@@ -40,7 +40,8 @@ def credibilities(counts: Sequence[float], k: float) -> list[float]:
     0 for a replica without a request (it has no score of its own), 1 for one with requests when
     ``k`` is 0 (``n / n``).
 
-    One call for the whole pool, not one per replica: at 10k replicas a call each costs ~2.5 ms a step.
+    One call for the whole pool, not one per replica: a call's fixed cost is then paid once per step,
+    not once per replica.
     """
     return [n / (n + k) if n > 0 else 0.0 for n in counts]
 

@@ -53,8 +53,8 @@ def merge_summaries(model: str, window_end: float, summaries: Sequence[WindowSum
                              f"relative_accuracy={s.relative_accuracy}; settings differ")
     k = len(MOMENT_FIELDS)
     # A model has hundreds of replicas and this runs per model and step: each per-summary count is
-    # read by one list comprehension and summed by sum() over that list (~2.5x cheaper per value
-    # than one array of tuples; never a sum over a generator)
+    # read by one list comprehension and summed by sum() over that list (cheaper per value than one
+    # array of tuples, and a sum over a generator is costlier still)
     counts = [s.count for s in summaries]
     batch_counts = [s.batch_count for s in summaries]
     fill_counts = [s.fill_count for s in summaries]

@@ -5,7 +5,7 @@ relative error at P50/P95/P99), so that a window step can *subtract* the expired
 stage 2 can *add* replicas' sketches into a per-model one.
 
 Why hand-written rather than the ``ddsketch`` package: ``ddsketch`` adds values one at a time
-in Python (``sketch.add(v)``), which costs ~1 us per value on the hot path, and it has no
+in Python (``sketch.add(v)``), a Python call per value on the hot path, and it has no
 subtraction. Here a whole batch is binned with one vectorised ``np.log`` + ``np.unique``.
 
 The layout is **fixed and global** for a given relative accuracy alpha: every sketch built
@@ -82,8 +82,8 @@ class LogBins:
             raise ValueError("too many bins for int32 slots; use a coarser accuracy or range")
         self._top_slot = self.n_slots - 1
         self._scale = 2.0 / (self.gamma + 1.0)  # slot value = 2 gamma**i / (gamma + 1)
-        # every slot's answer, computed once with the same scalar expression as before, so the
-        # per-sketch and the vectorised (per-row) quantiles return bit-identical floats
+        # every slot's answer, computed once by one scalar expression and read by both the
+        # per-sketch and the vectorised (per-row) quantiles, so they return bit-identical floats
         self.slot_values: FloatArray = np.array(
             [0.0] + [self._scale * math.exp((slot + self._offset) * self._ln_gamma)
                      for slot in range(1, self.n_slots)])

@@ -182,7 +182,7 @@ def read_trace(text: str, mapping: ColumnMapping = ColumnMapping(), source: str 
 
 @functools.lru_cache(maxsize=8)
 def _bundled(name: str, mapping: ColumnMapping) -> Trace:
-    # Cached: parsing 20k date-times costs ~0.2 s and the files never change. Callers only read
+    # Cached: parsing the date-times is most of a load and the files never change. Callers only read
     # the arrays (the generator indexes them into new arrays), so sharing one Trace is safe.
     text = (resources.files("skewwatch") / "data" / BUNDLED_TRACES[name][0]).read_text(encoding="utf-8")
     trace = read_trace(text, mapping, source=name)

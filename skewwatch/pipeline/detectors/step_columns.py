@@ -131,7 +131,7 @@ def _table(objects: Sequence[Any], names: Sequence[str]) -> npt.NDArray[np.float
 
 
 def _floats(values: Iterable[Any], n: int) -> npt.NDArray[np.float64]:
-    # None becomes NaN; fromiter is ~1.5-3x np.array(list) per value (most with None), no list built
+    # None becomes NaN; fromiter is cheaper per value than np.array(list) (most with None), no list built
     return np.fromiter(values, np.float64, n)
 
 

@@ -26,14 +26,14 @@ from skewwatch.schemas.requests.spec import REQUEST_FIELDS, RequestField
 from skewwatch.schemas.requests.structs import TYPED_AT
 
 
-@functools.lru_cache(maxsize=256)  # polls of a steady stream have a few sizes; others are rebuilt (~1 µs)
+@functools.lru_cache(maxsize=256)  # polls of a steady stream have a few sizes; others are rebuilt (cheap)
 def _packer(code: str, n: int) -> struct.Struct:
     return struct.Struct(f"{n}{code}")
 
 
 def _packed(values: tuple[Any, ...], n: int, code: str, dtype: type[np.generic], writable: bool) -> Any:
-    """``values`` as a numpy array through struct's C packer, ~3x faster per value than
-    np.fromiter; None when one value does not pack (a None: an explicit null). Read-only unless
+    """``values`` as a numpy array through struct's C packer, cheaper per value than np.fromiter
+    (one C call converts them all); None when one value does not pack (a None: an explicit null). Read-only unless
     ``writable`` (a copy): the chunks of a large poll are concatenated, which copies them anyway."""
     try:
         packed = _packer(code, n).pack(*values)
@@ -43,7 +43,7 @@ def _packed(values: tuple[Any, ...], n: int, code: str, dtype: type[np.generic],
     return array.copy() if writable else array
 
 
-# Below this many values np.fromiter wins: packing has ~1 µs more fixed cost per column (bench/decode_bench.py)
+# Below this many values np.fromiter wins: packing has a larger fixed cost per column (bench/decode_bench.py)
 _PACK_MIN_VALUES: Final = 32
 
 
@@ -54,7 +54,7 @@ def _float_column(values: tuple[Any, ...], n: int, writable: bool = True) -> Flo
             return np.fromiter(values, dtype=np.float64, count=n)
         except TypeError:  # an explicit null: np.array makes it NaN
             return np.array(values, dtype=np.float64)
-    if type(values[0]) is int:  # an integer field (queue_length): packing ints as "d" is 3x slower
+    if type(values[0]) is int:  # an integer field (queue_length): "q" then one astype is cheaper than "d"
         ints: IntArray | None = _packed(values, n, "q", np.int64, False)
         if ints is not None:
             return ints.astype(np.float64)
@@ -69,7 +69,7 @@ def _int_column(values: tuple[Any, ...], n: int, writable: bool = True) -> IntAr
     if n >= _PACK_MIN_VALUES:
         column = _packed(values, n, "q", np.int64, writable)
     else:
-        try:  # noqa: SIM105  # contextlib.suppress costs ~1 µs per call, per column of a small decode
+        try:  # noqa: SIM105  # contextlib.suppress adds a context manager per column of every small decode
             column = np.fromiter(values, dtype=np.int64, count=n)
         except TypeError:  # an explicit null
             pass
@@ -107,7 +107,7 @@ def _object_column(values: tuple[Any, ...], n: int, writable: bool = True) -> Ob
 
 
 def _optional_object_column(values: tuple[Any, ...], n: int, writable: bool = True) -> ObjArray:
-    # count(None) is ~1 ns per None (identity), but ~15 ns per string (str == None): optional fields only
+    # count(None) is cheap on None (identity) but a full comparison per string (str == None): optional fields only
     if values.count(None) == n:  # the field nobody sent (cuda_error, mostly)
         return np.empty(n, dtype=object)  # None-filled
     return np.fromiter(values, dtype=object, count=n)
@@ -115,7 +115,7 @@ def _optional_object_column(values: tuple[Any, ...], n: int, writable: bool = Tr
 
 def _error_column(status: tuple[Any, ...], n: int, writable: bool = True) -> BoolArray:
     """status == "error" per row. Failed requests are usually few: count them (a C scan), then find
-    each with tuple.index (C scans again); comparing every row costs ~3x more."""
+    each with tuple.index (C scans again), rather than compare every row in Python."""
     errors = status.count("error")
     if errors > _FEW_ERRORS:
         many: BoolArray = np.array(status, dtype=object) == "error"

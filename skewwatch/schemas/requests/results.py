@@ -32,8 +32,9 @@ class DecodedMessage:
 class MessageRejects(Sequence[list[Rejection]]):
     """The rejections of each message of a poll (read-only): ``rejects[m]`` is message ``m``'s
     list, empty when it was clean. Lists are stored for the rejected messages only: a clean poll
-    of 20,000 messages allocating 20,000 lists that outlive the decode made the garbage collector
-    scan the whole heap (~0.5 µs per message with a worker-sized heap, bench/decode_bench.py).
+    of 20,000 messages allocating 20,000 lists that outlive the decode would make the garbage
+    collector scan the whole heap, a cost per message that grows with the worker's state
+    (bench/decode_bench.py).
 
     >>> rejects = MessageRejects(3, {1: [Rejection("empty", "value is null or zero bytes")]})
     >>> [[r.reason_code for r in rs] for rs in rejects], rejects == [[], rejects[1], []]

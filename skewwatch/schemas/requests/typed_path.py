@@ -4,7 +4,7 @@
 Python (a clean poll is one run; a refused message ends a run and the next goes on after it).
 :func:`finish_typed` turns the structs into columns (``packing.py``) and applies what the structs do
 not state: the numbers' ranges, checked on the poll's columns (a few numpy operations per poll instead
-of ~40 ns per event in msgspec), and batch_size ≤ batch_capacity. A message with a number out of
+of a check per event in msgspec), and batch_size ≤ batch_capacity. A message with a number out of
 range goes to the general path, which words it.
 
 >>> from skewwatch.schemas.limits import DEFAULT_LIMITS
@@ -127,7 +127,7 @@ def decode_typed_runs(values: Sequence[bytes | None], limits: InputLimits) -> Ty
     batch_form = np.zeros(n, dtype=np.bool_)
     try:
         longest = max(map(len, values), default=0)
-    except TypeError:  # a None among them (filtering them out costs ~20 % more, so only then)
+    except TypeError:  # a None among them (rare; filtering them out costs more, so only then)
         longest = max(map(len, filter(None, values)), default=0)
     if longest > limits.max_message_bytes:
         return TypedRuns([], np.zeros(0, dtype=np.int64), batch_form, list(range(n)), 0)  # rare: all alone
