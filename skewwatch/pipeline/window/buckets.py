@@ -17,7 +17,7 @@ its three slot spaces (:func:`split_entries`), which is what the ring of a parti
 from __future__ import annotations
 
 from collections import Counter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +36,44 @@ _MAX_OPEN_PARTS = 8
 N_SKETCHES = 3
 
 
+# unique_codes counts every possible code (np.bincount) rather than sorting the codes (np.unique)
+# while there are at most this many possible codes per code given: a count per possible value and a
+# scan of them are each much cheaper per element than a sort's passes
+_DENSE_CODES_PER_VALUE = 8
+
+
+def unique_codes(codes: npt.NDArray[np.int64], *, inverse: bool = False, counts: bool = False,
+                 ) -> tuple[npt.NDArray[Any], npt.NDArray[np.intp]]:
+    """``np.unique(codes, return_inverse=inverse, return_counts=counts)`` of non-negative codes: the
+    sorted distinct codes and either each code's index among them or each distinct code's count, the
+    same arrays either way; by a count of every possible code where the codes span a range small next
+    to their number (a group per key and bucket, a sketch slot per group), by a sort otherwise.
+
+    >>> codes = np.array([7, 2, 7, 5], dtype=np.int64)
+    >>> [a.tolist() for a in unique_codes(codes, inverse=True)], [a.tolist() for a in unique_codes(codes, counts=True)]
+    ([[2, 5, 7], [2, 0, 2, 1]], [[2, 5, 7], [1, 1, 2]])
+    """
+    if inverse == counts:
+        raise ValueError("unique_codes: ask for the inverse or the counts")
+    bound = int(codes.max()) + 1 if codes.size else 0
+    if not codes.size or bound > _DENSE_CODES_PER_VALUE * codes.size:
+        # a sort of 32-bit integers moves half the bytes of one of 64-bit integers
+        narrow = codes.astype(np.int32) if bound <= _INT32_MAX else codes
+        if inverse:
+            distinct, per = np.unique(narrow, return_inverse=True)
+        else:
+            distinct, per = np.unique(narrow, return_counts=True)
+        return distinct.astype(np.int64, copy=False), per
+    tally = np.bincount(codes, minlength=bound)
+    present = np.flatnonzero(tally)
+    distinct = present.astype(np.int64, copy=False)
+    if counts:
+        return distinct, tally[present]
+    rank = np.zeros(bound, dtype=np.intp)
+    rank[present] = np.arange(present.size)
+    return distinct, rank[codes]
+
+
 def consolidate(parts: list[Entries], n_codes: int) -> Entries:
     """Sum several ``(row, slot, count)`` arrays into one with unique pairs, sorted by (row, slot)."""
     parts = [p for p in parts if p.shape[1]]
@@ -43,7 +81,7 @@ def consolidate(parts: list[Entries], n_codes: int) -> Entries:
         return EMPTY_ENTRIES
     both = np.concatenate(parts, axis=1)
     code = both[0].astype(np.int64) * n_codes + both[1]
-    pairs, where = np.unique(code, return_inverse=True)
+    pairs, where = unique_codes(code, inverse=True)
     counts = np.bincount(where, weights=both[2], minlength=pairs.size)
     if counts.size and counts.max() > _INT32_MAX:
         raise OverflowError("sketch count exceeds int32")

@@ -61,6 +61,7 @@ from skewwatch.pipeline.window.buckets import (
     OpenBucket,
     Sealed,
     split_entries,
+    unique_codes,
 )
 from skewwatch.pipeline.window.feature_columns import LATENCY_QUANTILES, TPOT_QUANTILES, TTFT_QUANTILES
 from skewwatch.pipeline.window.partition_state import PartitionState
@@ -212,7 +213,7 @@ class PartitionWindows:
         n_ids = bucket_ids.size
         # groups ordered by (row, bucket): every part of an open bucket is then sorted by row, and
         # its sketch entries by (row, slot), which the ring and the snapshot rely on
-        groups, g = np.unique(code_row[key_code] * n_ids + bucket_code, return_inverse=True)
+        groups, g = unique_codes(code_row[key_code] * n_ids + bucket_code, inverse=True)
         n_groups = groups.size
 
         stats = np.zeros((n_groups, STATS_LEN))
@@ -300,7 +301,7 @@ class PartitionWindows:
                                 self.tpot_bins.index(tpot) + 2 * n_slots])
         owner = np.concatenate([g, g[has_ttft], g[has_tpot]]).astype(np.int64)
         n_codes = N_SKETCHES * n_slots
-        pairs, counts = np.unique(owner * n_codes + slots, return_counts=True)
+        pairs, counts = unique_codes(owner * n_codes + slots, counts=True)
         return pairs // n_codes, pairs % n_codes, counts
 
     # -- steps ----------------------------------------------------------------------------------
