@@ -4,7 +4,7 @@ A window of 60 s judges the requests it holds. Where a replica finishes a few re
 a window holds one or two stalled requests at most, and no quantile of it can prove a share of
 them slow; the next window, which overlaps it, proves nothing new. What adds up is the newest step
 of each window: its requests (``step_count``) and the slowest of them (``step_tpot_max``), which
-no other step holds. :class:`TailHorizon` keeps both per replica for the last ``span`` steps and
+no other step holds. :class:`TailHorizon` keeps both per replica for the last ``span_s`` and
 judges every replica of a step against its peers over the same span:
 
 * the level: ``ratio`` x the slowest request of all its peers' over the span (their ``M``
@@ -26,8 +26,8 @@ a longer span lets them be further apart.
 >>> for step in range(60):  # five minutes of 5 s steps: a request a step each, ~10 ms per token
 ...     slow = 200.0 if step in (20, 31, 44, 52) else 10.0 + step % 3  # "a" stalls 4 times
 ...     judged = horizon.update(5.0 * step, keys, np.ones(4), np.array([slow, 10.5, 11.0, 10.2]), ratio=2.0)
->>> judged.hits.tolist(), judged.requests.tolist(), judged.peer_requests.tolist()
-([4, 0, 0, 0], [60.0, 60.0, 60.0, 60.0], [180.0, 180.0, 180.0, 180.0])
+>>> judged.hits.tolist(), judged.requests.tolist(), judged.peer_requests.tolist()  # (from the second step)
+([4, 0, 0, 0], [59.0, 59.0, 59.0, 59.0], [177.0, 177.0, 177.0, 177.0])
 >>> judged.level.tolist()  # 2 x the slowest of each one's peers: 11 ms for "a", its 200 ms for the others
 [22.0, 400.0, 400.0, 400.0]
 """
@@ -50,87 +50,112 @@ BULK_SHARE = 0.5  # steps above the level since the first: this share or more is
 
 @dataclass(frozen=True, slots=True)
 class HorizonJudgement:
-    """Per replica of the step (its order): the span's counts against its peers'; and, asked for one
-    replica, the bulk of its steps against the pool's (:meth:`medians`)."""
+    """Per replica of the step (its order): the span's counts against its peers'. Only the replicas
+    with a step above their level (``hits > 0``) are read further (:meth:`newest_hit`, :meth:`bulk`),
+    from the horizon as it is until its next update."""
 
     now: float  # the step judged: when it ended
     hits: npt.NDArray[np.int64]  # steps of the span whose slowest request is above the level
     requests: Floats  # the replica's requests over the span (n)
-    steps: npt.NDArray[np.int64]  # its steps with a request over the span
     peer_requests: Floats  # its peers' requests over the span (M)
     peers: npt.NDArray[np.int64]  # peers with a request over the span
     level: Floats  # ratio x the slowest of the peers' requests (NaN: no peer has one)
-    slowest: Floats  # (replicas, cells): each step's slowest request within the span (0: none)
-    ended: Floats  # (replicas, cells): when each of those steps ended
+    rows: npt.NDArray[np.intp]  # each replica's row of the horizon
+    horizon: TailHorizon
 
-    def newest_hit(self, row: int) -> float:
-        """When the newest step of replica ``row`` above its level ended (-inf: none)."""
-        hit = self.slowest[row] > self.level[row]  # (NaN level: never)
-        return float(self.ended[row][hit].max()) if hit.any() else -math.inf
+    def newest_hit(self, i: int) -> float:
+        """When the newest step of replica ``i`` above its level ended (-inf: none)."""
+        row = self.rows[i]
+        slow, ended = self.horizon.cells_of(row)
+        hit = slow > self.level[i]  # (NaN level: never)
+        return float(ended[hit].max()) if hit.any() else -math.inf
 
-    def bulk(self, row: int) -> tuple[float, float, float]:
-        """Replica ``row``'s steps with a request since its first step above the level: the share of
+    def bulk(self, i: int) -> tuple[float, float, float]:
+        """Replica ``i``'s steps with a request since its first step above the level: the share of
         them above it, the median of their slowest requests, and the median of the others' steps
         over the same time (NaN: none). A tail is a minority of a replica's requests around its
         usual median; a replica slower as a whole has most of them above, or its median shifted."""
-        slow, ended = self.slowest, self.ended
-        hit = slow[row] > self.level[row]  # (NaN level: never)
+        row = self.rows[i]
+        slow, ended = self.horizon.cells_of(row)
+        hit = slow > self.level[i]  # (NaN level: never)
         if not hit.any():
             return math.nan, math.nan, math.nan
-        since = ended >= ended[row][hit].min()
-        served = since & (slow > 0)
-        own = slow[row][served[row]]
-        served[row] = False
-        others = slow[served]
+        first = ended[hit].min()
+        own = slow[(ended >= first) & (slow > 0)]
+        others_slow, others_ended = self.horizon.cells_of(np.delete(self.rows, i))
+        others = others_slow[(others_ended >= first) & (others_slow > 0)]
         return (float(hit.sum() / len(own)), float(np.median(own)),
                 float(np.median(others)) if len(others) else math.nan)
 
 
 class TailHorizon:
-    """Each replica's requests and slowest request per step over the last ``span_s`` seconds (a
-    ring of ``cells`` steps per replica; a cell counts while its step ended within the span, so a
-    replica that skips steps keeps no stale ones, and steps shorter than ``span_s / cells`` shorten
-    the span to ``cells`` steps). One per pool."""
+    """Each replica's requests and slowest request per step over the last ``span_s`` seconds: a
+    ring of steps per replica, as many as ``span_s`` holds at the steps' own length (learnt from
+    the first two steps; none is judged before). A replica that skips steps has their cells
+    emptied when it comes back. The sums a step needs are kept as it goes (each replica's
+    requests and slowest over the ring): a step costs a pass over its replicas, not over their
+    rings. One per pool."""
 
-    def __init__(self, span_s: float, cells: int = 128) -> None:
-        if span_s <= 0 or cells < 1:
-            raise ValueError(f"span_s must be positive and cells at least 1, not {span_s} and {cells}")
+    def __init__(self, span_s: float) -> None:
+        if span_s <= 0:
+            raise ValueError(f"span_s must be positive, not {span_s}")
         self.span_s = span_s
-        self.cells = cells
+        self.cells = 0  # ring length in steps, once the step's length is known
+        self._step_s = 0.0
+        self._now = -math.inf
         self._row: dict[str, int] = {}
-        self._free: list[int] = []
-        self._count = np.zeros((0, cells))
-        self._slowest = np.zeros((0, cells))
-        self._ended = np.full((0, cells), -np.inf)  # when the step each cell holds ended
-        self._cell = -1
-        self._now = -np.inf
+        self._free: list[int] = []  # rows of forgotten replicas, reused first
+        self._next = 0  # rows ever made
+        self._count = np.zeros((0, 0))
+        self._slowest = np.zeros((0, 0))
+        self._ended = np.zeros((0, 0))
+        self._last = np.zeros(0, dtype=np.int64)  # the step index each row last recorded
+        self._requests = np.zeros(0)  # per row: its requests over the ring
+        self._top = np.zeros(0)  # per row: its slowest over the ring
 
     def __len__(self) -> int:
         return len(self._row)
 
+    def cells_of(self, rows: int | npt.NDArray[np.intp]) -> tuple[Floats, Floats]:
+        """The slowest request (0: none) and the end of each step of ``rows``' rings (flattened)."""
+        return self._slowest[rows].ravel(), self._ended[rows].ravel()
+
     def _rows(self, keys: list[str]) -> npt.NDArray[np.intp]:
-        rows = np.empty(len(keys), dtype=np.intp)
-        for i, key in enumerate(keys):
-            row = self._row.get(key)
-            if row is None:
-                row = self._free.pop() if self._free else len(self._row)
-                if row >= len(self._count):
-                    grow = max(row + 1, 2 * len(self._count), 8)
-                    self._count = _grown(self._count, grow, 0.0)
-                    self._slowest = _grown(self._slowest, grow, 0.0)
-                    self._ended = _grown(self._ended, grow, -np.inf)
-                self._row[key] = row
-                self._count[row] = 0.0
-                self._slowest[row] = 0.0
-                self._ended[row] = -np.inf
-            rows[i] = row
+        get = self._row.get
+        rows = np.fromiter((get(key, -1) for key in keys), np.intp, len(keys))
+        missing = np.flatnonzero(rows < 0)
+        if len(missing):  # new replicas: rows freed before, then new ones, made empty at once
+            reused = [self._free.pop() for _ in range(min(len(missing), len(self._free)))]
+            fresh = list(range(self._next, self._next + len(missing) - len(reused)))
+            self._next += len(fresh)
+            if self._next > len(self._count):
+                grow = max(self._next, 2 * len(self._count), 8)
+                self._count = _grown(self._count, grow, 0.0)
+                self._slowest = _grown(self._slowest, grow, 0.0)
+                self._ended = _grown(self._ended, grow, -math.inf)
+                self._last = np.concatenate([self._last, np.zeros(grow - len(self._last), dtype=np.int64)])
+                self._requests = np.concatenate([self._requests, np.zeros(grow - len(self._requests))])
+                self._top = np.concatenate([self._top, np.zeros(grow - len(self._top))])
+            new = np.array(reused + fresh, dtype=np.intp)
+            for i, row in zip(missing.tolist(), new.tolist(), strict=True):
+                self._row[keys[i]] = row
+            rows[missing] = new
+            self._empty(new)
         return rows
+
+    def _empty(self, rows: int | npt.NDArray[np.intp]) -> None:
+        self._count[rows] = 0.0
+        self._slowest[rows] = 0.0
+        self._ended[rows] = -math.inf
+        self._requests[rows] = 0.0
+        self._top[rows] = 0.0
+        self._last[rows] = np.iinfo(np.int64).min // 2
 
     def clear(self, key: str) -> None:
         """Forget a replica's steps so far (its evidence starts again)."""
         row = self._row.get(key)
         if row is not None:
-            self._ended[row] = -np.inf
+            self._empty(row)
 
     def forget(self, key: str) -> None:
         """Drop a replica (released by stage 1): its row is reused."""
@@ -142,33 +167,73 @@ class TailHorizon:
         """Record the step ending at ``now``: the requests (``count``) and the slowest request
         (``slowest``; NaN or 0: none) of the replicas ``keys``, and judge each of them against the
         others of ``keys`` over the span ending at ``now``. Recording a step again replaces it."""
-        if now > self._now:
-            self._cell, self._now = (self._cell + 1) % self.cells, now
+        n = len(keys)
+        if not self.cells:
+            if self._now < now:
+                self._step_s, self._now = now - self._now, now
+            if math.isinf(self._step_s) or self._step_s <= 0:  # the first step: its length is not known
+                return _nothing(now, n, self)
+            self.cells = max(round(self.span_s / self._step_s), 1)
+            for name in ("_count", "_slowest"):
+                setattr(self, name, np.zeros((len(self._count), self.cells)))
+            self._ended = np.full((len(self._count), self.cells), -math.inf)
+        self._now = max(self._now, now)
         rows = self._rows(keys)
-        cell = self._cell
-        self._count[rows, cell] = np.nan_to_num(count)
-        self._slowest[rows, cell] = np.nan_to_num(slowest)
+        step = round(now / self._step_s)
+        cell = step % self.cells
+        # rows that skipped steps (or are new): the cells of those steps emptied, all at once where
+        # it skipped a whole ring
+        gap = rows[self._last[rows] < step - 1]
+        if len(gap):
+            far = gap[step - 1 - self._last[gap] >= self.cells]
+            self._count[far], self._slowest[far], self._ended[far] = 0.0, 0.0, -math.inf
+            self._requests[far], self._top[far] = 0.0, 0.0
+            for row in gap[step - 1 - self._last[gap] < self.cells].tolist():
+                for back in range(1, step - int(self._last[row])):
+                    old = (step - back) % self.cells
+                    self._requests[row] -= self._count[row, old]
+                    self._count[row, old], self._slowest[row, old], self._ended[row, old] = 0.0, 0.0, -math.inf
+                self._top[row] = self._slowest[row].max()
+        new_count, new_slow = np.nan_to_num(count), np.nan_to_num(slowest)
+        old_slow = self._slowest[rows, cell]
+        self._requests[rows] += new_count - self._count[rows, cell]  # (the step it overwrites leaves)
+        self._count[rows, cell] = new_count
+        self._slowest[rows, cell] = new_slow
         self._ended[rows, cell] = now
-        live = self._ended[rows] > now - self.span_s  # (replicas, cells): the span's steps
-        counts = np.where(live, self._count[rows], 0.0)
-        slow = np.where(live, self._slowest[rows], 0.0)
-        requests = counts.sum(axis=1)
-        top = slow.max(axis=1)
+        self._last[rows] = step
+        top = self._top[rows]
+        lost = np.flatnonzero((old_slow >= top) & (new_slow < old_slow))  # the slowest left the ring
+        top = np.maximum(top, new_slow)
+        if len(lost):
+            top[lost] = self._slowest[rows[lost]].max(axis=1)
+        self._top[rows] = top
+        requests = self._requests[rows]
         peer_requests = requests.sum() - requests
         peers = (requests > 0).sum() - (requests > 0)
         # the slowest of the others: the pool's slowest, or its second where the replica holds it
-        peer_top = np.zeros(len(top))
-        if len(top) > 1:
-            order = np.argsort(-top, kind="stable")
-            peer_top[:] = top[order[0]]
-            peer_top[order[0]] = top[order[1]]
+        peer_top = np.zeros(n)
+        if n > 1:
+            first = int(np.argmax(top))
+            peer_top[:] = top[first]
+            others = top.copy()
+            others[first] = -math.inf
+            peer_top[first] = others.max()
         level = np.where(peer_top > 0, ratio * peer_top, np.nan)
+        hits = np.zeros(n, dtype=np.int64)
         with np.errstate(invalid="ignore"):
-            hits = (slow > level[:, None]).sum(axis=1)
-        return HorizonJudgement(now=now, hits=hits.astype(np.int64), requests=requests,
-                                steps=(counts > 0).sum(axis=1).astype(np.int64), peer_requests=peer_requests,
-                                peers=peers.astype(np.int64), level=level, slowest=slow,
-                                ended=np.where(live, self._ended[rows], -np.inf))
+            above = np.flatnonzero(top > level)  # (NaN level: never) most replicas have no step above
+        if len(above):
+            hits[above] = (self._slowest[rows[above]] > level[above, None]).sum(axis=1)
+        return HorizonJudgement(now=now, hits=hits, requests=requests, peer_requests=peer_requests,
+                                peers=peers.astype(np.int64), level=level, rows=rows, horizon=self)
+
+
+def _nothing(now: float, n: int, horizon: TailHorizon) -> HorizonJudgement:
+    """A judgement of no evidence (the horizon's first step)."""
+    zeros = np.zeros(n)
+    return HorizonJudgement(now=now, hits=np.zeros(n, dtype=np.int64), requests=zeros, peer_requests=zeros,
+                            peers=np.zeros(n, dtype=np.int64), level=np.full(n, np.nan),
+                            rows=np.zeros(n, dtype=np.intp), horizon=horizon)
 
 
 @dataclass(frozen=True, slots=True)
