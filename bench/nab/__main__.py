@@ -35,10 +35,9 @@ import numpy.typing as npt
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.nab.corpus import CATEGORIES, NabFile, load_corpus, load_profiles  # noqa: E402
-from bench.nab.detectors import DETECTORS, run_scorer  # noqa: E402
+from bench.nab.detectors import DETECTORS, bank_scores  # noqa: E402
 from bench.nab.scoring import best_threshold, nab_score, score_at, sweep  # noqa: E402
 from bench.throughput.common import RESULTS, machine_info  # noqa: E402
-from skewwatch.pipeline.detectors.novelty import make_scorer  # noqa: E402
 
 # standard profile, both categories: NAB's stored results scored with NAB's method
 PUBLISHED = {
@@ -91,7 +90,7 @@ def leave_one_file_out(files: list[NabFile], cost: dict[str, float]) -> dict[str
     """Parameters (from LOFO_GRID) and threshold chosen without each file, that file scored with them."""
     names = list(LOFO_GRID)
     grid = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*LOFO_GRID.values())]
-    scores = [[run_scorer(f.values, make_scorer, params) for f in files] for params in grid]
+    scores = [bank_scores([f.values for f in files], params) for params in grid]
     total = 0.0
     chosen = []
     for i, held_out in enumerate(files):
@@ -131,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, Any] = {}
     for name in wanted:
         started = time.perf_counter()
-        scores = [DETECTORS[name].run(f.values) for f in files]
+        scores = DETECTORS[name].score_files([f.values for f in files])
         seconds = time.perf_counter() - started
         rows[name] = {"what": DETECTORS[name].what, "seconds": round(seconds, 2),
                       "us_per_row": round(seconds * 1e6 / sum(len(f.values) for f in files), 1),
