@@ -54,9 +54,16 @@ class RowTotals:
             return
         if sign > 0:
             self._cover(int(slots.min()), int(slots.max()) + 1)
-            self.counts[rows, slots - self.offset] += counts
+        if not self.counts.flags.c_contiguous:
+            self.counts = np.ascontiguousarray(self.counts)
+        # one index into the flat view rather than a (row, slot) pair of indices: numpy's 2-D fancy
+        # indexing costs several times as much per element; the pairs are unique, so += is exact
+        at = rows.astype(np.intp) * self.counts.shape[1] + (slots - self.offset)
+        flat = self.counts.reshape(-1)
+        if sign > 0:
+            flat[at] += counts
         else:
-            self.counts[rows, slots - self.offset] -= counts
+            flat[at] -= counts
 
     def trim(self) -> None:
         """Shrink the range when its edges emptied out (values that left the window)."""
