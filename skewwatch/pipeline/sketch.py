@@ -47,7 +47,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from typing import overload
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -161,18 +161,23 @@ class LogBins:
             return out
         if any(not 0.0 <= q <= 1.0 for q in qs):
             raise ValueError(f"quantiles must be in [0, 1], got {qs}")
-        cumulative = np.cumsum(counts, axis=1, dtype=np.int64)
-        n = cumulative[:, -1].copy()
+        n = counts.sum(axis=1, dtype=np.int64)
         has = n > 0
-        shift = np.arange(rows, dtype=np.int64) * (int(n.max()) + 1)
-        cumulative += shift[:, None]
+        top = int(n.max()) + 1
+        # the shifted cumulative counts stay below rows * top: 32-bit integers where that fits, half
+        # the bytes of the (rows, width) passes below; the same integers either way
+        wide: type[np.signedinteger[Any]] = np.int32 if rows * top <= _INT32_MAX else np.int64
+        shift = np.arange(rows, dtype=np.int64) * top
+        cumulative: npt.NDArray[np.signedinteger[Any]] = np.cumsum(counts, axis=1, dtype=wide)
+        np.add(cumulative, shift.astype(wide)[:, None], out=cumulative)
         flat = cumulative.ravel()
         row_start = np.arange(rows, dtype=np.int64) * width
         n_minus_1 = (n - 1).astype(np.float64)
         for j, q in enumerate(qs):
             rank = np.floor(n_minus_1 * q).astype(np.int64)  # numpy's "lower": floor((n - 1) * q)
             # first slot whose cumulative count > rank, i.e. how many of the row's counts are <= rank
-            position = np.searchsorted(flat, rank + shift, side="right") - row_start
+            # (the keys in the array's own integer type: another would convert the whole array)
+            position = np.searchsorted(flat, (rank + shift).astype(wide), side="right") - row_start
             out[:, j] = self.slot_values[np.clip(position, 0, width - 1) + offset]
         out[~has] = np.nan
         return out

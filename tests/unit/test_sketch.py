@@ -136,3 +136,17 @@ def test_row_quantiles_equal_the_per_sketch_quantiles(seed: int, rows: int, widt
         else:
             assert got[r].tolist() == want
     assert bins.row_quantiles(np.zeros((3, 0), np.int32), 0, qs).shape == (3, len(qs))
+
+
+def test_row_quantiles_with_counts_past_32_bit_cumulative_sums() -> None:
+    """Rows whose shifted cumulative counts do not fit 32-bit integers (the 64-bit path) give the same
+    answers as quantile() on each row."""
+    bins = log_bins(ALPHA)
+    counts = np.zeros((3, 8), np.int32)
+    counts[0, [1, 6]] = 2**30, 5
+    counts[1, 3] = 2**30
+    counts[2, [0, 7]] = 7, 2**29
+    qs = [0.0, 0.5, 0.99, 1.0]
+    got = bins.row_quantiles(counts, 40, qs)
+    for r in range(3):
+        assert got[r].tolist() == bins.quantile(counts[r], qs, slots=np.arange(40, 48))
