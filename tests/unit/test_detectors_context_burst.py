@@ -7,6 +7,8 @@ peers and its own past, judged only with enough of them."""
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -256,3 +258,47 @@ def test_a_thin_replica_bursts_against_its_peers_alone_at_alpha_squared() -> Non
 
     assert 1e-8 < lognormal_mean_tail(3000.0, 1000.0, 800.0 ** 2, 12) <= 1e-4
     assert thin_pool_step(3000.0) == []
+
+
+# ---------------------------------------------------------------- the horizon rule (prompts arrive seldom)
+
+def run_seldom_pool(minutes: float, burst_from: float | None = None, seed: int = 1) -> list[Alert]:
+    """An 8-replica pool sent ~1.2 prompts a minute each (windows of 0-4 prompts: below the window
+    rules' floor), log-normal lengths around 1,500 tokens (cv 1.3); from ``burst_from`` minutes
+    r0's prompts are 8 x longer."""
+    rng = random.Random(seed)
+    det = ContextBurstDetector()
+    alerts: list[Alert] = []
+    window: dict[str, list[tuple[float, float]]] = {f"r{i}": [] for i in range(8)}
+    sigma = math.sqrt(math.log(1 + 1.3 ** 2))
+    for i in range(int(minutes * 12)):
+        end = 20_000.0 + 5 * i
+        vectors = []
+        for replica, held in window.items():
+            if rng.random() < 0.1:
+                length = 1500.0 * math.exp(rng.gauss(-sigma ** 2 / 2, sigma))
+                if burst_from is not None and replica == "r0" and i >= burst_from * 12:
+                    length *= 8.0
+                held.append((end, length))
+            held[:] = [(t, v) for t, v in held if t > end - 60]
+            values = [v for _, v in held]
+            mean = sum(values) / len(values) if values else None
+            var = sum((v - mean) ** 2 for v in values) / len(values) if mean is not None else None
+            vectors.append(FeatureVector(model="m", replica=replica, window_start=end - 60, window_end=end,
+                                         count=len(values), prompt_tokens_mean=mean, prompt_tokens_var=var,
+                                         recent_count=0))
+        det.update_step(StepColumns(vectors, [None] * len(vectors)), end, alerts, [])
+    return alerts
+
+
+def test_horizon_prompts_eight_times_longer_at_a_prompt_a_minute_open_on_the_replica_in_minutes() -> None:
+    alerts = [a for a in run_seldom_pool(20, burst_from=10) if a.state == "open"]
+    assert alerts and {a.replica for a in alerts} == {"r0"}
+    first = alerts[0]
+    assert first.ts - (20_000.0 + 600) <= 420  # within seven minutes of the burst (a handful of prompts)
+    assert first.evidence["span"].startswith("the last") and first.evidence["peers_mean_ratio"] >= 2.0
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_horizon_a_healthy_pool_sent_seldom_prompts_raises_nothing_in_two_hours(seed: int) -> None:
+    assert run_seldom_pool(120, seed=seed) == []

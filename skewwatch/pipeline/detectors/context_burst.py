@@ -68,6 +68,7 @@ from msgspec import Meta
 
 from skewwatch.config_section import Count, Positive
 from skewwatch.pipeline.detectors.alerts import Severity, fmt
+from skewwatch.pipeline.detectors.burst_horizon import SPANS, BurstHorizon, Moments
 from skewwatch.pipeline.detectors.evidence import lognormal_mean_tail
 from skewwatch.pipeline.detectors.key_columns import KeyColumns
 from skewwatch.pipeline.detectors.peers import others_count, others_sum
@@ -78,7 +79,7 @@ from skewwatch.schemas.telemetry_sample import TelemetrySample
 
 #: The ``seed`` profile's section (skewwatch.pipeline.detectors.profiles): the seed's rule as written,
 #: with the evidence floor on both windows.
-PROFILE_SEED: dict[str, Any] = {"seed_rule": True, "burst_rule": False}
+PROFILE_SEED: dict[str, Any] = {"seed_rule": True, "burst_rule": False, "horizon_rule": False}
 
 HISTORY_KEY = "moments_by_end_ms"  # window_end (ms) -> [count, mean, variance] of the tokens judged
 
@@ -96,6 +97,10 @@ class ContextBurstConfig(DetectorConfig, frozen=True):
     mean_ratio: Annotated[float, Meta(ge=1)] = 2.0  # and a mean at least this x each baseline's
     baseline_min_count: Count = 20  # prompts behind a baseline
     min_peers: Count = 2  # peers with prompts for a pool baseline
+    # where the window holds fewer than min_count prompts: 2, 4 and 8 minutes of windows merged
+    # (burst_horizon.py), against the peers' same minutes at alpha / 3, kept over horizon_s
+    horizon_rule: bool = True
+    horizon_s: Positive = 600.0
     # the seed's rule (the seed profile)
     seed_rule: bool = False
     growth: Positive = 4.0  # seed: (curr - prev) / prev > 4.0, i.e. > 400 %
@@ -108,6 +113,7 @@ class ContextBurstConfig(DetectorConfig, frozen=True):
         self._require(self.burst_rule or self.seed_rule, "burst_rule", "is off, so seed_rule must be on")
         self._require(self.tokens == "prompt" or not self.burst_rule, "tokens",
                       "must be prompt with burst_rule (the window keeps recent moments of prompt lengths only)")
+        self._require(self.horizon_s >= self.lookback_s, "horizon_s", "must be >= lookback_s (a window)")
         self._require(self.lookback_s >= RECENT_S, "lookback_s",
                       f"must be >= {RECENT_S:g} (the history reaches back to where the newest 20 s begin)")
 
@@ -127,6 +133,9 @@ class ContextBurstDetector(ThresholdDetector):
         # each replica's window history (the memory's HISTORY_KEY: window end in ms -> [count, mean,
         # variance]) as columns, kept for every replica of a step at once
         self._history = KeyColumns(width=3)
+        # the horizon rule: the pool's windows over horizon_s, merged per span for the step's replicas
+        self._horizon = BurstHorizon(self.config.horizon_s, self.config.lookback_s)
+        self._spans: dict[int, tuple[Moments, Moments]] = {}
 
     def rule_meta(self, rule: str) -> tuple[Severity, str | None, str]:
         cfg = self.config
@@ -170,6 +179,11 @@ class ContextBurstDetector(ThresholdDetector):
             mean = step.column(f"{cfg.tokens}_tokens_mean")
             var = step.column(f"{cfg.tokens}_tokens_var")
             can |= (step.column("count") >= cfg.min_count) & ~np.isnan(var) & (mean > cfg.min_mean_tokens)
+        if self._spans and self._prepared is step:  # the horizon, where the window is too thin
+            thin = step.column("count") < cfg.min_count
+            for span_own, span_peers in self._spans.values():
+                can |= thin & (span_own.count >= cfg.min_count) & (span_peers.count >= cfg.baseline_min_count) & (
+                    span_own.mean >= cfg.mean_ratio * span_peers.mean * (1.0 - 1e-9))
         return ~can
 
     def prepare(self, step: StepColumns | None) -> None:
@@ -177,11 +191,17 @@ class ContextBurstDetector(ThresholdDetector):
         self._peers = None
         self._row_of = {}
         self._prepared = step
+        self._spans = {}
         cfg = self.config
         if step is None or not cfg.burst_rule or len(step) < 2:
             return
         self._peers = _pool(step, cfg.min_peers)
         self._row_of = step.row_of
+        if cfg.horizon_rule:
+            self._horizon.update(step.vectors[0].window_end, step.keys, step.column("count"),
+                                 step.column("prompt_tokens_mean"), step.column("prompt_tokens_var"))
+            if self._horizon.cells:  # (not on its first step: the steps' length is not known yet)
+                self._spans = {k: self._horizon.merged(k) for k in SPANS}
 
     def remember(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]) -> None:
         self._remember(fv)
@@ -247,6 +267,7 @@ class ContextBurstDetector(ThresholdDetector):
     def forget(self, key: str) -> None:
         super().forget(key)
         self._history.forget(key)
+        self._horizon.forget(key)
 
     def evaluate(
         self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]
@@ -267,8 +288,12 @@ class ContextBurstDetector(ThresholdDetector):
             window = recent if recent.holds is not None else self._burst(
                 fv.count, fv.prompt_tokens_mean, fv.prompt_tokens_var, "the window's",
                 history.get(own, end_ms - round(cfg.lookback_s * 1000)), peers[1], single_window=True)
-            # the whole window only where the newest 20 s hold too few prompts to judge
-            findings.append(recent if recent.holds is not None else window)
+            # the whole window only where the newest 20 s hold too few prompts to judge, and minutes of
+            # windows where the window holds too few
+            chosen = recent if recent.holds is not None else window
+            if chosen.holds is None and fv.count < cfg.min_count and row is not None and self._spans:
+                chosen = self._over_horizon(row, chosen)
+            findings.append(chosen)
         if cfg.seed_rule:
             findings.append(self._seed(fv, history.get(own, end_ms - round(cfg.lookback_s * 1000))))
         holding = [f for f in findings if f.holds]
@@ -316,6 +341,41 @@ class ContextBurstDetector(ThresholdDetector):
         )
         params = {"tokens_mean": round(mean), "tokens_std": round(math.sqrt(max(var, 0.0)))}
         return Finding(holds=holds, message=message, evidence=evidence, params=params)
+
+    def _over_horizon(self, row: int, thin: Finding) -> Finding:
+        """The horizon rule: the span of :data:`~skewwatch.pipeline.detectors.burst_horizon.SPANS`
+        whose prompts are least probable under the peers' same minutes; it holds at ``alpha`` over
+        the number of spans (Bonferroni) with a mean ``mean_ratio`` x the peers'. ``thin``: the
+        window's finding (no claim), returned where no span has the evidence."""
+        cfg = self.config
+        # against the peers alone, as the window against one baseline: what both would clear, alpha
+        # squared, shared by the spans tried (Bonferroni)
+        alpha = cfg.alpha ** 2 / len(SPANS)
+        best: tuple[float, int, float, float, float, float, float] | None = None
+        for k, (own, peers) in self._spans.items():
+            n, mean, var = float(own.count[row]), float(own.mean[row]), float(own.var[row])
+            base_n, base_mean, base_var = float(peers.count[row]), float(peers.mean[row]), float(peers.var[row])
+            if n < cfg.min_count or base_n < cfg.baseline_min_count or not mean > 0 or not base_mean > 0:
+                continue
+            probability = lognormal_mean_tail(mean, base_mean, base_var, int(n))
+            if best is None or probability < best[0]:
+                best = (probability, k, n, mean, var, base_mean, base_n)
+        if best is None:
+            return thin
+        probability, k, n, mean, var, base_mean, base_n = best
+        ratio = mean / base_mean
+        minutes = k * cfg.lookback_s / 60.0
+        evidence: dict[str, float | int | str | None] = {
+            "span": f"the last {minutes:g} min", "count": int(n), "mean_tokens": mean, "min_count": cfg.min_count,
+            "alpha": alpha, "mean_ratio_threshold": cfg.mean_ratio, "peers_mean_tokens": base_mean,
+            "peers_count": int(base_n), "peers_probability": probability, "peers_mean_ratio": ratio}
+        message = (
+            f"context burst: the last {minutes:g} min's {int(n)} prompts average {fmt(mean, 0)} tokens, {ratio:.1f} x "
+            f"the peers' {fmt(base_mean, 0)} over the same minutes (probability {probability:.1e}; >= "
+            f"{cfg.mean_ratio:g} x, <= {alpha:g})")
+        params = {"tokens_mean": round(mean), "tokens_std": round(math.sqrt(max(var, 0.0)))}
+        return Finding(holds=probability <= alpha and ratio >= cfg.mean_ratio, message=message, evidence=evidence,
+                       params=params)
 
     def _seed(self, fv: FeatureVector, previous: list[float] | None) -> Finding:
         """The seed's rule: variance growth against the window ``lookback_s`` earlier, on long windows."""
