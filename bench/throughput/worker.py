@@ -43,14 +43,20 @@ from tests.integration.worker_proc import free_port, settings_env
 class BenchWorker:
     """A ``skewwatch worker`` child process: start, metrics, CPU, peak RSS, optional py-spy, stop."""
 
-    def __init__(self, settings: Settings, log_path: Path, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, settings: Settings, log_path: Path, extra_env: dict[str, str] | None = None,
+                 tree: Path | None = None) -> None:
+        """``tree``: another checkout of the repository to run the worker from (its own code on
+        ``PYTHONPATH``, with this virtual environment); default this one."""
         self.settings = settings
+        self.tree = tree or REPO
         self.port = free_port()
         self.log_path = log_path
         self.probe_path = log_path.with_suffix(".probe.json")
         self.probe_path.unlink(missing_ok=True)
         self.env = {**os.environ, **settings_env(settings), "SKEWWATCH_BENCH_PROBE": str(self.probe_path),
                     **(extra_env or {})}
+        if tree is not None:
+            self.env["PYTHONPATH"] = str(tree)
         self.env.pop("KAFKA_BOOTSTRAP", None)
         self.proc: subprocess.Popen[bytes] | None = None
         self._spy: subprocess.Popen[bytes] | None = None
@@ -64,7 +70,7 @@ class BenchWorker:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.throughput.probe", "worker", "--web-port", str(self.port),
-             "--loglevel", "warning"], cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+             "--loglevel", "warning"], cwd=self.tree, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         return self
 
     def first_poll(self) -> tuple[float, float] | None:
@@ -196,9 +202,10 @@ def _interpolate(samples: list[tuple[float, float]], t: float) -> float:
 async def run_worker_case(dataset: Dataset, batched: bool, workdir: Path, *, poll_s: float = 0.1, scrape_s: float = 0.5,
                           timeout_s: float = 900.0, stall_s: float = 60.0,
                           profile_path: Path | None = None,
-                          checkpoint_interval_s: float | None = None) -> dict[str, Any]:
+                          checkpoint_interval_s: float | None = None, tree: Path | None = None) -> dict[str, Any]:
     """One run of the real worker over one topic of the dataset; see the module docstring.
-    ``checkpoint_interval_s``: the worker's ``limits.checkpoint_interval_s`` (None: its default).
+    ``checkpoint_interval_s``: the worker's ``limits.checkpoint_interval_s`` (None: its default); ``tree``:
+    the checkout whose worker runs (None: this one).
     The process's CPU time is read every ``poll_s``; ``/metrics`` is scraped every ``scrape_s`` (each
     scrape costs the worker a few ms of its event loop: 10 a second measurably slowed it, where a
     Prometheus server scrapes every 15 s or so)."""
@@ -207,7 +214,7 @@ async def run_worker_case(dataset: Dataset, batched: bool, workdir: Path, *, pol
         settings.limits.checkpoint_interval_s = checkpoint_interval_s
     settings.topics = msgspec.structs.replace(settings.topics, requests=dataset.topic(batched))
     await ensure_topics(dataset.bootstrap, settings)
-    worker = BenchWorker(settings, workdir / f"worker-{'batch' if batched else 'single'}.log").start()
+    worker = BenchWorker(settings, workdir / f"worker-{'batch' if batched else 'single'}.log", tree=tree).start()
     try:
         cpu: list[tuple[float, float]] = []
         ingest_end: float | None = None

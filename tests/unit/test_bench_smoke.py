@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.throughput import common, contenders, dataset, profile, report  # noqa: E402
+from bench.throughput import common, compare, contenders, dataset, profile, report  # noqa: E402
 from skewwatch.kafka_client import run_blocking  # noqa: E402
 
 
@@ -35,6 +35,13 @@ def load_scale() -> ModuleType:
 def test_doctests(module: ModuleType) -> None:
     result = doctest.testmod(module)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_throughput_compare_takes_checkouts_only(tmp_path: Path) -> None:
+    """Each tree is NAME=PATH of a checkout; anything else stops before a broker is started."""
+    for argv in (["base"], [f"base={tmp_path}"], [f"={REPO}"]):
+        with pytest.raises(SystemExit):
+            compare.main(argv)
 
 
 def test_scale_step_cost_and_memory_toy() -> None:
