@@ -108,17 +108,27 @@ class BurstHorizon:
 
     def merged(self, k: int) -> tuple[Moments, Moments]:
         """The last step's replicas' moments over the ``k`` windows ending at it, one, two, ... window
-        lengths before (those the span still holds), and their peers' (all the others' of the step)."""
+        lengths before (those the span still holds; one that skipped a step holds nothing), and
+        their peers' (all the others' of the step)."""
+        return self.merged_spans((k,))[0]
+
+    def merged_spans(self, spans: tuple[int, ...]) -> list[tuple[Moments, Moments]]:
+        """:meth:`merged` for each of ``spans`` (ascending), the windows summed once."""
         rows = self._rows
         total = np.zeros((len(rows), 3))
-        if self.cells and len(rows):
-            per_window = max(round(self.window_s / self._step_s), 1)
-            for j in range(min(k, self.cells // per_window)):
+        out: list[tuple[Moments, Moments]] = []
+        per_window = max(round(self.window_s / self._step_s), 1) if self.cells else 1
+        held_windows = self.cells // per_window if self.cells else 0
+        j = 0
+        for k in spans:
+            while j < min(k, held_windows) and len(rows):
                 back = self._step - j * per_window
                 cell = back % self.cells
                 held = self._at[rows, cell] == back
                 total += np.where(held[:, None], self._moments[rows, cell], 0.0)
-        return _moments(total), _moments(total.sum(axis=0) - total)
+                j += 1
+            out.append((_moments(total.copy()), _moments(total.sum(axis=0) - total)))
+        return out
 
 
 def _moments(sums: Floats) -> Moments:

@@ -200,8 +200,10 @@ class ContextBurstDetector(ThresholdDetector):
         if cfg.horizon_rule:
             self._horizon.update(step.vectors[0].window_end, step.keys, step.column("count"),
                                  step.column("prompt_tokens_mean"), step.column("prompt_tokens_var"))
-            if self._horizon.cells:  # (not on its first step: the steps' length is not known yet)
-                self._spans = {k: self._horizon.merged(k) for k in SPANS}
+            # merged only where some window holds too few prompts (the only rows the spans judge), and
+            # not on the horizon's first step (the steps' length is not known yet)
+            if self._horizon.cells and (step.column("count") < cfg.min_count).any():
+                self._spans = dict(zip(SPANS, self._horizon.merged_spans(SPANS), strict=True))
 
     def remember(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]) -> None:
         self._remember(fv)

@@ -243,13 +243,9 @@ class LongTailDetector(ThresholdDetector):
         self._prepared, self._live_aggregates = None, []
         self._horizon_step = None
         cfg = self.config
-        if cfg.horizon_rule and step is not None and len(step) >= 2:
-            state = self._state
-            now_open = {key for key in self._active if any(r.hysteresis.is_open for r in state[key].rules)}
-            self._horizon.step(step.vectors[0].window_end, step.keys, step.column("step_count"),
-                               step.column("step_tpot_max"), self._open - now_open)
-            self._open, self._horizon_step = now_open, step
         if step is None or len(step) < 2 or not (cfg.live_rule or cfg.exceedance_rule):
+            if step is not None and len(step) >= 2:
+                self._prepare_horizon(step)
             return
         now = step.vectors[0].window_end
         live: list[LiveAggregate | None] = [None] * len(step)
@@ -313,6 +309,18 @@ class LongTailDetector(ThresholdDetector):
             self._live_top_over_base = np.where(np.isinf(base), np.where(np.isnan(top), np.nan, np.inf),
                                                 np.where(base > 0, top / np.where(base > 0, base, 1.0), np.nan))
             self._live_now = now
+        self._prepare_horizon(step)
+
+    def _prepare_horizon(self, step: StepColumns) -> None:
+        """The horizon rule's step: every step of the pool is recorded (a pool whose windows judge
+        now may run thin later), each replica's evidence forgotten when its alert resolved."""
+        if not self.config.horizon_rule:
+            return
+        state = self._state
+        now_open = {key for key in self._active if any(r.hysteresis.is_open for r in state[key].rules)}
+        self._horizon.step(step.vectors[0].window_end, step.keys, step.column("step_count"),
+                           step.column("step_tpot_max"), self._open - now_open)
+        self._open, self._horizon_step = now_open, step
 
     def _peers_of(self, key: str) -> _Peers | None:
         """``key``'s peers in the current step (None outside one, or for a replica not in it)."""
