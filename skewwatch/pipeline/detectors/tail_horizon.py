@@ -94,7 +94,8 @@ class TailHorizon:
     the first two steps; none is judged before). A replica that skips steps has their cells
     emptied when it comes back. The sums a step needs are kept as it goes (each replica's
     requests and slowest over the ring): a step costs a pass over its replicas, not over their
-    rings. One per pool."""
+    rings. One per pool; not kept in the checkpoint (after a restart it judges again once it has
+    the steps)."""
 
     def __init__(self, span_s: float) -> None:
         if span_s <= 0:
