@@ -63,7 +63,10 @@ _STRONGER = {"ready": 0, "drain": 1, "maint": 2}  # two actions on one server: t
 
 
 class HAProxyError(SkewwatchError, RuntimeError):
-    """The runtime API refused a command or cannot be reached; one actionable line."""
+    """The runtime API cannot be reached (HAProxy restarting, or not there); one actionable line.
+    The bridge tries again at its next tick, so a retry can help."""
+
+    retriable = True
 
 
 @dataclass(frozen=True, slots=True)
