@@ -98,9 +98,10 @@ class ContextBurstConfig(DetectorConfig, frozen=True):
     baseline_min_count: Count = 20  # prompts behind a baseline
     min_peers: Count = 2  # peers with prompts for a pool baseline
     # where the window holds fewer than min_count prompts: 2, 4 and 8 minutes of windows merged
-    # (burst_horizon.py), against the peers' same minutes at alpha / 3, kept over horizon_s
+    # (burst_horizon.py), against the peers' same minutes at alpha^2 / 3, kept over horizon_s (the
+    # 8 windows the longest span reads)
     horizon_rule: bool = True
-    horizon_s: Positive = 600.0
+    horizon_s: Positive = 480.0
     # the seed's rule (the seed profile)
     seed_rule: bool = False
     growth: Positive = 4.0  # seed: (curr - prev) / prev > 4.0, i.e. > 400 %

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -107,7 +107,7 @@ class TailHorizon:
         self._row: dict[str, int] = {}
         self._free: list[int] = []  # rows of forgotten replicas, reused first
         self._next = 0  # rows ever made
-        self._count = np.zeros((0, 0))
+        self._count = np.zeros((0, 0), dtype=np.float32)  # (a step's requests: exact in float32)
         self._slowest = np.zeros((0, 0))
         self._ended = np.zeros((0, 0))
         self._last = np.zeros(0, dtype=np.int64)  # the step index each row last recorded
@@ -175,8 +175,8 @@ class TailHorizon:
             if math.isinf(self._step_s) or self._step_s <= 0:  # the first step: its length is not known
                 return _nothing(now, n, self)
             self.cells = max(round(self.span_s / self._step_s), 1)
-            for name in ("_count", "_slowest"):
-                setattr(self, name, np.zeros((len(self._count), self.cells)))
+            self._count = np.zeros((len(self._count), self.cells), dtype=np.float32)
+            self._slowest = np.zeros((len(self._slowest), self.cells))
             self._ended = np.full((len(self._count), self.cells), -math.inf)
         self._now = max(self._now, now)
         rows = self._rows(keys)
@@ -311,7 +311,10 @@ class HorizonRule:
         return verdict.holds, evidence, message
 
 
-def _grown(array: Floats, rows: int, fill: float) -> Floats:
+_Grown = TypeVar("_Grown", bound=np.generic)
+
+
+def _grown(array: npt.NDArray[_Grown], rows: int, fill: float) -> npt.NDArray[_Grown]:
     grown = np.full((rows, array.shape[1]), fill, dtype=array.dtype)
     grown[: len(array)] = array
     return grown
