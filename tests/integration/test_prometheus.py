@@ -6,6 +6,7 @@ must return series (and the detector rule must fire on the fault the traffic car
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import subprocess
@@ -109,6 +110,15 @@ def test_every_dashboard_query_returns_series_from_a_real_prometheus_scraping_a_
          f"--web.listen-address=127.0.0.1:{prom_port}"],
         stdout=(tmp_path / "prometheus.log").open("wb"), stderr=subprocess.STDOUT)
     try:
+        # Prometheus scraping the worker before the traffic: the worker drains the backlog in seconds,
+        # and the replica gauges read the telemetry of the last decided step, which the steps the
+        # worker closes once its input is idle no longer have
+        ready = time.monotonic() + 60
+        while time.monotonic() < ready:
+            with contextlib.suppress(OSError):
+                if any(r["value"][1] == "1" for r in query(prom_port, 'up{job="skewwatch"}')):
+                    break
+            time.sleep(0.5)
         # a hardware fault on r1 from 200 s to the end keeps a CRITICAL gpu_health alert open
         generator = GeneratorConfig(models=("m",), replicas=3, rate=6.0, seed=11,
                                     injections=(Injection("gpu_fault", "r1", 200.0, 200.0, {"class": "hardware"}),))
