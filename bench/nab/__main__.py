@@ -40,7 +40,7 @@ from bench.nab.corpus import CATEGORIES, NabFile, load_corpus, load_profiles  # 
 from bench.nab.detectors import DETECTORS, bank_scores  # noqa: E402
 from bench.nab.heldout import category_folds, file_folds, held_out, held_out_profiles, normalised  # noqa: E402
 from bench.nab.scoring import best_threshold, nab_score, score_at, sweep  # noqa: E402
-from bench.throughput.common import RESULTS, machine_info  # noqa: E402
+from bench.throughput.common import RESULTS, machine_info, write_result  # noqa: E402
 
 # standard profile, both categories: NAB's stored results scored with NAB's method
 PUBLISHED = {
@@ -161,9 +161,7 @@ def main(argv: list[str] | None = None) -> int:
               "files": len(files), "windows": sum(len(f.windows) for f in files), "detectors": rows,
               "constants_chosen_held_out": chosen, "published_standard": PUBLISHED,
               "published_windowed_gaussian": PUBLISHED_WINDOWED_GAUSSIAN}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

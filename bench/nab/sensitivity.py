@@ -29,7 +29,7 @@ from bench.nab.corpus import NabFile, load_corpus, load_profiles  # noqa: E402
 from bench.nab.detectors import bank_scores  # noqa: E402
 from bench.nab.heldout import category_folds, file_folds, held_out, normalised  # noqa: E402
 from bench.nab.scoring import Cost, sweep  # noqa: E402
-from bench.throughput.common import RESULTS, machine_info  # noqa: E402
+from bench.throughput.common import RESULTS, machine_info, write_result  # noqa: E402
 from skewwatch.pipeline.detectors.novelty import NoveltyParams  # noqa: E402
 
 # the main constants and a few values around each default (the default is added where missing)
@@ -100,9 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"machine": before, "seconds": round(time.perf_counter() - started, 1), "profile": "standard",
               "columns": "in-sample / leave-one-category-out / leave-one-file-out (threshold held out)",
               "defaults": {k: v for k, v in defaults().items() if k in SWEEP}, "constants": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

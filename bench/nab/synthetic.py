@@ -28,7 +28,6 @@ Kinds (noise is AR(1), ``phi`` 0.5, around a random level and scale; ``sd`` is t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -44,7 +43,7 @@ from bench.nab.corpus import NabFile, load_corpus, load_profiles  # noqa: E402
 from bench.nab.detectors import bank_scores, windowed_gaussian  # noqa: E402
 from bench.nab.heldout import category_folds, held_out, normalised  # noqa: E402
 from bench.nab.scoring import best_threshold, nab_score, score_at  # noqa: E402
-from bench.throughput.common import RESULTS, machine_info  # noqa: E402
+from bench.throughput.common import RESULTS, machine_info, write_result  # noqa: E402
 
 LENGTH = 4000
 WINDOW_FRACTION = 0.1  # NAB: the windows of a file share 10 % of its rows
@@ -186,9 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"fp {row[key][kind]['false_rows']}" for name, row in rows.items()))
     result = {"machine": before, "length": LENGTH, "kinds": list(KINDS), "seeds": list(SEEDS),
               "files": len(files), "windows": sum(len(f.windows) for f in files), "detectors": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

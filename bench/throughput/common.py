@@ -13,6 +13,7 @@ so a run never restores another run's checkpoints (that would skip the work bein
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import statistics
@@ -64,6 +65,13 @@ def broker_bootstrap(workdir: Path, bootstrap: str | None = None) -> Iterator[st
         yield broker.bootstrap
     finally:
         broker.stop()
+
+
+def write_result(path: Path, result: Any) -> None:
+    """Write a benchmark's JSON (its folder made) and say where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {path}")
 
 
 def machine_info() -> dict[str, Any]:

@@ -269,6 +269,17 @@ def target_model(inj: Injection, pairs: Iterable[tuple[str, str]]) -> str:
     raise FaultError(f"--inject {inj.kind}: no {what} {inj.replica!r} (known: {', '.join(names)})")
 
 
+def check_targets(injections: Iterable[Injection], pairs: Iterable[tuple[str, str]]) -> None:
+    """A configuration's check: every injection names a replica (or model) of the run; the
+    :func:`target_model` error of the first that does not, as a ValueError."""
+    pairs = list(pairs)
+    for inj in injections:
+        try:
+            target_model(inj, pairs)
+        except FaultError as exc:
+            raise ValueError(str(exc)) from exc
+
+
 def applies_to(inj: Injection, model: str, replica: str, target: str) -> bool:
     """Whether ``inj`` (on model ``target``, see :func:`target_model`) acts on this replica."""
     return model == target if inj.pool_level else inj.replica == replica

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from skewwatch.sim.faults import FaultError, Injection, target_model
+from skewwatch.sim.faults import Injection, check_targets
 from skewwatch.sim.generator import replica_ids
 from skewwatch.sim.router import POLICIES
 from skewwatch.sim.trace import Trace
@@ -68,12 +68,7 @@ class FleetConfig:
         if self.model_rates is not None and (len(self.model_rates) != len(self.models)
                                              or not all(r > 0 for r in self.model_rates)):
             raise ValueError(f"model_rates: one rate > 0 per model ({len(self.models)}), got {self.model_rates!r}")
-        pairs = replica_ids(self)
-        for inj in self.injections:
-            try:
-                target_model(inj, pairs)
-            except FaultError as exc:
-                raise ValueError(str(exc)) from exc
+        check_targets(self.injections, replica_ids(self))
 
 
 def replica_capacity_rps(config: FleetConfig, trace: Trace) -> float:

@@ -42,7 +42,7 @@ import numpy.typing as npt
 
 from skewwatch.schemas.requests.columns import RequestColumns
 from skewwatch.schemas.telemetry_sample import TelemetrySample
-from skewwatch.sim.faults import CUDA_ERRORS, FaultError, Injection, applies_to, target_model
+from skewwatch.sim.faults import CUDA_ERRORS, Injection, applies_to, check_targets, target_model
 from skewwatch.sim.trace import Trace, load_trace
 
 FloatArray = npt.NDArray[np.float64]
@@ -92,12 +92,7 @@ class GeneratorConfig:
             raise ValueError("batch_fill_mean must be in (0, 1], kv_hit_rate_mean in (0, 1)")
         if self.latency_median_ms <= self.ttft_median_ms:
             raise ValueError("latency_median_ms must exceed ttft_median_ms")
-        pairs = replica_ids(self)
-        for inj in self.injections:
-            try:
-                target_model(inj, pairs)
-            except FaultError as exc:
-                raise ValueError(str(exc)) from exc
+        check_targets(self.injections, replica_ids(self))
 
 
 class ReplicaNaming(Protocol):
