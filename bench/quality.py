@@ -141,6 +141,7 @@ PROFILES_DEFAULT: tuple[str, ...] = ("default", "seed")
 ORACLE_RECALL_SHARE = 0.95
 ORACLE_DELAY_FACTOR = 2.0
 ORACLE_DELAY_SLACK_S = 5.0
+BELOW_OF_DETECTABLE_TARGET = 0.9  # the faulty replica below every healthy one in time, of the faults the oracle finds
 RUNAWAY_ZERO_SHARE = 0.05  # a clean pool whose queue is empty in fewer samples than this never drains
 
 
@@ -516,11 +517,27 @@ def oracle_faults(run: Run, results: Mapping[str, Sequence[Mapping[str, Any]]]) 
     return out
 
 
-def oracle_summary(runs: Sequence[Run], results: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+def oracle_summary(runs: Sequence[Run], results: Mapping[str, Sequence[Mapping[str, Any]]],
+                   persistence: Mapping[str, float | None] | None = None) -> dict[str, Any]:
     """Per detector of a fault kind the oracle knows: the oracle's recall and median delay, ours beside
     them, the ratios and the targets (recall >= 0.95 x the oracle's, median delay <= 2 x the oracle's
-    + 5 s); and the faults the oracle found undetectable, apart."""
+    + 5 s); the faults the oracle found undetectable, apart; and, with ``persistence`` (the delay
+    targets), how many of the detectable faults had their replica below every healthy one within
+    its detector's target (``below_of_detectable``: the corrections' target counts only what the
+    evidence allowed)."""
     faults = [(run, f) for run in runs for f in oracle_faults(run, results)]
+    below: dict[tuple[int, str, str, str], float | None] = {
+        (id(run), b["model"], b["replica"], b["kind"]): b["delay_s"]
+        for run in (runs if persistence is not None else ()) for b in run_corrections(run)["below"]}
+    detectable = [(run, f) for run, f in faults if f["detectable"] and
+                  (id(run), f["model"], f["replica"], f["kind"]) in below]
+    within = 0
+    for run, f in detectable:
+        delay = below[(id(run), f["model"], f["replica"], f["kind"])]
+        target = None if persistence is None else persistence.get(DETECTOR_OF[f["kind"]])
+        within += int(delay is not None and target is not None and delay <= target + 10.0)
+    below_of_detectable = {"faults": len(detectable), "within_target": within,
+                           "share": within / len(detectable) if detectable else None}
     per: dict[str, dict[str, Any]] = {}
     for kind, detector in ((k, d) for k in oracle.KINDS for d in (DETECTOR_OF[k], *_also(k))):
         mine = [f for _, f in faults if f["kind"] == kind]
@@ -553,7 +570,7 @@ def oracle_summary(runs: Sequence[Run], results: Mapping[str, Sequence[Mapping[s
                      "replica": f["replica"], "requests": f["requests"], "samples": f["samples"],
                      "max_cusum": f["max_cusum"], "h": f["h"], "why": f["why"]}
                     for run, f in faults if not f["detectable"]]
-    return {"detectors": per, "undetectable": undetectable}
+    return {"detectors": per, "undetectable": undetectable, "below_of_detectable": below_of_detectable}
 
 
 # ----------------------------------------------------------------------------- report
@@ -613,6 +630,14 @@ def outcome_table(groups: Mapping[str, Mapping[str, Any]], scope: str, profiles:
         return f"{met}/{faults}{_miss(None if share is None else share >= RECALL_TARGET)}"
 
     row("faulty replica below every healthy one within its delay target", "≥ 0.95", below)
+
+    def below_detectable(g: Mapping[str, Any]) -> str:
+        b = (g.get("oracle") or {}).get("below_of_detectable")
+        if not b or not b["faults"]:
+            return "—"
+        return f"{b['within_target']}/{b['faults']}{_miss(b['share'] >= BELOW_OF_DETECTABLE_TARGET)}"
+
+    row("… of the faults the oracle can detect", f"≥ {BELOW_OF_DETECTABLE_TARGET:g}", below_detectable)
     row("quiet pool: replica alerts on its replicas", "0", lambda g: count(g["quiet_pool_replica_alerts"]))
     row("panic corrections (mode: panic)", "—", lambda g: str(g["corrections"]["panic_corrections"]))
     return "\n".join(lines)
@@ -890,7 +915,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     groups = {key: summarize(members, targets[members[0].profile]) for key, members in group_runs(runs).items()}
     calibrations, oracle_results = run_oracle(runs)
     for key, members in group_runs(runs).items():
-        groups[key]["oracle"] = oracle_summary(members, oracle_results)
+        groups[key]["oracle"] = oracle_summary(members, oracle_results, targets[members[0].profile])
     splits = {run.scenario.shape.name: "fit" if any(r.split == "FIT" for r in runs
                                                    if r.scenario.shape.name == run.scenario.shape.name)
               else "holdout" for run in runs}

@@ -34,6 +34,14 @@ counts. Extra rows ``... (in-process)`` close the same loops with the worker's s
 (:class:`~skewwatch.sim.local_pipeline.LocalPipeline`: detectors, actions and weights, no Kafka, the
 same two steps of lag), for comparison; ``--in-process`` runs only those (no broker: seconds).
 
+**Oracle** (:class:`OracleRouter`, the row ``oracle``): what the corrections could give at best. It
+routes by weighted least request, as ``dynamic_least_request``, with weights it is told rather than
+estimates: each replica's true decode speed (``1 / factor`` while a ``slow_replica`` injection, the
+slower GPU of ``hetero`` included, is active) and each other fault's replica demoted to
+``demote_factor`` of the others exactly while its fault lasts, as an alert that opened and resolved
+with no delay would. Where the oracle misses a target, no estimate of the weights can meet it on
+that run; each target line says how the oracle did.
+
 **Definitions** (:func:`routing_metrics`; requests that *arrived* in the measured span):
 
 - *P99 latency deviation* = population standard deviation, across replicas, of each replica's
@@ -102,7 +110,7 @@ from bench.common import (  # noqa: E402
 from skewwatch.schemas.requests.columns import RequestColumns  # noqa: E402
 from skewwatch.schemas.telemetry_sample import TelemetrySample  # noqa: E402
 from skewwatch.sim.faults import Injection  # noqa: E402
-from skewwatch.sim.router import CORRECTION_POLICIES  # noqa: E402
+from skewwatch.sim.router import CORRECTION_POLICIES, WeightedLeastRequestRouter  # noqa: E402
 
 START_TS = 1_700_000_000.0
 REPLICAS = 8
@@ -287,6 +295,53 @@ def run_local(scenario: Scenario, policy: str, profile: str | None = None) -> di
     for _ in sim.chunks():
         pass
     return _finish(sim, requests, telemetry, scenario, {"wall_s": round(time.monotonic() - began, 1)}, applied)
+
+
+class OracleRouter(WeightedLeastRequestRouter):
+    """Weighted least request with the weights the faults imply (the module docstring's *Oracle*).
+
+    >>> slow = Injection("slow_replica", "b", 10.0, 100.0, {"factor": 2.0})
+    >>> stuck = Injection("batch_collapse", "c", 50.0, 10.0, {})
+    >>> r = OracleRouter([slow, stuck], start_ts=0.0, demote_factor=0.5)
+    >>> r.weights("m", ["a", "b", "c"], now=5.0), r.weights("m", ["a", "b", "c"], now=55.0)
+    ([1.0, 1.0, 1.0], [1.0, 0.5, 0.5])
+    """
+
+    def __init__(self, injections: Sequence[Injection], start_ts: float, demote_factor: float) -> None:
+        super().__init__()
+        # (replica, start, end, speed factor or None: demoted)
+        self._spans = [(inj.replica, *inj.window(start_ts),
+                        float(inj.param("factor")) if inj.kind == "slow_replica" else None) for inj in injections]
+        self._demote_factor = demote_factor
+
+    def weights(self, model: str, pool: Sequence[str], now: float) -> list[float]:
+        out = []
+        for replica in pool:
+            weight = 1.0
+            for target, start, end, factor in self._spans:
+                if target == replica and start <= now < end:
+                    weight *= 1.0 / factor if factor else self._demote_factor
+            out.append(weight)
+        return out
+
+
+def run_oracle(scenario: Scenario) -> dict[str, Any]:
+    """The ``oracle`` row: :class:`OracleRouter` on the scenario's own injections."""
+    from skewwatch.pipeline.weights import WeightConfig
+
+    requests: list[RequestColumns] = []
+    telemetry: list[TelemetrySample] = []
+
+    def keep(sim: Any, chunk: Any) -> None:
+        requests.append(chunk.requests)
+        telemetry.extend(chunk.telemetry)
+
+    began = time.monotonic()
+    sim = _simulator(scenario, "dynamic_least_request", keep)
+    sim.router = OracleRouter(scenario.injections(), START_TS, WeightConfig().demote_factor)
+    for _ in sim.chunks():
+        pass
+    return _finish(sim, requests, telemetry, scenario, {"wall_s": round(time.monotonic() - began, 1)})
 
 
 def _record_corrections(sim: Any) -> list[dict[str, Any]]:
@@ -494,7 +549,9 @@ def verdict(rows: dict[str, dict[str, Any]], profile: str, in_process: bool = Fa
               "vs_least_connections": tighter(lc["p99_deviation_ms"], dlr),
               "fleet_p99_vs_least_connections": tighter(row["fleet_latency_p99_ms"], lc["fleet_latency_p99_ms"]),
               "throughput_vs_least_connections": tighter(row["throughput_rps"], lc["throughput_rps"]),
-              "dynamic_vs_round_robin": tighter(rr["p99_deviation_ms"], dyn.get("p99_deviation_ms"))}
+              "dynamic_vs_round_robin": tighter(rr["p99_deviation_ms"], dyn.get("p99_deviation_ms")),
+              "oracle_vs_least_connections": tighter(lc["p99_deviation_ms"],
+                                                     (rows.get("oracle") or {}).get("p99_deviation_ms"))}
     checks = {"deviation_vs_least_connections": (ratios["vs_least_connections"] or 0.0) >= 1.0 / TARGETS["dlr_vs_lc"],
               "deviation_vs_round_robin": (ratios["vs_round_robin"] or 0.0) >= TARGETS["vs_rr"],
               "fleet_p99_vs_least_connections": (ratios["fleet_p99_vs_least_connections"] or math.inf) <= 1.0,
@@ -527,6 +584,8 @@ def targets_line(name: str, v: dict[str, Any]) -> str:
         f"dynamic {num(v['dynamic_vs_round_robin'], 1)}x tighter than round robin (>= 3)"
         + mark("dynamic_vs_round_robin"),
     ]
+    if v.get("oracle_vs_least_connections") is not None:
+        parts.append(f"the oracle: least connections' / its {num(v['oracle_vs_least_connections'])}")
     return f"{name}: " + "; ".join(parts)
 
 
@@ -552,6 +611,7 @@ def run_trace(scenario: Scenario, profiles: Sequence[str], bootstrap: str | None
     for policy in ("round_robin", "least_connections"):
         rows[policy] = run_local(scenario, policy)
         print(f"{scenario.name} {policy}: {rows[policy]['wall_s']} s", file=sys.stderr)
+    rows["oracle"] = run_oracle(scenario)
     looped = [(policy, profile) for policy in CORRECTION_POLICIES for profile in profiles]
     if bootstrap is not None:
         for policy, profile in looped:

@@ -15,7 +15,10 @@ replica demoted for the first time (within ``demote_memory_s``) is back at its f
 the first correction after its alert resolves; the ``k``-th demotion within that memory is held
 ``base_ejection_s x ejection_multiplier^(k - 2)`` after it (30 s, 60 s, 120 s, ... at most
 ``max_ejection_s``): a replica whose fault comes and goes proves itself for longer each time
-(:class:`Holds`).
+(:class:`Holds`). An alert that opens again within ``demote_episode_gap_s`` (60 s, one window) of
+its replica's last resolution continues that demotion and is no repeat: a fault whose evidence moves
+in and out of the window (a stuck scheduler between phases) is one fault, and holding it for every
+flap would keep the replica down minutes after the fault ends.
 
 Fail static: nothing is demoted in a panic correction, when no replica is healthy, or when more
 than ``max_ejection_share`` of the pool would be demoted at once (then it is the pool's traffic, not
@@ -89,10 +92,12 @@ class Holds:
     >>> holds.opened("r1", 0.0); holds.resolved("r1", 60.0); holds.held("r1", 61.0)
     0.0
     False
-    >>> holds.opened("r1", 100.0); holds.resolved("r1", 160.0); holds.held("r1", 189.0), holds.held("r1", 191.0)
+    >>> holds.opened("r1", 200.0); holds.resolved("r1", 260.0); holds.held("r1", 289.0), holds.held("r1", 291.0)
     30.0
     (True, False)
-    >>> holds.opened("r1", 200.0); holds.resolved("r1", 260.0)
+    >>> holds.opened("r1", 400.0); holds.resolved("r1", 460.0)
+    60.0
+    >>> holds.opened("r1", 480.0); holds.resolved("r1", 490.0)  # 20 s after the last: the same demotion
     60.0
     """
 
@@ -100,18 +105,22 @@ class Holds:
         self.config = config
         self._begun: dict[str, list[float]] = {}  # replica -> when its demotions within the memory began
         self._until: dict[str, float] = {}  # replica -> held demoted until (event time)
+        self._resolved: dict[str, float] = {}  # replica -> when its last demotion's alerts resolved
 
     def opened(self, replica: str, now: float) -> None:
         """``replica`` had no open demoting alert and has one now."""
         horizon = now - self.config.demote_memory_s
         begun = [t for t in self._begun.get(replica, ()) if t > horizon]
-        begun.append(now)
+        last = self._resolved.get(replica)
+        if not begun or last is None or now - last > self.config.demote_episode_gap_s:
+            begun.append(now)  # a new demotion; within the gap it continues the last one
         self._begun[replica] = begun
         self._until.pop(replica, None)
 
     def resolved(self, replica: str, now: float) -> float:
         """``replica``'s last demoting alert resolved: how long it stays demoted (s)."""
         cfg = self.config
+        self._resolved[replica] = now
         k = sum(1 for t in self._begun.get(replica, ()) if t > now - cfg.demote_memory_s)
         hold = 0.0 if k < 2 else ejection_time(k - 1, cfg)  # the second demotion is held as a first ejection
         if hold > 0:
@@ -134,14 +143,17 @@ class Holds:
     def forget(self, replica: str) -> None:
         self._begun.pop(replica, None)
         self._until.pop(replica, None)
+        self._resolved.pop(replica, None)
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state (a checkpoint)."""
-        return {"begun": {r: list(ts) for r, ts in self._begun.items()}, "until": dict(self._until)}
+        return {"begun": {r: list(ts) for r, ts in self._begun.items()}, "until": dict(self._until),
+                "resolved": dict(self._resolved)}
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         self._begun = {str(r): [float(t) for t in ts] for r, ts in dict(state.get("begun") or {}).items()}
         self._until = {str(r): float(t) for r, t in dict(state.get("until") or {}).items()}
+        self._resolved = {str(r): float(t) for r, t in dict(state.get("resolved") or {}).items()}
 
 
 __all__ = ["Demotion", "Holds", "demote"]

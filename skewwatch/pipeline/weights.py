@@ -115,6 +115,9 @@ class WeightConfig(FrozenConfigSection, frozen=True):
     # base_ejection_s x ejection_multiplier^(k - 2) (at most max_ejection_s) after its alert resolves;
     # the first is lifted on resolution
     demote_memory_s: Positive = 600.0
+    # a demotion begun within this of the replica's last resolution continues that episode and is no
+    # repeat: one fault whose alert flaps as its evidence moves in and out of a 60 s window
+    demote_episode_gap_s: NonNegative = 60.0
 
     def __post_init__(self) -> None:
         self._require(self.mem_coef + self.queue_coef + self.latency_coef > 0, "mem_coef",

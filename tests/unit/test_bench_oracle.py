@@ -183,6 +183,10 @@ def test_the_quality_benchmark_prints_and_writes_the_oracle(tmp_path: Path, caps
         assert all(s["faults"] == 1 and s["oracle_detected"] + len([u for u in data["groups"][name]["oracle"]
                                                                     ["undetectable"] if u["kind"] == s["kind"]]) == 1
                    for s in per.values())
+    below = data["groups"]["default|FIT"]["oracle"]["below_of_detectable"]
+    detectable = sum(1 for f in data["runs"][0]["oracle"] if f["detectable"])
+    assert below["faults"] == detectable and 0 <= below["within_target"] <= detectable
+    assert "… of the faults the oracle can detect" in printed
     faults = data["runs"][0]["oracle"]
     assert {f["kind"] for f in faults} == set(oracle.KINDS)
     assert all(f["detectable"] == (f["delay_s"] is not None) for f in faults)

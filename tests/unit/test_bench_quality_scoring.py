@@ -390,6 +390,9 @@ def test_routing_variants_a_slower_gpu_without_faults_and_a_high_load() -> None:
     # least connections sends the slower GPU less than an equal share; the restore column has no fault to time
     assert rows["least_connections"]["replicas"]["r2"]["share"] < 1 / 8
     assert rows["dynamic (in-process)"]["restore_s"] == {}
+    # the oracle is told r2's speed: it sends r2 less than least connections does, and its row is judged
+    assert rows["oracle"]["replicas"]["r2"]["share"] < rows["least_connections"]["replicas"]["r2"]["share"]
+    assert result["target"]["dynamic_least_request (in-process)"]["oracle_vs_least_connections"] > 0
     checks = result["target"]["dynamic_least_request (in-process)"]["checks"]
     assert set(checks) == {"deviation_vs_least_connections", "deviation_vs_round_robin",
                            "fleet_p99_vs_least_connections", "throughput_vs_least_connections",

@@ -50,11 +50,11 @@ def test_fail_static() -> None:
 def test_repeat_demotions_lengthen_up_to_the_cap_and_are_forgotten_after_the_memory() -> None:
     holds = Holds(CFG)
     lengths = []
-    for k in range(7):  # demoted for 10 s every 60 s
-        holds.opened("r1", 60.0 * k)
-        lengths.append(holds.resolved("r1", 60.0 * k + 10.0))
+    for k in range(7):  # demoted for 10 s every 85 s: 75 s apart, more than demote_episode_gap_s
+        holds.opened("r1", 85.0 * k)
+        lengths.append(holds.resolved("r1", 85.0 * k + 10.0))
     assert lengths == [0.0, 30.0, 60.0, 120.0, 240.0, 300.0, 300.0]  # base x 2^(k - 2), at most max_ejection_s
-    assert holds.held("r1", 370.0 + 299.0) and not holds.held("r1", 370.0 + 300.0)
+    assert holds.held("r1", 520.0 + 299.0) and not holds.held("r1", 520.0 + 300.0)
     assert holds.holding(1000.0) == []
     # long after (more than demote_memory_s): a first demotion again
     holds.opened("r1", 2000.0)
@@ -64,3 +64,26 @@ def test_repeat_demotions_lengthen_up_to_the_cap_and_are_forgotten_after_the_mem
     assert holds.resolved("r2", 6.0) == 30.0 and holds.holding(10.0) == ["r2"]
     holds.forget("r2")
     assert holds.holding(10.0) == []
+
+
+def test_an_alert_that_flaps_within_the_episode_gap_is_one_demotion_lifted_when_it_resolves() -> None:
+    """A stuck scheduler between phases: its alert resolves and opens again 20 s later, four times.
+    Counted as repeats, the fourth would be held 120 s after the fault ended."""
+    holds = Holds(CFG)
+    for k in range(4):
+        holds.opened("r5", 610.0 + 55.0 * k)
+        assert holds.resolved("r5", 645.0 + 55.0 * k) == 0.0
+    assert not holds.held("r5", 826.0)
+    # a demotion that begins more than the gap after the last resolution is a repeat, and is held
+    holds.opened("r5", 825.0 + CFG.demote_episode_gap_s + 1.0)
+    assert holds.resolved("r5", 900.0) == CFG.base_ejection_s
+
+
+def test_the_episode_gap_survives_a_checkpoint() -> None:
+    holds = Holds(CFG)
+    holds.opened("r1", 0.0)
+    holds.resolved("r1", 30.0)
+    restored = Holds(CFG)
+    restored.load_state(holds.state_dict())
+    restored.opened("r1", 50.0)  # 20 s after the resolution: the same demotion
+    assert restored.resolved("r1", 60.0) == 0.0
