@@ -62,7 +62,9 @@ a healthy replica's weight; a sudden 3 x slowdown is a change once the windows h
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -92,11 +94,21 @@ def service_costs(step: StepColumns) -> tuple[np.ndarray, str]:
     return np.where(served, step.column("latency_p50") / 1000.0, np.nan), "latency"
 
 
-def capacity_weights(step: StepColumns, replicas: Sequence[str], health: Sequence[tuple[float, str | None]],
-                     config: WeightConfig, speed: RelativeSpeed, now: float,
-                     window_s: float) -> dict[str, ReplicaWeight]:
-    """The pool's weights as relative service capacity (module docstring), in ``replicas`` order;
-    ``health``: each replica's (score, note); ``speed`` keeps each replica's long-horizon cost."""
+class RelativeCosts(NamedTuple):
+    """One step's relative service costs, in ``replicas`` order (NaN: none)."""
+
+    service: npt.NDArray[np.float64]  # each replica's time per output token (s), or median latency
+    measure: str  # live | tpot | latency (:func:`service_costs`)
+    reference: float  # the pool's median of ``service``
+    ratio: npt.NDArray[np.float64]  # service / reference
+    batch_term: npt.NDArray[np.float64]  # what comparing at the pool's batch took off the log ratio
+    cost: npt.NDArray[np.float64]  # exp(the long-horizon mean, shrunk): what the weights read
+    guarded: npt.NDArray[np.float64]  # cost within [min_denominator, 1 / min_denominator], 1.0 for none
+
+
+def relative_costs(step: StepColumns, replicas: Sequence[str], config: WeightConfig, speed: RelativeSpeed,
+                   now: float, window_s: float) -> RelativeCosts:
+    """Each replica's cost relative to its pool (module docstring), ``speed`` updated with this step."""
     service, measure = service_costs(step)
     usable = ~np.isnan(service) & (service > 0)
     reference = float(np.median(service[usable])) if usable.any() else float("nan")
@@ -111,6 +123,63 @@ def capacity_weights(step: StepColumns, replicas: Sequence[str], health: Sequenc
     cost = np.exp(shrunk)
     bound = config.min_denominator
     guarded = np.where(np.isnan(cost), 1.0, np.clip(cost, bound, 1.0 / bound))
+    return RelativeCosts(service, measure, reference, ratio, batch_term, cost, guarded)
+
+
+def scale_by_speed(weights: dict[str, ReplicaWeight], step: StepColumns, replicas: Sequence[str],
+                   config: WeightConfig, speed: RelativeSpeed, now: float, window_s: float,
+                   phase: float = 0.0) -> dict[str, ReplicaWeight]:
+    """Another formula's weights (``replicas`` order) times each replica's relative speed, ``1 / cost``,
+    normalised again (``relative_speed = true``): the seed formula says where load stands now, the
+    long-horizon cost how fast the replica serves (a GPU at 0.6 x its peers' speed keeps about 0.6
+    of their share at equal load). A replica without an estimate keeps its weight (cost 1).
+
+    The costs are estimated every half window (``window_s / 2``: new requests, not the same ones
+    seen again; the estimate weighs each ratio by the seconds since the last, so it is the same
+    mean) and kept in between: a five-minute estimate gains nothing from every 5 s step. ``phase``
+    (in [0, 1)) shifts the pool's refreshes within the half window (the decider's: from its model's
+    name), so a fleet's pools do not all refresh on one step.
+
+    >>> from skewwatch.schemas.feature_vector import FeatureVector
+    >>> from skewwatch.pipeline.detectors.step_columns import StepColumns
+    >>> def fv(replica, tpot, end):
+    ...     return FeatureVector(model="m", replica=replica, window_start=end - 60.0, window_end=end, count=100,
+    ...                          tpot_p50=tpot, latency_p50=2000.0)
+    >>> speed, even = RelativeSpeed(), {r: ReplicaWeight(r, 1 / 3, 1.0, 1.0, "ok") for r in "abc"}
+    >>> for end in range(60, 660, 5):  # c's tokens come 3 x slower than a's and b's
+    ...     step = StepColumns([fv("a", 20.0, end), fv("b", 21.0, end), fv("c", 60.0, end)], [None] * 3)
+    ...     w = scale_by_speed(dict(even), step, ["a", "b", "c"], WeightConfig(), speed, float(end), 60.0)
+    >>> [round(w[r].weight, 3) for r in "abc"], w["c"].reason
+    ([0.422, 0.422, 0.155], 'ok; relative speed 0.367')
+    """
+    if speed.refresh_due(now, window_s / 2.0, phase):
+        speed.keep(now, replicas, relative_costs(step, replicas, config, speed, now, window_s).guarded)
+    costs = speed.kept_costs(replicas)
+    if all(c == 1.0 for c in costs):
+        return weights
+    total = sum(weights[r].weight / cost for r, cost in zip(replicas, costs, strict=True))
+    if total <= 0:
+        return weights
+    out: dict[str, ReplicaWeight] = {}
+    for replica, cost in zip(replicas, costs, strict=True):
+        w = weights[replica]
+        if cost == 1.0:
+            out[replica] = msgspec.structs.replace(w, weight=w.weight / total)
+            continue
+        out[replica] = msgspec.structs.replace(
+            w, weight=w.weight / cost / total, raw_score=w.raw_score / cost,
+            reason=f"{w.reason}; relative speed {1.0 / cost:.3g}", components={**w.components, "speed_cost": cost})
+    return out
+
+
+def capacity_weights(step: StepColumns, replicas: Sequence[str], health: Sequence[tuple[float, str | None]],
+                     config: WeightConfig, speed: RelativeSpeed, now: float,
+                     window_s: float) -> dict[str, ReplicaWeight]:
+    """The pool's weights as relative service capacity (module docstring), in ``replicas`` order;
+    ``health``: each replica's (score, note); ``speed`` keeps each replica's long-horizon cost."""
+    service, measure, reference, ratio, batch_term, cost, guarded = relative_costs(
+        step, replicas, config, speed, now, window_s)
+    bound = config.min_denominator
     raws = (1.0 / guarded).tolist()
     scores = [min(max(score, 0.0), 1.0) for score, _ in health]
     total = sum(raw * score for raw, score in zip(raws, scores, strict=True))
@@ -172,4 +241,5 @@ def _at_pool_batch(log_ratio: npt.NDArray[np.float64], log_service: npt.NDArray[
 _MIN_BATCH_REPLICAS = 3  # fewer replicas with a batch size: no pool to compare a batch against
 _MEASURES = {"live": 0.0, "tpot": 1.0, "latency": 2.0}  # components are numbers
 
-__all__ = ["CAPACITY_FIELDS", "CAPACITY_TELEMETRY_FIELDS", "capacity_weights", "service_costs"]
+__all__ = ["CAPACITY_FIELDS", "CAPACITY_TELEMETRY_FIELDS", "RelativeCosts", "capacity_weights", "relative_costs",
+           "scale_by_speed", "service_costs"]

@@ -53,6 +53,7 @@ Configuration: ``Settings.detectors`` (``[detectors.<name>]`` in TOML,
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from operator import attrgetter
@@ -61,7 +62,7 @@ from typing import Any, cast
 import numpy as np
 
 from skewwatch.gc_pause import gc_paused
-from skewwatch.pipeline.capacity import CAPACITY_FIELDS, CAPACITY_TELEMETRY_FIELDS, capacity_weights
+from skewwatch.pipeline.capacity import CAPACITY_FIELDS, CAPACITY_TELEMETRY_FIELDS, capacity_weights, scale_by_speed
 from skewwatch.pipeline.corrections import publish_reason, step_seq
 from skewwatch.pipeline.demotion import Holds, demote
 from skewwatch.pipeline.detector_settings import DetectorSettings
@@ -147,12 +148,14 @@ class ModelDecider:
         self._holds = Holds(self.settings.weights)
         self._speed = RelativeSpeed()  # the capacity formula's long-horizon costs
         # the vectors' fields the step reads as columns, read in one pass (StepColumns.prefetch)
+        weights_cfg = self.settings.weights
+        speed_fields = weights_cfg.formula == "capacity" or weights_cfg.relative_speed
         self._step_fields = tuple(dict.fromkeys(
-            ["count", *(CAPACITY_FIELDS if self.settings.weights.formula == "capacity" else POOL_WEIGHT_FIELDS),
+            ["count", *(POOL_WEIGHT_FIELDS if weights_cfg.formula == "seed" else ()),
+             *(CAPACITY_FIELDS if speed_fields else ()),
              *(name for d in self.detectors.values() for name in d.step_fields())]))
         self._step_telemetry_fields = tuple(dict.fromkeys(
-            [*POOL_WEIGHT_TELEMETRY_FIELDS,
-             *(CAPACITY_TELEMETRY_FIELDS if self.settings.weights.formula == "capacity" else ()),
+            [*POOL_WEIGHT_TELEMETRY_FIELDS, *(CAPACITY_TELEMETRY_FIELDS if speed_fields else ()),
              *(name for d in self.detectors.values() for name in d.step_telemetry_fields())]))
 
     # ------------------------------------------------------------------ the step
@@ -305,6 +308,9 @@ class ModelDecider:
                                        self.settings.decider.window_s)
         else:
             weights = pool_weights(columns, order, telemetry, score_notes, self.settings.weights)
+            if self.settings.weights.relative_speed:
+                weights = scale_by_speed(weights, columns, order, self.settings.weights, self._speed, now,
+                                         self.settings.decider.window_s, phase=zlib.crc32(model.encode()) / 2**32)
         settled = self._evidence.settle(model, now, order, summaries, weights, health_actions,
                                         self.settings.weights)
         alerts.extend(settled.alerts)

@@ -62,6 +62,10 @@ class RelativeSpeed:
         self._pool_noise = 0.0  # the pool's noise of one ratio (decayed), and the seconds it holds
         self._pool_span = 0.0
         self.batch = BatchSlope()  # the pool's own relation of time per token to batch (capacity.py)
+        # the costs another formula's weights were last scaled by (capacity.scale_by_speed), and when:
+        # replicas at cost 1 are left out
+        self._kept: dict[str, float] = {}
+        self._kept_at: float | None = None
 
     def update(self, now: float, replicas: Sequence[str], log_ratio: npt.NDArray[np.float64], config: WeightConfig,
                evidence_s: float | None) -> npt.NDArray[np.float64]:
@@ -136,13 +140,42 @@ class RelativeSpeed:
             out[row] = math.copysign(max(abs(mean) - band, 0.0), mean)
         return out
 
+    def refresh_due(self, now: float, every_s: float, phase: float = 0.0) -> bool:
+        """Whether ``now`` is past the next refresh: the first of a grid of ``every_s`` shifted by
+        ``phase`` x ``every_s`` after the kept costs (True when none are kept, or time went back).
+        Pools on different phases refresh on different steps, so no step pays for all of them.
+
+        >>> speed, refreshed = RelativeSpeed(), []
+        >>> for t in range(100, 200, 5):  # the grid: 15 s past every 30 s
+        ...     if speed.refresh_due(float(t), 30.0, phase=0.5):
+        ...         speed.keep(float(t), [], np.zeros(0))
+        ...         refreshed.append(t)
+        >>> refreshed
+        [100, 105, 135, 165, 195]
+        """
+        kept_at = self._kept_at
+        if kept_at is None or now < kept_at:
+            return True
+        offset = phase * every_s
+        return math.floor((now - offset) / every_s) > math.floor((kept_at - offset) / every_s)
+
+    def keep(self, now: float, replicas: Sequence[str], costs: npt.NDArray[np.float64]) -> None:
+        """Keep this step's guarded costs until the next refresh."""
+        self._kept = {r: float(c) for r, c in zip(replicas, costs.tolist(), strict=True) if c != 1.0}
+        self._kept_at = now
+
+    def kept_costs(self, replicas: Sequence[str]) -> list[float]:
+        """The kept cost of each replica (1.0: none kept)."""
+        kept = self._kept
+        return [kept.get(r, 1.0) for r in replicas] if kept else [1.0] * len(replicas)
+
     def forget(self, replica: str) -> None:
-        for table in (self._mean, self._span, self._noise, self._seen, self._apart):
+        for table in (self._mean, self._span, self._noise, self._seen, self._apart, self._kept):
             table.pop(replica, None)
 
     def state_dict(self) -> dict[str, Any]:
         return {"last": self._last, "pool_noise": [self._pool_noise, self._pool_span],
-                "batch_slope": self.batch.state_dict(),
+                "batch_slope": self.batch.state_dict(), "kept": [self._kept_at, dict(self._kept)],
                 "replicas": {replica: [self._mean[replica], self._span[replica], self._noise.get(replica),
                                        self._seen[replica], self._apart.get(replica)] for replica in self._mean}}
 
@@ -151,6 +184,9 @@ class RelativeSpeed:
         self._last = state.get("last")
         self._pool_noise, self._pool_span = (float(v) for v in state.get("pool_noise") or (0.0, 0.0))
         self.batch.load_state(state.get("batch_slope") or [])
+        kept_at, kept = state.get("kept") or (None, {})
+        self._kept_at = None if kept_at is None else float(kept_at)
+        self._kept = {str(r): float(c) for r, c in dict(kept).items()}
         for replica, (mean, span, noise, seen, apart) in (state.get("replicas") or {}).items():
             self._mean[replica], self._span[replica], self._seen[replica] = float(mean), float(span), float(seen)
             if noise is not None:

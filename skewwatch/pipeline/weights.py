@@ -81,6 +81,10 @@ class WeightConfig(FrozenConfigSection, frozen=True):
     # "seed" (this module's formula) or "capacity" (pipeline/capacity.py: relative service capacity; it
     # finds slow replicas the seed's formula misses, and moves healthy ones more: bench/README.md)
     formula: Literal["capacity", "seed"] = "seed"
+    # the seed formula's score times the replica's relative decode speed (pipeline/capacity.py
+    # ``scale_by_speed``: the capacity formula's long-horizon estimate; a slower GPU carries less of
+    # the pool while its queue, memory and latency say where load stands now); the seed profile: off
+    relative_speed: bool = True
     capacity_horizon_s: Positive = 300.0  # capacity: time constant of each replica's mean cost (restarted at a change)
     capacity_dead_band: Annotated[float, Meta(ge=1)] = 1.05  # ... costs within this factor of the pool's are equal
     capacity_z: NonNegative = 2.0  # ... or within this many standard errors of the replica's mean cost

@@ -369,7 +369,7 @@ def test_routing_runs_both_traces_in_process() -> None:
     scenario = routing.Scenario(trace="mooncake", run_s=150.0, warmup_s=30.0)
     result = routing.run_trace(scenario, ["default"], None, Path("."))
     rows = result["rows"]
-    assert set(rows) == {"round_robin", "least_connections", "dynamic (in-process)",
+    assert set(rows) == {"round_robin", "least_connections", "oracle", "dynamic (in-process)",
                          "dynamic_least_request (in-process)"}
     assert result["scenario"]["trace"] == "mooncake"
     assert all(r["requests"] > 50 and r["dropped"] == 0 for r in rows.values())

@@ -576,3 +576,19 @@ def test_every_correction_says_how_long_it_is_valid() -> None:
     assert d.correction.to_dict()["valid_for_s"] == 90.0
     with pytest.raises(ConfigError, match="valid_for_s"):
         DetectorSettings.from_overrides({"corrections": {"valid_for_s": 30}})
+
+
+def test_the_default_weights_carry_a_slower_replicas_speed_and_the_seed_profile_does_not() -> None:
+    """relative_speed: r3's tokens come 1.67 x slower than its peers' for ten minutes, with nothing
+    else different (no alert: a slower GPU is no fault). The default profile gives it less than its
+    peers; the seed profile, its formula alone, the same."""
+    slower = {"r3": {"tpot_p50": 50.0}}
+    default, seed = ModelDecider(DetectorSettings()), ModelDecider(SEED)
+    for i in range(120):
+        faults = {r: {"tpot_p50": 30.0, **slower.get(r, {})} for r in REPLICAS}
+        last, last_seed = step(default, i, faults), step(seed, i, faults)
+    weights = last.current.weights if last.current else {}
+    assert weights["r3"] < 0.75 * min(weights["r1"], weights["r2"])
+    assert "relative speed" in last.weights["r3"].reason and not last.alerts
+    seed_weights = last_seed.current.weights if last_seed.current else {}
+    assert seed_weights["r3"] == pytest.approx(seed_weights["r1"])

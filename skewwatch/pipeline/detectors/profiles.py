@@ -43,8 +43,8 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "batch_collapse": BATCH_COLLAPSE_SEED,
         "context_burst": CONTEXT_BURST_SEED,
         "kv_pressure": KV_PRESSURE_SEED,
-        # the seed's weights: its formula alone (an open alert does not move them)
-        "weights": {"formula": "seed", "demote_on_alert": False},
+        # the seed's weights: its formula alone (an open alert does not move them, nor a replica's speed)
+        "weights": {"formula": "seed", "demote_on_alert": False, "relative_speed": False},
     },
 }
 
