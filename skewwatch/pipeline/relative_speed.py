@@ -6,7 +6,7 @@ requests, a burst of long prompts). A GPU that is slower than its peers is slowe
 the estimate is the replica's exponentially weighted mean log ratio over ``capacity_horizon_s``
 (300 s). A fault that begins or ends moves the ratio by more than its noise: a ratio further from
 the mean than ``capacity_z`` noises (and ``log(capacity_dead_band)``) for half the evidence one ratio
-summarises (30 s of a 60 s window: new requests, not the same ones again; at least two steps)
+summarises (30 s of a 60 s window: new requests, not the same ones again; spanning at least two updates)
 restarts the mean from it, and a shorter run of them is an outlier the mean does not take. So the
 estimate follows a change half a window after the windows show it, and is as precise as five
 minutes of windows otherwise.
@@ -105,13 +105,13 @@ class RelativeSpeed:
             residual = x - mean
             if noise is not None and abs(residual) > max(floor, z * scale):
                 # far from the mean: a change once it has lasted half the evidence a ratio
-                # summarises (new requests in the window, not the same ones seen again) and two
-                # steps; then the mean restarts from this ratio; until then an outlier it does not take
+                # summarises (new requests in the window, not the same ones seen again) and spans two
+                # updates; then the mean restarts from this ratio; until then an outlier it does not take
                 side = 1.0 if residual > 0 else -1.0
                 since = self._apart.get(replica)
                 if since is None or math.copysign(1.0, since) != side:
                     self._apart[replica] = side * max(now, 1e-9)  # when the run began, signed by its side
-                elif now - abs(since) >= max(evidence / 2.0, 2.0 * step):
+                elif now - abs(since) >= max(evidence / 2.0, step):
                     self._mean[replica], self._span[replica] = x, evidence
                     self._apart.pop(replica)
             else:
