@@ -314,8 +314,9 @@ class ModelDecider:
         settled = self._evidence.settle(model, now, order, summaries, weights, health_actions,
                                         self.settings.weights)
         alerts.extend(settled.alerts)
-        if (self._alerted or self._holds.holding(now)) and settled.mode != "panic":
-            self._demote(order, weights, now)
+        probation = [replica for replica in order if self._evidence.replicas[replica].probation]
+        if (self._alerted or self._holds.holding(now) or probation) and settled.mode != "panic":
+            self._demote(order, weights, now, set(probation))
         if settled.withdrawn:  # held back by the ejection cap, or routed anyway in panic
             actions = [a for a in actions if not (a.replica in settled.withdrawn and a.action in EJECTING_ACTIONS)]
         correction = RoutingCorrection(
@@ -502,11 +503,13 @@ class ModelDecider:
                     alerted.setdefault(replica, set()).add(f"{name}#{rule}" if rule else name)
         return alerted
 
-    def _demote(self, order: list[str], weights: dict[str, ReplicaWeight], now: float) -> None:
-        """Published weights below every healthy replica's for those with an open alert, or held
-        after a repeat demotion (in place)."""
+    def _demote(self, order: list[str], weights: dict[str, ReplicaWeight], now: float,
+                probation: set[str] | frozenset[str] = frozenset()) -> None:
+        """Published weights below every healthy replica's for those with an open alert, held after a
+        repeat demotion, or on probation: back from an ejection without a request since (in place)."""
         rows = [weights[replica] for replica in order]
         alerted = [bool(self._alerted.get(replica)) or self._holds.held(replica, now) for replica in order]
+        on_probation = [replica in probation and not alerted[row] for row, replica in enumerate(order)]
         # warm-up: a replica with fewer requests than the credibility rule's half-credibility count
         # (credibility_k, decayed over rate_horizon_s) is not demoted yet (its weight is mostly an
         # equal share anyway): a new replica first serves its share and shows what it is
@@ -519,10 +522,13 @@ class ModelDecider:
                     n = 0.0 if evidence is None else evidence.arrivals.n
                     note = f"not demoted: warming up ({n:.0f} of {k:g} requests)"
                     rows[row].reason = note if rows[row].reason == "ok" else f"{rows[row].reason}; {note}"
+        # probation is not warming up: the replica served before its ejection
+        alerted = [a or p for a, p in zip(alerted, on_probation, strict=True)]
         outcome = demote([w.weight for w in rows], alerted, [w.health >= 1.0 for w in rows], self.settings.weights)
         for row in outcome.demoted:
             labels = self._alerted.get(order[row])
             note = ("demoted: " + ", ".join(sorted(labels)) + " open" if labels
+                    else "demoted: back from an ejection, no request since" if on_probation[row]
                     else "demoted: held after a repeat demotion")
             rows[row].reason = note if rows[row].reason == "ok" else f"{rows[row].reason}; {note}"
         if outcome.demoted:

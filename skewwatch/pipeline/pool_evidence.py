@@ -62,18 +62,21 @@ class ReplicaEvidence:
     engine_lost: bool = False  # its engine telemetry stopped while it was still reported (until a new sample)
     weight: float | None = None  # the weight it was given at the last step
     verdict: Verdict | None = None  # this step's staleness (not kept across a checkpoint)
+    # back from an ejection and no request seen since: routed a probing share (the decider demotes
+    # it) until a request shows it serves, not its full share on a score from before it went out
+    probation: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able state."""
         return {"arrivals": self.arrivals.to_dict(), "held": self.held, "engine_seen": self.engine_seen,
-                "engine_lost": self.engine_lost, "weight": self.weight}
+                "engine_lost": self.engine_lost, "weight": self.weight, "probation": self.probation}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], horizon_s: float) -> ReplicaEvidence:
         """Inverse of :meth:`to_dict`."""
         return cls(ArrivalEvidence.from_dict(data["arrivals"], horizon_s), held=data.get("held"),
                    engine_seen=data.get("engine_seen"), engine_lost=bool(data.get("engine_lost", False)),
-                   weight=data.get("weight"))
+                   weight=data.get("weight"), probation=bool(data.get("probation", False)))
 
 
 @dataclass(slots=True)
@@ -132,6 +135,7 @@ class PoolEvidence:
                 evidence.arrivals.pool_mark = mark
             elif fv is not None and fv.step_count > 0:
                 evidence.arrivals.observe(now, fv.step_count, mark, decays)
+                evidence.probation = False  # it serves: a request of its own ended the probation
             if sample is not None and sample.source in ENGINE_SOURCES:
                 evidence.engine_seen, evidence.engine_lost, evidence.engine_alive = sample.ts, False, True
                 continue
@@ -244,6 +248,7 @@ class PoolEvidence:
             found = self.replicas.get(replica)
             if found is not None:
                 found.arrivals.restart(now, self.pool_total)
+                found.probation = True
         guard_notes = outcome.notes
         for row, (w, evidence, weight, n) in enumerate(zip(rows, evs, outcome.weights, counts, strict=True)):
             w.weight = evidence.weight = weight

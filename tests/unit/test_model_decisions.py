@@ -160,11 +160,30 @@ def test_silent_replica_is_held_then_stale_then_back_then_released() -> None:
     assert all(w is not None and w.weight == 0.0 for w in weights[2:8])
     assert weights[2] is not None and "stale: no request for 15 s" in weights[2].reason
     assert "ejected (stale) until" in weights[2].reason
-    # then back at its held weight (its silence while out says nothing) ...
-    assert weights[8] is not None and weights[8].weight == pytest.approx(1 / 3)
+    # then routed again (its silence while out says nothing), on probation: a probing share below its
+    # peers until a request shows it serves ...
+    assert weights[8] is not None and 0.0 < weights[8].weight < 1 / 3
+    assert "demoted: back from an ejection, no request since" in weights[8].reason
     # ... and released 60 s after its last request
     assert weights[10] is not None
     assert weights[11] is None and "r3" not in decider.replicas
+
+
+def test_a_replica_back_from_an_ejection_is_on_probation_until_a_request_of_its_own() -> None:
+    """A silent replica (its events lost, say) is ejected; when the ejection ends it gets a probing
+    share, below every healthy replica, for as long as it shows no request, and its full share on
+    the step after one."""
+    decider = ModelDecider()
+    weights: list[float] = []
+    peers: list[float] = []
+    for i in range(14):
+        silent = 1 <= i < 11
+        d = step(decider, i, {"r3": {"step_count": 0}} if silent else {})
+        weights.append(d.weights["r3"].weight)
+        peers.append(min(d.weights["r1"].weight, d.weights["r2"].weight))
+    assert all(w == 0.0 for w in weights[3:9])  # stale at 15 s, ejected for 30 s
+    assert all(0.0 < weights[i] < peers[i] for i in (9, 10))  # back, silent still: probing share
+    assert weights[11] == pytest.approx(1 / 3) and weights[13] == pytest.approx(1 / 3)  # it served
 
 
 def test_a_replica_back_from_an_ejection_after_stage_1_let_it_go_is_judged_on_its_requests() -> None:
