@@ -171,3 +171,24 @@ def test_a_slower_replica_whose_batch_grew_with_it_is_still_found() -> None:
     w = loaded_pool(slower="d")
     assert w["d"] < 0.8 * 0.25
     assert min(w["a"], w["b"], w["c"]) > 0.25
+
+
+def test_relative_speed_returns_a_replica_to_its_share_once_its_window_agrees() -> None:
+    """scale_by_speed: c's tokens come 2 x slower for ten minutes, then at the pool's speed again.
+    Its weight is below its peers' while slow, and back at theirs on the first refresh after its
+    window shows it (the estimate itself restarts later)."""
+    from skewwatch.pipeline.capacity import scale_by_speed
+    from skewwatch.pipeline.weights import ReplicaWeight
+
+    speed = RelativeSpeed()
+    even = {r: ReplicaWeight(r, 1 / 3, 1.0, 1.0, "ok") for r in "abc"}
+    shares: dict[float, float] = {}
+    for end in range(60, 1000, 5):
+        slow = end <= 660
+        vectors = [fv(r, float(end), tpot_p50=40.0 if (r == "c" and slow) else 20.0) for r in "abc"]
+        w = scale_by_speed(dict(even), StepColumns(vectors, [None] * 3), list("abc"), WeightConfig(), speed,
+                           float(end), 60.0)
+        shares[float(end)] = w["c"].weight / w["a"].weight
+    assert shares[650.0] < 0.6
+    back = min(t for t in shares if t > 660.0 and shares[t] == pytest.approx(1.0))
+    assert back <= 660.0 + 30.0  # the refresh after its window reads the pool's speed
