@@ -660,7 +660,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--in-process", action="store_true",
                         help="close the dynamic loops in-process only (no broker, no worker)")
     parser.add_argument("--out", type=Path, default=RESULTS / "routing.json")
-    parser.add_argument("--plot", type=Path, default=RESULTS / "routing.png")
+    parser.add_argument("--plot", type=Path, help="default: beside --out, .png (one per trace after the first)")
     args = parser.parse_args(argv)
     traces = args.trace or list(TRACES)
     variants = list(VARIANTS) if "all" in (args.variant or []) else (args.variant or ["faults"])
@@ -692,8 +692,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(restored)
         for row, v in result["target"].items():
             print("\n" + targets_line(row, v))
-        path = args.plot if name == next(iter(results)) else args.plot.with_name(
-            f"{args.plot.stem}_{name.replace('/', '_')}{args.plot.suffix}")
+        base = args.plot or args.out.with_suffix(".png")
+        path = base if name == next(iter(results)) else base.with_name(
+            f"{base.stem}_{name.replace('/', '_')}{base.suffix}")
         plot(result["rows"], scenario, path)
         plots.append(str(path))
     out = {"machine": machine(), "wall_s": round(time.monotonic() - began, 1), "quick": args.quick,

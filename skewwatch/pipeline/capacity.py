@@ -137,10 +137,11 @@ def scale_by_speed(weights: dict[str, ReplicaWeight], step: StepColumns, replica
     The costs are estimated every half window (``window_s / 2``: new requests, not the same ones
     seen again; the estimate weighs each ratio by the seconds since the last, so it is the same
     mean) and kept in between: a five-minute estimate gains nothing from every 5 s step. A cost
-    applies only while the replica's current window is on the same side of the dead band (or has
-    no time per token): doubt resolves toward the pool's share, so a replica whose slowdown ended
-    regains its share as soon as its window shows it, where the estimate restarts half a window
-    later. ``phase``
+    applies only while the replica's windows do not contradict it
+    (:meth:`~skewwatch.pipeline.relative_speed.RelativeSpeed.returning`: a ratio beyond its noise on
+    the pool's side of its mean): doubt resolves toward the pool's share, so a replica whose
+    slowdown ended regains its share as soon as its window shows it, where the estimate restarts
+    half a window later; a noisy window within the noise changes nothing. ``phase``
     (in [0, 1)) shifts the pool's refreshes within the half window (the decider's: from its model's
     name), so a fleet's pools do not all refresh on one step.
 
@@ -158,13 +159,11 @@ def scale_by_speed(weights: dict[str, ReplicaWeight], step: StepColumns, replica
     """
     if speed.refresh_due(now, window_s / 2.0, phase):
         estimate = relative_costs(step, replicas, config, speed, now, window_s)
-        # the weight leaves the pool's share only while the window agrees with the long-horizon cost
-        # (on the same side of the dead band, or no window this step): a replica whose slowdown ended
-        # is back at its share once its window shows it, not once the estimate has restarted
-        band = config.capacity_dead_band
-        agrees = np.isnan(estimate.ratio) | ((estimate.guarded > 1.0) & (estimate.ratio > band)) | (
-            (estimate.guarded < 1.0) & (estimate.ratio < 1.0 / band))
-        speed.keep(now, replicas, np.where(agrees, estimate.guarded, 1.0))
+        # a cost applies only while the replica's windows do not contradict it: a ratio beyond its
+        # noise on the pool's side of its mean (the start of the run that restarts the estimate
+        # half a window later) puts it back at its share now; a ratio within the noise does not
+        back = np.asarray(speed.returning(replicas), dtype=bool)
+        speed.keep(now, replicas, np.where(back, 1.0, estimate.guarded))
     costs = speed.kept_costs(replicas)
     if all(c == 1.0 for c in costs):
         return weights

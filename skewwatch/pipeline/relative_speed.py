@@ -140,6 +140,27 @@ class RelativeSpeed:
             out[row] = math.copysign(max(abs(mean) - band, 0.0), mean)
         return out
 
+    def returning(self, replicas: Sequence[str]) -> list[bool]:
+        """Whether each replica's latest ratios lie beyond its noise on the pool's side of its mean
+        (a run that restarts the mean once it lasts, :meth:`update`): the evidence that its slowdown
+        (or speed-up) is ending, before the estimate has restarted.
+
+        >>> speed = RelativeSpeed()
+        >>> for step in range(40):  # c is 2 x slower for 150 s, then as fast as a and b
+        ...     slow = 0.0 if step >= 30 else np.log(2.0)
+        ...     x = np.array([0.0, 0.0, slow]) + np.array([0.02, -0.02, 0.01]) * (-1) ** step
+        ...     _ = speed.update(5.0 * step, ["a", "b", "c"], x, WeightConfig(), evidence_s=60.0)
+        ...     if step in (29, 30):
+        ...         print(step, speed.returning(["a", "b", "c"]))
+        29 [False, False, False]
+        30 [False, False, True]
+        """
+        out = []
+        for replica in replicas:
+            since, mean = self._apart.get(replica), self._mean.get(replica)
+            out.append(since is not None and mean is not None and since * mean < 0.0)
+        return out
+
     def refresh_due(self, now: float, every_s: float, phase: float = 0.0) -> bool:
         """Whether ``now`` is past the next refresh: the first of a grid of ``every_s`` shifted by
         ``phase`` x ``every_s`` after the kept costs (True when none are kept, or time went back).
