@@ -192,3 +192,22 @@ def test_relative_speed_returns_a_replica_to_its_share_once_its_window_agrees() 
     assert shares[650.0] < 0.6
     back = min(t for t in shares if t > 660.0 and shares[t] == pytest.approx(1.0))
     assert back <= 660.0 + 30.0  # the refresh after its window reads the pool's speed
+
+
+def test_relative_speed_keeps_a_slower_replicas_cost_through_a_window_within_its_noise() -> None:
+    """scale_by_speed: c is 2 x slower and its windows scatter by about 15 %; one window that reads
+    it 1.6 x slower is within that noise, so its cost stays: only a ratio beyond the noise hands a
+    slower replica its share back."""
+    from skewwatch.pipeline.capacity import scale_by_speed
+    from skewwatch.pipeline.weights import ReplicaWeight
+
+    speed = RelativeSpeed()
+    even = {r: ReplicaWeight(r, 1 / 3, 1.0, 1.0, "ok") for r in "abc"}
+    shares: dict[float, float] = {}
+    for i, end in enumerate(range(60, 900, 5)):
+        c = 32.0 if end == 840 else 40.0 * (1.15 if (i // 6) % 2 else 1 / 1.15)
+        vectors = [fv(r, float(end), tpot_p50=c if r == "c" else 20.0) for r in "abc"]
+        w = scale_by_speed(dict(even), StepColumns(vectors, [None] * 3), list("abc"), WeightConfig(), speed,
+                           float(end), 60.0)
+        shares[float(end)] = w["c"].weight / w["a"].weight
+    assert max(shares[t] for t in shares if 600.0 <= t <= 895.0) < 0.7
