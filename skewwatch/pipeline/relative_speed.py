@@ -155,11 +155,8 @@ class RelativeSpeed:
         29 [False, False, False]
         30 [False, False, True]
         """
-        out = []
-        for replica in replicas:
-            since, mean = self._apart.get(replica), self._mean.get(replica)
-            out.append(since is not None and mean is not None and since * mean < 0.0)
-        return out
+        apart, mean = self._apart, self._mean  # a run is only ever kept beside a mean
+        return [replica in apart and apart[replica] * mean[replica] < 0.0 for replica in replicas]
 
     def refresh_due(self, now: float, every_s: float, phase: float = 0.0) -> bool:
         """Whether ``now`` is past the next refresh: the first of a grid of ``every_s`` shifted by

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
-from skewwatch.pipeline.capacity import capacity_weights, service_costs
+from skewwatch.pipeline.capacity import capacity_weights, scale_by_speed, service_costs
 from skewwatch.pipeline.detector_settings import DetectorSettings
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.model_decisions import ModelDecider
 from skewwatch.pipeline.relative_speed import RelativeSpeed
-from skewwatch.pipeline.weights import WeightConfig
+from skewwatch.pipeline.weights import ReplicaWeight, WeightConfig
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
 
@@ -173,22 +174,25 @@ def test_a_slower_replica_whose_batch_grew_with_it_is_still_found() -> None:
     assert min(w["a"], w["b"], w["c"]) > 0.25
 
 
+def _speed_shares(c_tpot: Callable[[int, int], float], ends: range) -> dict[float, float]:
+    """scale_by_speed over a pool of a, b at 20 ms per token and c at ``c_tpot(step index, end)``:
+    c's weight over a's at each step's end."""
+    speed = RelativeSpeed()
+    even = {r: ReplicaWeight(r, 1 / 3, 1.0, 1.0, "ok") for r in "abc"}
+    shares: dict[float, float] = {}
+    for i, end in enumerate(ends):
+        vectors = [fv(r, float(end), tpot_p50=c_tpot(i, end) if r == "c" else 20.0) for r in "abc"]
+        w = scale_by_speed(dict(even), StepColumns(vectors, [None] * 3), list("abc"), WeightConfig(), speed,
+                           float(end), 60.0)
+        shares[float(end)] = w["c"].weight / w["a"].weight
+    return shares
+
+
 def test_relative_speed_returns_a_replica_to_its_share_once_its_window_agrees() -> None:
     """scale_by_speed: c's tokens come 2 x slower for ten minutes, then at the pool's speed again.
     Its weight is below its peers' while slow, and back at theirs on the first refresh after its
     window shows it (the estimate itself restarts later)."""
-    from skewwatch.pipeline.capacity import scale_by_speed
-    from skewwatch.pipeline.weights import ReplicaWeight
-
-    speed = RelativeSpeed()
-    even = {r: ReplicaWeight(r, 1 / 3, 1.0, 1.0, "ok") for r in "abc"}
-    shares: dict[float, float] = {}
-    for end in range(60, 1000, 5):
-        slow = end <= 660
-        vectors = [fv(r, float(end), tpot_p50=40.0 if (r == "c" and slow) else 20.0) for r in "abc"]
-        w = scale_by_speed(dict(even), StepColumns(vectors, [None] * 3), list("abc"), WeightConfig(), speed,
-                           float(end), 60.0)
-        shares[float(end)] = w["c"].weight / w["a"].weight
+    shares = _speed_shares(lambda i, end: 40.0 if end <= 660 else 20.0, range(60, 1000, 5))
     assert shares[650.0] < 0.6
     back = min(t for t in shares if t > 660.0 and shares[t] == pytest.approx(1.0))
     assert back <= 660.0 + 30.0  # the refresh after its window reads the pool's speed
@@ -198,16 +202,6 @@ def test_relative_speed_keeps_a_slower_replicas_cost_through_a_window_within_its
     """scale_by_speed: c is 2 x slower and its windows scatter by about 15 %; one window that reads
     it 1.6 x slower is within that noise, so its cost stays: only a ratio beyond the noise hands a
     slower replica its share back."""
-    from skewwatch.pipeline.capacity import scale_by_speed
-    from skewwatch.pipeline.weights import ReplicaWeight
-
-    speed = RelativeSpeed()
-    even = {r: ReplicaWeight(r, 1 / 3, 1.0, 1.0, "ok") for r in "abc"}
-    shares: dict[float, float] = {}
-    for i, end in enumerate(range(60, 900, 5)):
-        c = 32.0 if end == 840 else 40.0 * (1.15 if (i // 6) % 2 else 1 / 1.15)
-        vectors = [fv(r, float(end), tpot_p50=c if r == "c" else 20.0) for r in "abc"]
-        w = scale_by_speed(dict(even), StepColumns(vectors, [None] * 3), list("abc"), WeightConfig(), speed,
-                           float(end), 60.0)
-        shares[float(end)] = w["c"].weight / w["a"].weight
+    shares = _speed_shares(lambda i, end: 32.0 if end == 840 else 40.0 * (1.15 if (i // 6) % 2 else 1 / 1.15),
+                           range(60, 900, 5))
     assert max(shares[t] for t in shares if 600.0 <= t <= 895.0) < 0.7
