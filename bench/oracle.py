@@ -33,7 +33,12 @@ fault's distribution of them:
 - ``replica_silence``: the replica's request count in the step against an equal share of its peers'
   (Poisson, rate 0 under the fault: any request it finishes rules the fault out). A missing
   telemetry sample is not used: a scrape is lost now and then in a real fleet and never in the
-  simulator, so no clean data could calibrate a rule on it.
+  simulator, so no clean data could calibrate a rule on it;
+- ``ttft_drift`` (the learned detector's): each request's log TTFT, later by (k - 1) x the peers'
+  median TTFT, k rising from 1 to ``factor`` over ``ramp_s`` from the onset, at the request's arrival;
+- ``throughput_drop`` (the learned detector's): each request's log output tokens, ``drop`` shorter,
+  and its time per output token after the first, slower by up to ``1 / (1 - drop)`` (prefill shares
+  the iterations, as for ``slow_replica``), on finished requests and the live P50.
 
 Times per token move with the pool's load (a burst of long prompts slows every replica at once), so
 they are taken relative to the other replicas' median over the last ``REF_S``. Where the fault acts
@@ -51,7 +56,8 @@ exceeds ``h``. The oracle's delay is that step's end minus the label's start.
 
 **Calibration.** ``h`` is chosen per calibration group (the benchmark: per shape) and statistic
 on the clean pools of the same runs: the same CUSUM run continuously over the scored span on every
-replica of every clean pool against its own peers, restarted after each crossing, must cross at
+replica of every clean pool against its own peers, restarted after each crossing (a fault that
+unfolds, a ramp, as if it began anew every fault's length), must cross at
 most ``FALSE_PER_HOUR_TARGET`` (1) times per clean pool-hour (a crossing on any replica counts, as
 a detector's false alert does). ``h`` is the smallest such threshold (with fewer clean pool-hours
 than one, no crossing at all: ``h`` is the largest value the clean CUSUMs reached). Nothing else is
@@ -120,15 +126,17 @@ STATISTICS: dict[str, str] = {
     "gpu_fault": "CUDA errors + XID",
     "kv_pressure": "KV hit rate + fragmentation",
     "replica_silence": "request count vs peers",
+    "ttft_drift": "log TTFT, later by a ramp",
+    "throughput_drop": "log output tokens + log TPOT",
 }
 KINDS: tuple[str, ...] = tuple(STATISTICS)
 # per-request and per-sample fields kept per pool (the peers' nulls)
 _SAMPLE_FIELDS = ("frag", "xid", "tpot_p99", "tpot_p50", "running", "queue")
-_FIELDS = ("tpot", "comp", "latency", "prompt", "batch", "cuda", "hit", *_SAMPLE_FIELDS)
+_FIELDS = ("tpot", "comp", "outputs", "latency", "ttft", "prompt", "batch", "cuda", "hit", *_SAMPLE_FIELDS)
 # Fields the whole pool moves together (a burst of long requests slows every replica's decode): judged
 # as the difference from the other replicas' median at the same time, so the null is what a healthy
 # replica's difference looks like and the common swings cancel
-RELATIVE = ("tpot", "tpot_p50", "tpot_p99")
+RELATIVE = ("tpot", "tpot_p50", "tpot_p99", "ttft")
 
 
 # ----------------------------------------------------------------------------- inputs and records
@@ -358,14 +366,17 @@ def _observations(cols: RequestColumns, samples: Iterable[TelemetrySample], repl
         hit = cols.kv_cache_hit_rate[mask]
         has_hit = ~np.isnan(hit)
         sample = by_replica.get(r)
+        comp_ok = ok & (comp >= 1.0)
+        first = ok & ~no_ttft & (ttft > 0)
         values = {"tpot": np.log(decode[rows] / per[rows]), "comp": per[rows], "latency": lat[ok],
+                  "outputs": np.log(comp[comp_ok]), "ttft": np.log(ttft[first]),
                   "prompt": np.log(np.maximum(cols.prompt_tokens[mask].astype(float), 1.0)),
                   "batch": batch[batch > 0],
                   "cuda": np.array([e is not None for e in cols.cuda_error[mask]], dtype=float),
                   "hit": hit[has_hit],
                   **{f: np.asarray(v, dtype=float) for f, v in _sample_values(sample).items()}}
         arrivals = {"tpot": arrival[rows], "comp": arrival[rows], "prompt": arrival, "batch": arrival[batch > 0],
-                    "hit": arrival[has_hit]}
+                    "hit": arrival[has_hit], "outputs": arrival[comp_ok], "ttft": arrival[first]}
         out[r] = _Obs(n=int(mask.sum()), samples=int(sample is not None), values=values, arrival=arrivals)
     return out
 
@@ -410,13 +421,18 @@ class OracleFeed:
                 trace.samples += seen.samples
             if fault.start < end_ts <= fault.end:
                 trace.steps.append(end_ts)
-                trace.increments.append(self._increment(fault, fault.model, fault.replica, end_ts, obs, fault.start))
+                trace.increments.append(self._increment(fault, fault.model, fault.replica, end_ts, obs, fault.start,
+                                                        fault.start))
         lo, hi = self.scored
         if lo < end_ts <= hi:
             for kind in self.kinds:
                 as_fault = next(f for f in self.faults if f.kind == kind)
+                # a fault that unfolds from its onset (a ramp) is judged on the clean replicas from a
+                # virtual onset every fault's length: the same test, at every point of the unfolding
+                span = as_fault.end - as_fault.start
+                virtual = lo + math.floor((end_ts - STEP_S - lo) / span) * span if span > 0 else lo
                 for (model, replica), stream in self.clean_streams[kind].items():
-                    stream.append(self._increment(as_fault, model, replica, end_ts, obs, None))
+                    stream.append(self._increment(as_fault, model, replica, end_ts, obs, None, virtual))
 
     def record(self) -> OracleRecord:
         lo, hi = self.scored
@@ -424,9 +440,9 @@ class OracleFeed:
         return OracleRecord(self.traces, {k: list(v.values()) for k, v in self.clean_streams.items()}, hours)
 
     def _increment(self, fault: Fault, model: str, replica: str, now: float,
-                   obs: Mapping[str, Mapping[str, _Obs]], onset: float | None) -> float:
+                   obs: Mapping[str, Mapping[str, _Obs]], onset: float | None, since: float) -> float:
         """One replica's step against its peers, as if ``fault`` were on it (from ``onset``: None on
-        a clean replica, where every observation counts)."""
+        a clean replica, where every observation counts), having unfolded since ``since``."""
         pool = self.pools[model]
         seen = obs[model][replica]
         if fault.kind == "replica_silence":
@@ -434,7 +450,7 @@ class OracleFeed:
             # Poisson, rate 0 under the fault: log P(0 | 0) - log P(0 | its share of the peers' requests)
             return FLOOR if seen.n else float(sum(peers)) / max(len(peers), 1)
 
-        view = _View(pool, seen, replica, now, onset if fault.kind in ARRIVAL_KINDS else None)
+        view = _View(pool, seen, replica, now, onset if fault.kind in ARRIVAL_KINDS else None, since)
         total = sum(llr(fault, view, self.prompt_p90) for llr in _SIGNALS[fault.kind])
         return max(float(total), FLOOR)
 
@@ -442,20 +458,29 @@ class OracleFeed:
 class _View:
     """What a signal reads: the judged replica's values this step and its peers' over the window."""
 
-    def __init__(self, pool: _Pool, seen: _Obs, replica: str, now: float, onset: float | None) -> None:
+    def __init__(self, pool: _Pool, seen: _Obs, replica: str, now: float, onset: float | None,
+                 since: float) -> None:
         self.pool, self.seen, self.replica, self.now, self.onset = pool, seen, replica, now, onset
+        self.since = since  # where the fault's unfolding (a ramp) is counted from
 
     def mine(self, f: str) -> Floats:
         """The replica's values of ``f`` (relative, for :data:`RELATIVE`); a request field only for
         requests that arrived after ``onset`` (where the fault acts on arrival, it could not have
         touched the earlier ones)."""
+        return self.mine_arrived(f)[0]
+
+    def mine_arrived(self, f: str) -> tuple[Floats, Floats]:
+        """:meth:`mine`, with each value's arrival time (NaN for a telemetry field)."""
         x = self.seen.values[f]
+        at = self.seen.arrival.get(f, np.full(len(x), np.nan))
         if self.onset is not None and f in self.seen.arrival:
-            x = x[self.seen.arrival[f] >= self.onset]
+            keep = at >= self.onset
+            x, at = x[keep], at[keep]
         if f in RELATIVE:
             x = x - self.seen.ref[f]
-            x = x[~np.isnan(x)]
-        return x
+            keep = ~np.isnan(x)
+            x, at = x[keep], at[keep]
+        return x, at
 
     def ref(self, f: str) -> float:
         return self.seen.ref[f]
@@ -465,7 +490,7 @@ class _View:
 
 
 # Where a fault decides a request's fate on its arrival (its prompt, its stall, its prefix-cache hits)
-ARRIVAL_KINDS = frozenset({"long_tail", "context_burst", "kv_pressure"})
+ARRIVAL_KINDS = frozenset({"long_tail", "context_burst", "kv_pressure", "ttft_drift", "throughput_drop"})
 
 
 def _judged(x: Floats, null: Floats) -> bool:
@@ -588,9 +613,44 @@ def _kv(fault: Fault, v: _View, _p90: float) -> float:
     return total
 
 
+def _drift(fault: Fault, v: _View, _p90: float) -> float:
+    """ttft_drift: each request's first token later by (k - 1) x the replica's usual TTFT (the peers'
+    median: the reference), k at its arrival on the ramp from 1 to ``factor`` over ``ramp_s``."""
+    (x, at), null, ref = v.mine_arrived("ttft"), v.peers("ttft"), v.ref("ttft")
+    if not _judged(x, null) or math.isnan(ref):
+        return 0.0
+    ramp = float(fault.param("ramp_s"))
+    # where on the ramp each request arrived (a clean replica's earlier requests: at its foot)
+    done = np.ones(len(x)) if ramp <= 0 else np.clip((np.nan_to_num(at, nan=v.now) - v.since) / ramp, 0.0, 1.0)
+    extra = (float(fault.param("factor")) - 1.0) * done  # x the usual TTFT, per request
+    base = np.exp(np.quantile(null, np.linspace(0.01, 0.99, 50)))  # a healthy TTFT over the usual one
+    alt = np.log(base[None, :] + extra[:, None])
+    return float(mixture_llr(x, null, alt).sum())
+
+
+def _drop(fault: Fault, v: _View, _p90: float) -> float:
+    """throughput_drop: outputs ``drop`` shorter (rounded, at least one token), every decode step
+    ``1 / (1 - drop)`` slower (a shift of the time per token up to ``-log(1 - drop)``, as
+    :func:`_slow`)."""
+    keep = 1.0 - float(fault.param("drop"))
+    total = 0.0
+    x, null = v.mine("outputs"), v.peers("outputs")
+    if _judged(x, null):
+        alt = np.log(np.maximum(np.round(np.exp(null) * keep), 1.0))
+        total += float(mixture_llr(x, null, alt).sum())
+    shift = -math.log(keep)
+    for f in ("tpot", "tpot_p50"):
+        x, null = v.mine(f), v.peers(f)
+        if _judged(x, null):
+            alt = (null[:, None] + shift * np.asarray(SHIFT_GRID)[None, :]).ravel()
+            total += float(mixture_llr(x, null, alt).sum())
+    return total
+
+
 _SIGNALS: dict[str, tuple[Any, ...]] = {
     "long_tail": (_stall_tpot, _stall_live), "slow_replica": (_slow,), "batch_collapse": (_collapse,),
-    "context_burst": (_burst,), "gpu_fault": (_gpu,), "kv_pressure": (_kv,)}
+    "context_burst": (_burst,), "gpu_fault": (_gpu,), "kv_pressure": (_kv,), "ttft_drift": (_drift,),
+    "throughput_drop": (_drop,)}
 
 
 # ----------------------------------------------------------------------------- CUSUM, calibration, detection

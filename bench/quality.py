@@ -517,6 +517,17 @@ def oracle_faults(run: Run, results: Mapping[str, Sequence[Mapping[str, Any]]]) 
     return out
 
 
+def oracle_key(kind: str, detector: str) -> str:
+    """The oracle summary's key of a detector on a fault kind: the detector's name, and the kind beside
+    it where the detector owns several of the oracle's kinds (the learned detector's two).
+
+    >>> oracle_key("long_tail", "long_tail"), oracle_key("ttft_drift", "learned")
+    ('long_tail', 'learned:ttft_drift')
+    """
+    owned = [k for k in oracle.KINDS if DETECTOR_OF[k] == detector]
+    return f"{detector}:{kind}" if len(owned) > 1 else detector
+
+
 def oracle_summary(runs: Sequence[Run], results: Mapping[str, Sequence[Mapping[str, Any]]],
                    persistence: Mapping[str, float | None] | None = None) -> dict[str, Any]:
     """Per detector of a fault kind the oracle knows: the oracle's recall and median delay, ours beside
@@ -542,8 +553,8 @@ def oracle_summary(runs: Sequence[Run], results: Mapping[str, Sequence[Mapping[s
         median = statistics.median(delays) if delays else None
         ours_median = statistics.median(ours) if ours else None
         target = None if median is None else ORACLE_DELAY_FACTOR * median + ORACLE_DELAY_SLACK_S
-        per[detector] = {
-            "kind": kind, "statistic": oracle.STATISTICS[kind], "faults": len(mine),
+        per[oracle_key(kind, detector)] = {
+            "detector": detector, "kind": kind, "statistic": oracle.STATISTICS[kind], "faults": len(mine),
             "oracle_detected": len(found), "oracle_recall": recall, "oracle_delays_s": delays,
             "oracle_delay_median_s": median, "ours_detected": len(ours), "ours_recall": ours_recall,
             "ours_delay_median_s": ours_median, "ours_detected_of_detectable": ours_found,
@@ -579,7 +590,8 @@ def _below_of_detectable(runs: Sequence[Run], faults: Sequence[tuple[Run, Mappin
         detector = DETECTOR_OF[f["kind"]]
         own = persistence.get(detector)
         targets = [t for t in ((None if own is None else own + 10.0),
-                               (per.get(detector) or {}).get("delay_target_s")) if t is not None]
+                               (per.get(oracle_key(f["kind"], detector)) or {}).get("delay_target_s"))
+                   if t is not None]
         within += int(delay is not None and bool(targets) and delay <= max(targets))
     return {"faults": len(detectable), "within_target": within,
             "share": within / len(detectable) if detectable else None}
@@ -713,7 +725,7 @@ def oracle_table(groups: Mapping[str, Mapping[str, Any]], scope: str, profiles: 
                           f"{s['ours_detected_of_detectable']}/{s['oracle_detected']}")
             cells.append(f"{s['ours_detected']}/{s['faults']}{_miss(met['recall'])} | {detectable} | "
                          f"{_fmt(s['recall_ratio'])} | {_fmt(s['ours_delay_median_s'], 0)}{_miss(met['delay'])}")
-        lines.append(f"| {detector} | {o['kind']} | {o['oracle_detected']}/{o['faults']} | "
+        lines.append(f"| {o.get('detector', detector)} | {o['kind']} | {o['oracle_detected']}/{o['faults']} | "
                      f"{_fmt(o['oracle_delay_median_s'], 0)} | {_fmt(o['delay_target_s'], 0)} | "
                      + " | ".join(cells) + " |")
     return "\n".join(lines)
