@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.quality import simulate  # noqa: E402
 from bench.scenarios import LEARNED_FAULT_AT_S, LEARNED_FAULT_FOR_S, START_TS, Scenario  # noqa: E402
 from bench.throughput.common import RESULTS, machine_info  # noqa: E402
-from skewwatch.pipeline.detectors.prompt_slope import PromptSlope  # noqa: E402
+from skewwatch.pipeline.detectors.pool_slope import PoolSlope  # noqa: E402
 from skewwatch.sim.shapes import SHAPES, make_shape  # noqa: E402
 
 Floats = npt.NDArray[np.float64]
@@ -75,11 +75,11 @@ STATISTICS: dict[str, tuple[str, float, Callable[[dict[str, Floats]], Floats], C
 
 def _at_typical_prompt(rows: dict[str, Floats]) -> Floats:
     """Each request's log TTFT per prompt token less the pool's slope on log prompt times its log
-    prompt: the learned detector's fit (``PromptSlope``) on the pool's requests before the fault, one
+    prompt: the learned detector's fit (``PoolSlope``) on the pool's requests before the fault, one
     request each (the detector fits the windows' means instead)."""
     y, x = np.log(rows["ttft"] / rows["prompt"]), np.log(rows["prompt"])
     before = rows["t"] < LEARNED_FAULT_AT_S
-    fit = PromptSlope(memory=1, min_requests=0)
+    fit = PoolSlope(memory=1, min_requests=0)
     fit.adjust("pool", y[before], x[before], np.ones(int(before.sum())))
     return np.asarray(y - fit.slope("pool") * x)
 

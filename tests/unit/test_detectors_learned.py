@@ -377,7 +377,7 @@ def test_a_state_that_judged_ttft_per_prompt_token_as_given_restarts_the_scorers
     detector = LearnedDetector(LearnedConfig(**FAST))
     run(detector, 90, story)
     state = detector.state_dict()
-    assert state["prompt_slopes"]["m"][0] > 0.0 and state["layout"][0][0] == "ttft_per_prompt_token@prompt"
+    assert state["prompt_slopes"]["m"][0] > 0.0 and state["layout"][0][0] == "ttft_per_prompt_token@prompt@load"
     older = {k: v for k, v in state.items() if k != "prompt_slopes"}
     older["layout"] = [["ttft_per_prompt_token", *state["layout"][0][1:]], *state["layout"][1:]]
     restored = LearnedDetector(LearnedConfig(**FAST))
@@ -439,3 +439,40 @@ def test_in_the_decider() -> None:
 def test_bad_settings_are_refused_with_the_setting_named(bad: dict[str, Any]) -> None:
     with pytest.raises(ConfigError, match="learned"):
         LearnedConfig.from_overrides(bad)
+
+
+def loaded_fv(replica: str, end: float, rng: random.Random, batch: float, queue: float,
+              ttft_factor: float = 1.0) -> FeatureVector:
+    """A replica's window whose time per token grows with its batch and whose TTFT grows with its
+    queue, as an engine's do (the pool's relation: tpot ~ batch^0.6, TTFT ~ (1 + queue)^0.7)."""
+    fv = replica_fv(replica, end, rng)
+    noise = rng.uniform(0.95, 1.05)
+    return dataclasses.replace(fv, batch_size_mean=batch, queue_length_mean=queue,
+                               tpot_p50=5.0 * batch ** 0.6 * noise,
+                               ttft_per_prompt_token=0.05 * (1.0 + queue) ** 0.7 * ttft_factor * noise)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_replica_that_takes_a_peers_load_is_judged_at_the_pools_typical_load(seed: int) -> None:
+    """From step 300 r2 serves the share of a stopped peer: batches of 24-32 and queues of 30-40 where
+    the pool's windows ranged over 4-16 and 0-20. Its time per token and TTFT rise as the pool's
+    relation with load says: judged at the pool's typical load, nothing to report; as given, an alert.
+    A TTFT twice the pool's at the same load (r1, from step 300) is still found."""
+    def run_pool(load_slope: bool, drift: float) -> list[tuple[str | None, str]]:
+        detector = LearnedDetector(LearnedConfig(**FAST, load_slope=load_slope))
+        alerts: list[Alert] = []
+        for i in range(420):
+            end = T0 + STEP * i
+            rng = random.Random(seed * 7919 + i)
+            vectors = []
+            for k in range(4):
+                batch, queue = rng.uniform(4.0, 16.0), rng.uniform(0.0, 20.0)
+                if k == 2 and i >= 300:
+                    batch, queue = rng.uniform(24.0, 32.0), rng.uniform(30.0, 40.0)
+                vectors.append(loaded_fv(f"r{k}", end, rng, batch, queue, drift if k == 1 and i >= 300 else 1.0))
+            detector.update_step(StepColumns(vectors, [None] * 4), end, alerts, [])
+        return [(a.replica, a.evidence["feature"]) for a in alerts if a.state == "open"]
+
+    assert run_pool(True, 1.0) == []
+    assert ("r2", "tpot_p50") in run_pool(False, 1.0) or ("r2", "ttft_per_prompt_token") in run_pool(False, 1.0)
+    assert run_pool(True, 2.0) == [("r1", "ttft_per_prompt_token")]

@@ -26,7 +26,7 @@ MODULES = _with_examples()
 
 
 def test_the_package_has_examples() -> None:
-    assert {"skewwatch.pipeline.window.summary", "skewwatch.pipeline.detectors.prompt_slope"} <= set(MODULES)
+    assert {"skewwatch.pipeline.window.summary", "skewwatch.pipeline.detectors.pool_slope"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("module", MODULES)

@@ -15,9 +15,14 @@ the median of the replicas does not move. Every window with ``min_count`` reques
 much evidence it carries is weighed when an alert opens), a feature counts only when
 ``min_replicas`` replicas have it; each replica's scorer is one row of a
 :class:`~skewwatch.pipeline.detectors.novelty.NoveltyBank`. TTFT per prompt token is judged at the
-pool's typical prompt (``prompt_slope``, :mod:`~skewwatch.pipeline.detectors.prompt_slope`): a TTFT is
+pool's typical prompt (``prompt_slope``, :mod:`~skewwatch.pipeline.detectors.pool_slope`): a TTFT is
 prefill plus a wait for a step, so per prompt token a short prompt takes longer than a long one, and
 the pool's slope on the windows' prompts (``ttft_prompt_tokens_gmean``) is learned and taken out.
+Times per token and to first token are judged at the pool's typical load (``load_slope``): in a pool
+near its capacity, a replica that takes a stopped or slowed peer's share serves larger batches and
+longer queues, and its decode steps and first tokens take longer for it, not for a fault of its own.
+The pool's slopes of the log time per token on the windows' log batch and log prompt, and of the
+log TTFT on log(1 + queue), are learned the same way and taken out (:data:`LOAD_OF`).
 
 **When it fires.** A sample holds when its most novel feature lies outside its own range (the
 scorer's, at some time scale) and outside the union of the ranges the pool's replicas spanned at
@@ -85,7 +90,7 @@ from skewwatch.config_section import Count, NonNegative, NonNegativeInt, Unit
 from skewwatch.pipeline.detectors.alerts import Action, Alert, DetectorOutput, Severity
 from skewwatch.pipeline.detectors.base import Detector
 from skewwatch.pipeline.detectors.novelty import NoveltyBank, NoveltyParams, make_scorer
-from skewwatch.pipeline.detectors.prompt_slope import PromptSlope
+from skewwatch.pipeline.detectors.pool_slope import PoolSlope
 from skewwatch.pipeline.detectors.shift import ShiftBank, ShiftParams
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.detectors.threshold import DetectorConfig
@@ -104,6 +109,12 @@ FIELDS = frozenset({
 
 PER_TOKEN = "ttft_per_prompt_token"  # the feature judged at the pool's typical prompt (``prompt_slope``)
 PROMPTS = "ttft_prompt_tokens_gmean"  # the prompts it is over (contract v1.8)
+# feature -> the replica's load that explains it (``load_slope``): a decode step's time grows with the
+# batch it serves, a first token waits behind the queue (log(1 + queue): an empty queue is common)
+LOAD_OF: dict[str, tuple[str, ...]] = {
+    "tpot_p50": ("batch_size_mean", "prompt_tokens_mean"), "tpot_p99": ("batch_size_mean", "prompt_tokens_mean"),
+    "ttft_per_prompt_token": ("queue_length_mean",), "ttft_p50": ("queue_length_mean",),
+    "ttft_p99": ("queue_length_mean",)}
 
 __all__ = ["LearnedConfig", "LearnedDetector", "make_scorer"]
 
@@ -155,12 +166,18 @@ class LearnedConfig(DetectorConfig, frozen=True):
     shift_z: NonNegative = 3.66
     shift_window: Annotated[int, Meta(ge=2)] = 10  # disjoint windows (10 min of 60 s windows)
     shift_min: NonNegative = 0.2  # and by at least this much (log ratio: +22 % / -18 %), however sure
-    # TTFT per prompt token judged at the pool's typical prompt (pipeline.detectors.prompt_slope): a
+    # TTFT per prompt token judged at the pool's typical prompt (pipeline.detectors.pool_slope): a
     # TTFT is prefill plus a wait for a step, so per prompt token a short prompt takes longer, and on a
     # replica of a request or two a window the prompts it happened to serve were most of the noise.
     # The pool's slope on log prompt (from each window's ttft_prompt_tokens_gmean, contract v1.8) is
     # learned over `memory` samples and counts once it holds `min_requests` requests
     prompt_slope: bool = True
+    # each feature of LOAD_OF judged at the pool's typical load: in a pool near its capacity a replica
+    # that takes a stopped or slowed peer's share serves larger batches and longer queues, and its
+    # times per token and to first token move with them. The pool's slope of the log feature on its
+    # log load (requests' batch sizes; 1 + queue length) is learned as the prompt's slope is, per
+    # pool and feature, and taken out
+    load_slope: bool = True
 
     def __post_init__(self) -> None:
         self._require(len(self.features) > 0, "features", "must name at least one field")
@@ -201,7 +218,11 @@ class LearnedDetector(Detector):
         # the feature judged at the pool's typical prompt, and each pool's slope (-1: none)
         self._per_token = (self.config.features.index(PER_TOKEN)
                            if self.config.prompt_slope and PER_TOKEN in self.config.features else -1)
-        self._slope = PromptSlope(self.config.memory, self.config.min_requests)
+        self._slope = PoolSlope(self.config.memory, self.config.min_requests)
+        # (feature index, its load's field) for the features judged at the pool's typical load
+        self._loaded = [(f, load) for f, name in enumerate(self.config.features)
+                        if self.config.load_slope and name in LOAD_OF for load in LOAD_OF[name]]
+        self._load = PoolSlope(self.config.memory, self.config.min_requests)
         self._row: dict[str, int] = {}  # key -> its row in the bank and the hysteresis arrays
         self._keys: list[str] = []  # row -> key
         self._hits = np.zeros(0, dtype=np.int64)  # hysteresis, one entry per row (see base.Hysteresis)
@@ -261,6 +282,7 @@ class LearnedDetector(Detector):
         prompt slopes of pools that learned nothing for as long."""
         horizon = self.config.memory * self.config.cadence_steps * STEP_S
         self._slope.drop_before(now - horizon)
+        self._load.drop_before(now - horizon)
         with np.errstate(invalid="ignore"):
             stale = np.flatnonzero(self._last < now - horizon)
         if not len(stale):
@@ -286,7 +308,8 @@ class LearnedDetector(Detector):
         return (round(now / STEP_S) + zlib.crc32(model.encode())) % cadence == 0
 
     def step_fields(self) -> tuple[str, ...]:
-        return ("count", *self.config.features, *((PROMPTS,) if self._per_token >= 0 else ()))
+        loads = tuple(dict.fromkeys(load for _, load in self._loaded))
+        return ("count", *self.config.features, *((PROMPTS,) if self._per_token >= 0 else ()), *loads)
 
     def update_step(self, step: StepColumns, now: float, alerts: list[Alert], actions: list[Action]) -> None:
         if not len(step) or not self._turn(step.vectors[0].model, now):
@@ -301,6 +324,9 @@ class LearnedDetector(Detector):
         if self._per_token >= 0:
             logs[:, self._per_token] = self._at_typical_prompt(step.vectors[0].model, logs[:, self._per_token],
                                                                step.column(PROMPTS), step.column("count"), now)
+        for f, load in self._loaded:
+            logs[:, f] = self._at_typical_load(step.vectors[0].model, f, load, logs[:, f], step.column(load),
+                                               step.column("count"), now)
         # the pool's typical replica: the median over the replicas with a sample, per feature
         x = np.full_like(logs, np.nan)
         have = np.isfinite(logs).sum(axis=0)
@@ -323,8 +349,26 @@ class LearnedDetector(Detector):
             x[:, self._per_token] = self._at_typical_prompt(
                 fv.model, x[:, self._per_token], np.array([math.nan if prompts is None else prompts]),
                 np.array([float(fv.count)]), now)
+        if sampled[0]:
+            for f, load in self._loaded:
+                value = getattr(fv, load)
+                x[:, f] = self._at_typical_load(fv.model, f, load, x[:, f],
+                                                np.array([math.nan if value is None else value]),
+                                                np.array([float(fv.count)]), now)
         self._judge([fv.key], [fv], x, sampled, now, out.alerts)
         return out
+
+    def _at_typical_load(self, model: str, f: int, load: str, logs: npt.NDArray[np.float64],
+                         loads: npt.NDArray[np.float64], requests: npt.NDArray[np.float64],
+                         now: float) -> npt.NDArray[np.float64]:
+        """The windows' log feature ``f`` at the pool's typical ``load`` (NaN: not sampled)."""
+        if load == "queue_length_mean":
+            loads = loads + 1.0  # a queue: 1 + its length
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_loads = np.log(loads)
+        log_loads[~np.isfinite(log_loads)] = np.nan
+        return self._load.adjust(f"{model}\x1f{self.config.features[f]}\x1f{load}", logs, log_loads,
+                                 requests.astype(np.float64), now)
 
     def _at_typical_prompt(self, model: str, logs: npt.NDArray[np.float64], prompts: npt.NDArray[np.float64],
                            requests: npt.NDArray[np.float64], now: float) -> npt.NDArray[np.float64]:
@@ -529,11 +573,13 @@ class LearnedDetector(Detector):
                 entry["opened"] = dict(self._opened[key])
             keys[key] = entry
         return {"v": STATE_VERSION, "detector": self.name, "layout": self._layout(), "keys": keys,
-                "prompt_slopes": self._slope.state()}
+                "prompt_slopes": self._slope.state(), "load_slopes": self._load.state()}
 
     def _layout(self) -> list[Any]:
-        # TTFT per prompt token at the pool's typical prompt is another feature than as given
-        features = [f"{name}@prompt" if f == self._per_token else name for f, name in enumerate(self.config.features)]
+        # a feature at the pool's typical prompt or load is another feature than as given
+        loaded = {f for f, _ in self._loaded}
+        features = [name + ("@prompt" if f == self._per_token else "") + ("@load" if f in loaded else "")
+                    for f, name in enumerate(self.config.features)]
         return [features, self._params.key(), self._shift.params.key()]
 
     def load_state(self, state: Mapping[str, Any]) -> None:
@@ -570,6 +616,7 @@ class LearnedDetector(Detector):
                 fresh._opened[key] = dict(entry["opened"])
         if "s" not in stale:  # the pools' slopes, as the scorers that learned with them (none: learned anew)
             fresh._slope.load(dict(state.get("prompt_slopes", {})))
+            fresh._load.load(dict(state.get("load_slopes", {})))
         self.__dict__.update(fresh.__dict__)
 
     def open_alerts(self) -> dict[str, Severity]:

@@ -65,7 +65,7 @@ def optional_values(columns: RequestColumns) -> list[FloatArray]:
     ``log_ttft_prompt_tokens``: the log prompt of the same events. Prefill is not all of a TTFT (a
     request also waits for a step of the engine), so per prompt token a short prompt takes longer than
     a long one; with the prompts' own mean beside it, a reader can judge TTFT per prompt token at a
-    given prompt length (the learned detector does: ``pipeline.detectors.prompt_slope``).
+    given prompt length (the learned detector does: ``pipeline.detectors.pool_slope``).
 
     >>> event = {"request_id": "a", "ts": 1.0, "model": "m", "replica": "r1", "latency_ms": 900.0,
     ...          "completion_tokens": 20}

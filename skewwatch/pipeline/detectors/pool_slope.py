@@ -1,4 +1,9 @@
-"""TTFT per prompt token at the pool's typical prompt: a slope on prompt length, learned per pool.
+"""A log value at the pool's typical prompt or load: its slope on a log covariate, learned per pool.
+
+The learned detector judges a window's TTFT per prompt token at the pool's typical prompt, and its
+times per token and to first token at the pool's typical load (its batch and its prompts; its queue):
+each is a pool's relation between two of a window's fields, learned over the pool's windows and
+taken out. The prompt is the example below.
 
 A request's time to its first token is its prompt's prefill plus a wait for a step of the engine
 that does not grow with the prompt. Per prompt token, a short prompt then takes longer than a long
@@ -12,10 +17,10 @@ contract v1.8), so the relation can be learned and taken out:
 
 with ``b`` between -1 (a TTFT that does not grow with the prompt) and 0 (one that grows in
 proportion), or above 0 where prefill grows faster than the prompt (attention on long contexts).
-:class:`PromptSlope` fits ``b`` per pool by weighted least squares over the pool's windows, each
+:class:`PoolSlope` fits ``b`` per pool by weighted least squares over the pool's windows, each
 weighed by its requests (every replica's windows: the relation is the engine's and the model's, and
 one replica's drift does not move it unless that replica serves other prompts), forgetting by
-``1 / memory`` per update so it follows a new engine version within hours. :meth:`PromptSlope.adjust`
+``1 / memory`` per update so it follows a new engine version within hours. :meth:`PoolSlope.adjust`
 gives each window's value at the fit's typical prompt (the mean log prompt):
 
     log(ttft_per_prompt_token) - b * (log(prompt) - mean log prompt)
@@ -25,7 +30,7 @@ value as given); ``b`` is kept within [-1, 1] (a TTFT that falls as its prompt g
 more than its square, is a fit to noise).
 
 >>> import numpy as np
->>> fit = PromptSlope(memory=240, min_requests=20)
+>>> fit = PoolSlope(memory=240, min_requests=20)
 >>> rng = np.random.default_rng(1)
 >>> for _ in range(30):  # TTFT = 20 ms + 0.05 ms a prompt token, prompts of 40 to 40,000 tokens
 ...     prompt = np.exp(rng.uniform(np.log(40), np.log(40_000), 4))
@@ -46,12 +51,13 @@ import numpy.typing as npt
 
 Floats = npt.NDArray[np.float64]
 
-# a fit: requests, mean log prompt, mean value, co-moments, when it last learned (event time)
+# a fit: requests, mean log covariate, mean value, co-moments, when it last learned (event time)
 _W, _MX, _MY, _CXX, _CXY, _T = range(6)
 
 
-class PromptSlope:
-    """Per pool (a key), the weighted least-squares slope of a log value on log prompt; see the module."""
+class PoolSlope:
+    """Per pool (a key: a model, or a model and a feature), the weighted least-squares slope of a log
+    value on a log covariate (the prompt below); see the module."""
 
     def __init__(self, memory: int, min_requests: float) -> None:
         if memory < 1 or min_requests < 0:
@@ -61,34 +67,34 @@ class PromptSlope:
         self.fits: dict[str, Floats] = {}
 
     def slope(self, key: str) -> float:
-        """The pool's slope now (0 until the fit holds ``min_requests`` over more than one prompt length)."""
+        """The pool's slope now (0 until the fit holds ``min_requests`` over more than one covariate value)."""
         fit = self.fits.get(key)
         if fit is None or fit[_W] < self.min_requests or not fit[_CXX] > 0.0:
             return 0.0
         return float(np.clip(fit[_CXY] / fit[_CXX], -1.0, 1.0))
 
-    def adjust(self, key: str, values: Floats, log_prompt: Floats, requests: Floats, now: float = 0.0) -> Floats:
-        """Each window's ``values`` (log TTFT per prompt token; NaN: none) at the pool's typical prompt,
+    def adjust(self, key: str, values: Floats, log_x: Floats, requests: Floats, now: float = 0.0) -> Floats:
+        """Each window's ``values`` (NaN: none) at the pool's typical ``log_x`` (log prompt, log load),
         by the fit before this batch; then the fit learns the windows that have both (at ``now``)."""
         b = self.slope(key)
         fit = self.fits.get(key)
         centre = 0.0 if fit is None else float(fit[_MX])
-        out = values - b * (log_prompt - centre) if b else values.copy()
-        self._learn(key, values, log_prompt, requests, now)
-        return np.where(np.isfinite(out) | ~np.isfinite(values), out, values)  # no prompt: the value as given
+        out = values - b * (log_x - centre) if b else values.copy()
+        self._learn(key, values, log_x, requests, now)
+        return np.where(np.isfinite(out) | ~np.isfinite(values), out, values)  # no covariate: the value as given
 
     def drop_before(self, t: float) -> None:
         """Forget the pools whose fit last learned before ``t`` (a model no longer served)."""
         for key in [key for key, fit in self.fits.items() if fit[_T] < t]:
             del self.fits[key]
 
-    def _learn(self, key: str, values: Floats, log_prompt: Floats, requests: Floats, now: float) -> None:
+    def _learn(self, key: str, values: Floats, log_x: Floats, requests: Floats, now: float) -> None:
         """Fade the fit by ``1 - 1 / memory``, then add the batch (weighted means and co-moments,
         merged as Chan's parallel update does)."""
-        both = np.isfinite(values) & np.isfinite(log_prompt) & (requests > 0.0)
+        both = np.isfinite(values) & np.isfinite(log_x) & (requests > 0.0)
         if not both.any():
             return
-        w, x, y = requests[both], log_prompt[both], values[both]
+        w, x, y = requests[both], log_x[both], values[both]
         n = float(w.sum())
         mx, my = float(w @ x) / n, float(w @ y) / n
         cxx, cxy = float(w @ ((x - mx) ** 2)), float(w @ ((x - mx) * (y - my)))
@@ -119,6 +125,6 @@ class PromptSlope:
         for key, fit in state.items():
             row = np.asarray(fit, dtype=np.float64)
             if row.shape != (6,) or not np.isfinite(row).all() or row[_W] < 0.0:
-                raise ValueError(f"prompt slope of {key!r}: need six finite numbers, got {fit!r}")
+                raise ValueError(f"pool slope of {key!r}: need six finite numbers, got {fit!r}")
             fits[str(key)] = row
         self.fits = fits
