@@ -239,12 +239,14 @@ def handoff_seconds(closed: list[ClosedSteps]) -> float:
 
 
 def measure_step_cost(n_replicas: int, models: int, rate: float, steps: int, warm: int,
-                      variants: tuple[str, ...] = ("on",)) -> dict[str, Any]:
+                      variants: tuple[str, ...] = ("on",), decide_warm: int = 2) -> dict[str, Any]:
     """The step's cost with the worker's default detectors; with ``variants=("on", "off")`` also the
     same steps decided without the learned detector (side by side: the same closed steps, one after the
-    other), ``learned`` = the two totals and the decide parts."""
+    other), ``learned`` = the two totals and the decide parts. ``decide_warm``: the steps the deciders
+    see before the measured ones (the learned detector judges a replica only after its warm-up, and
+    runs its shift test only once the replica has a past: a few steps measure its cold path)."""
     fleet = Fleet(fleet_replicas(n_replicas, models), rate, variants=variants)
-    for k in range(warm):  # fill every window (60 s = 12 buckets); the deciders' state in the last two
+    for k in range(warm + max(decide_warm - 2, 0)):  # fill every window (60 s = 12 buckets), then the deciders'
         fleet.feed()
         warm_columns = fleet.close()
         if k >= warm - 2:
@@ -626,6 +628,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", type=int, default=50)
     parser.add_argument("--rate", type=float, default=3.0, help="requests/s per replica (event time)")
     parser.add_argument("--steps", type=int, default=3, help="measured steps per replica count")
+    parser.add_argument("--decide-warm", type=int, default=2,
+                        help="steps the deciders see before the measured ones (130: the learned detector warm, "
+                             "its shift test on: its steady cost)")
     parser.add_argument("--learned", choices=("on", "off", "both"), default="both",
                         help="step cost with the learned detector on (the default config), off, or both side by "
                              "side (the same steps decided twice; the table's totals are 'on')")
@@ -654,7 +659,8 @@ def main(argv: list[str] | None = None) -> int:
         variants = {"on": ("on",), "off": ("off",), "both": ("on", "off")}[args.learned]
         result["learned"] = args.learned
         for n in counts:
-            row = measure_step_cost(n, args.models, args.rate, args.steps, warm, variants)
+            row = measure_step_cost(n, args.models, args.rate, args.steps, warm, variants, args.decide_warm)
+            row["decide_warm_steps"] = args.decide_warm
             result["step_cost"].append(row)
             print(f"step cost, {n:,} replicas: {row['ms']['total']:.1f} ms ({row['us_per_replica']:.2f} us/replica)",
                   flush=True)

@@ -309,7 +309,8 @@ class LearnedDetector(Detector):
 
     def step_fields(self) -> tuple[str, ...]:
         loads = tuple(dict.fromkeys(load for _, load in self._loaded))
-        return ("count", *self.config.features, *((PROMPTS,) if self._per_token >= 0 else ()), *loads)
+        return ("count", "window_start", "window_end", *self.config.features,
+                *((PROMPTS,) if self._per_token >= 0 else ()), *loads)
 
     def update_step(self, step: StepColumns, now: float, alerts: list[Alert], actions: list[Action]) -> None:
         if not len(step) or not self._turn(step.vectors[0].model, now):
@@ -334,7 +335,8 @@ class LearnedDetector(Detector):
         if enough.any():
             x[:, enough] = logs[:, enough] - _median(logs[:, enough], have[enough])
         sampled &= np.isfinite(x).any(axis=1)
-        self._judge(step.keys, step.vectors, x, sampled, now, alerts, pool=True)
+        spans = np.maximum(step.column("window_end") - step.column("window_start"), STEP_S)
+        self._judge(step.keys, step.vectors, x, sampled, spans, step.column("count"), now, alerts, pool=True)
 
     def update(self, fv: FeatureVector, telemetry: TelemetrySample | None, now: float) -> DetectorOutput:
         out = DetectorOutput()
@@ -355,7 +357,8 @@ class LearnedDetector(Detector):
                 x[:, f] = self._at_typical_load(fv.model, f, load, x[:, f],
                                                 np.array([math.nan if value is None else value]),
                                                 np.array([float(fv.count)]), now)
-        self._judge([fv.key], [fv], x, sampled, now, out.alerts)
+        spans = np.array([max(fv.window_end - fv.window_start, STEP_S)])
+        self._judge([fv.key], [fv], x, sampled, spans, np.array([float(fv.count)]), now, out.alerts)
         return out
 
     def _at_typical_load(self, model: str, f: int, load: str, logs: npt.NDArray[np.float64],
@@ -379,8 +382,10 @@ class LearnedDetector(Detector):
         return self._slope.adjust(model, logs, log_prompts, requests.astype(np.float64), now)
 
     def _judge(self, keys: Sequence[str], vectors: Sequence[FeatureVector], x: npt.NDArray[np.float64],
-               sampled: npt.NDArray[np.bool_], now: float, alerts: list[Alert], pool: bool = False) -> None:
+               sampled: npt.NDArray[np.bool_], spans: npt.NDArray[np.float64], requests: npt.NDArray[np.float64],
+               now: float, alerts: list[Alert], pool: bool = False) -> None:
         """Score and learn the sampled rows; hysteresis on every row that has something to count.
+        ``spans``: each window's length (at least a step), ``requests``: its requests.
 
         ``pool``: the rows are one pool's replicas, judged against its median. A replica's value must
         also lie outside the range the pool's replicas spanned (``pool_range``). When one replica
@@ -413,17 +418,14 @@ class LearnedDetector(Detector):
             if cfg.shift_z > 0.0:
                 # the shift test: the replica's last disjoint windows against its own past (a replica whose
                 # run or alert is under way does not learn what it shows as its past)
-                spans = np.fromiter((max(vectors[i].window_end - vectors[i].window_start, STEP_S)
-                                     for i in where.tolist()), np.float64, len(where))
                 quarantine = self._open[rows] | (self._hits[rows] > 0)
                 # a replica's first minutes (until its longest mean has settled) are its start, not its
                 # past: in a pool that has just started, queues and batches are still filling
                 ready = self._bank.n[rows] >= max(cfg.scales)
                 if ready.any():
                     # each window weighs its requests: one of twenty is twenty times the evidence of one
-                    requests = np.fromiter((vectors[i].count for i in where.tolist()), np.float64, len(where))
-                    shifted[ready] = np.abs(self._shift.observe(rows[ready], xs[ready], now, spans[ready],
-                                                                quarantine[ready], requests[ready]))
+                    shifted[ready] = np.abs(self._shift.observe(rows[ready], xs[ready], now, spans[where][ready],
+                                                                quarantine[ready], requests[where][ready]))
                 if pool and len(where) > 1:
                     shifted = np.where(shifted >= shifted.max(axis=0), shifted, 0.0)
                 by_shift = ~holding & (shifted.max(axis=1) >= bar)
@@ -479,7 +481,7 @@ class LearnedDetector(Detector):
                 j = position[i]
                 # the requests this sample adds to the run: its whole window on the run's first sample,
                 # else the share of the window that is newer than the row's previous sample
-                span = max(fv.window_end - fv.window_start, STEP_S)
+                span = float(spans[i])
                 since = now - float(previous[j])
                 if since > cfg.clear_steps * cfg.cadence_steps * STEP_S:
                     # a run waits through windows without evidence, for as long as an open alert
