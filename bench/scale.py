@@ -17,7 +17,9 @@ Three parts, each selectable with ``--parts``:
     Target: <= 250 ms at 10k, linear in replicas. ``--learned both`` (the default) decides every
     measured step twice, with the worker's default detectors (the ``learned`` detector on: the
     totals and the targets) and without the learned detector, and prints the two side by side
-    (``--learned on`` / ``off``: one of them only).
+    (``--learned on`` / ``off``: one of them only). The deciders see the last two warm-up steps only
+    (``--decide-warm N``: the last ``N``; 130 lets the learned detector warm up and its shift test
+    run, its steady cost).
 ``memory``
     Window state per active replica (tracemalloc: bytes still allocated after building 8
     partitions of full windows, and the checkpoint snapshot's bytes and CPU time), the same for the deciders'
