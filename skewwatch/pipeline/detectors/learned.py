@@ -279,7 +279,7 @@ class LearnedDetector(Detector):
 
     def _drop_stale(self, now: float) -> None:
         """Drop the rows not sampled for `memory` samples' time (`cadence_steps` steps each), and the
-        prompt slopes of pools that learned nothing for as long."""
+        prompt and load slopes of pools that learned nothing for as long."""
         horizon = self.config.memory * self.config.cadence_steps * STEP_S
         self._slope.drop_before(now - horizon)
         self._load.drop_before(now - horizon)
