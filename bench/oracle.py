@@ -535,7 +535,12 @@ def _slow(fault: Fault, v: _View, _p90: float) -> float:
     """slow_replica: every decode step ``factor`` x slower, on finished requests and live tokens. The
     time per token is slower by 1..``factor`` (prefill, which the fault leaves alone, shares the
     iterations): a mixture of shifts up to ``log(factor)``."""
-    shift = math.log(float(fault.param("factor")))
+    return _tpot_shifted(v, math.log(float(fault.param("factor"))))
+
+
+def _tpot_shifted(v: _View, shift: float) -> float:
+    """Finished requests' and the live P50 time per token, slower by up to ``shift`` (log): a mixture
+    of :data:`SHIFT_GRID` shares of it (prefill, which shares the iterations, is not slowed)."""
     total = 0.0
     for f in ("tpot", "tpot_p50"):
         x, null = v.mine(f), v.peers(f)
@@ -638,13 +643,7 @@ def _drop(fault: Fault, v: _View, _p90: float) -> float:
     if _judged(x, null):
         alt = np.log(np.maximum(np.round(np.exp(null) * keep), 1.0))
         total += float(mixture_llr(x, null, alt).sum())
-    shift = -math.log(keep)
-    for f in ("tpot", "tpot_p50"):
-        x, null = v.mine(f), v.peers(f)
-        if _judged(x, null):
-            alt = (null[:, None] + shift * np.asarray(SHIFT_GRID)[None, :]).ravel()
-            total += float(mixture_llr(x, null, alt).sum())
-    return total
+    return total + _tpot_shifted(v, -math.log(keep))
 
 
 _SIGNALS: dict[str, tuple[Any, ...]] = {

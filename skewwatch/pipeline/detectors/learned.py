@@ -367,19 +367,13 @@ class LearnedDetector(Detector):
         """The windows' log feature ``f`` at the pool's typical ``load`` (NaN: not sampled)."""
         if load == "queue_length_mean":
             loads = loads + 1.0  # a queue: 1 + its length
-        with np.errstate(divide="ignore", invalid="ignore"):
-            log_loads = np.log(loads)
-        log_loads[~np.isfinite(log_loads)] = np.nan
-        return self._load.adjust(f"{model}\x1f{self.config.features[f]}\x1f{load}", logs, log_loads,
+        return self._load.adjust(f"{model}\x1f{self.config.features[f]}\x1f{load}", logs, _log_or_nan(loads),
                                  requests.astype(np.float64), now)
 
     def _at_typical_prompt(self, model: str, logs: npt.NDArray[np.float64], prompts: npt.NDArray[np.float64],
                            requests: npt.NDArray[np.float64], now: float) -> npt.NDArray[np.float64]:
         """The windows' log TTFT per prompt token at the pool's typical prompt (NaN: not sampled)."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            log_prompts = np.log(prompts)
-        log_prompts[~np.isfinite(log_prompts)] = np.nan
-        return self._slope.adjust(model, logs, log_prompts, requests.astype(np.float64), now)
+        return self._slope.adjust(model, logs, _log_or_nan(prompts), requests.astype(np.float64), now)
 
     def _judge(self, keys: Sequence[str], vectors: Sequence[FeatureVector], x: npt.NDArray[np.float64],
                sampled: npt.NDArray[np.bool_], spans: npt.NDArray[np.float64], requests: npt.NDArray[np.float64],
@@ -636,6 +630,18 @@ def _pool_bar(z: float, replicas: int) -> float:
     if replicas <= 1:
         return z
     return float(-ndtri(ndtr(-z) / replicas))
+
+
+def _log_or_nan(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Each value's log, NaN where it has none (a missing, zero or negative value).
+
+    >>> _log_or_nan(np.array([1.0, 0.0, np.nan, -2.0])).tolist()
+    [0.0, nan, nan, nan]
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.log(values)
+    logs[~np.isfinite(logs)] = np.nan
+    return logs
 
 
 def _median(values: npt.NDArray[np.float64], counts: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
