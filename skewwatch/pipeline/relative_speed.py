@@ -7,16 +7,22 @@ the estimate is the replica's exponentially weighted mean log ratio over ``capac
 (300 s). A fault that begins or ends moves the ratio by more than its noise: a ratio further from
 the mean than ``capacity_z`` noises (and ``log(capacity_dead_band)``) for half the evidence one ratio
 summarises (30 s of a 60 s window: new requests, not the same ones again; spanning at least two updates)
-restarts the mean from it, and a shorter run of them is an outlier the mean does not take. So the
-estimate follows a change half a window after the windows show it, and is as precise as five
-minutes of windows otherwise.
+restarts the mean from it, and a shorter run of them is an outlier the mean does not take. A run
+that recedes (its latest ratio more than a noise closer to the mean than the run's furthest) restarts
+nothing: a change holds or grows as the window fills with requests from after it, where a passing
+burst (a few long prompts prefilling on one replica of a queue-bound pool) is largest when it
+begins and then fades. So the estimate follows a change half a window after the windows show it,
+and is as precise as five minutes of windows otherwise.
 
 **Noise.** The noise of one ratio is the larger of the replica's own (its mean absolute distance
 from its mean, as a normal standard deviation, over the same horizon; one wild ratio counts at most
-``2 capacity_z`` noises) and the pool's (1.4826 x the median distance of a step's ratios from their
-replicas' means, over the same horizon): relative to each replica's own mean, so a pool of two GPU
-types is not one noisy pool, and no replica is more certain than its pool. Nothing is estimated
-before the pool's noise holds one window of steps. An exponentially weighted mean over ``S``
+``2 capacity_z`` noises) and the pool's (the 95th percentile of the distances of its ratios from their
+replicas' means over the same horizon, as a normal standard deviation: / 1.96): relative to each
+replica's own mean, so a pool of two GPU types is not one noisy pool, and no replica is more certain
+than its pool. A percentile in the tail, not the median, because a queue-bound pool's ratios are
+heavy-tailed: most windows agree within a few percent and a few are several times apart, and a
+median-based noise called those few a change. Nothing is estimated before the pool's noise holds
+one window of steps. An exponentially weighted mean over ``S``
 seconds of evidence holds ``2 S / evidence_s`` independent ratios (the weights' squared sum over
 their sum of squares; consecutive 60 s windows share most requests), so its standard error is the
 noise x ``sqrt(evidence_s / 2 S)``, the noise itself right after a restart.
@@ -39,6 +45,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -58,9 +65,11 @@ class RelativeSpeed:
         self._noise: dict[str, float] = {}  # standard deviation of one ratio around the mean (decayed)
         self._seen: dict[str, float] = {}
         self._apart: dict[str, float] = {}  # since when its ratios are far from its mean, signed by the side
+        self._peak: dict[str, float] = {}  # the furthest that run's ratios have been from the mean
         self._last: float | None = None
-        self._pool_noise = 0.0  # the pool's noise of one ratio (decayed), and the seconds it holds
+        self._pool_noise = 0.0  # the pool's noise of one ratio, and the seconds of steps it holds (decayed)
         self._pool_span = 0.0
+        self._pool_distances: deque[tuple[float, list[float]]] = deque()  # (when, distances) over the horizon
         self.batch = BatchSlope()  # the pool's own relation of time per token to batch (capacity.py)
         # the costs another formula's weights were last scaled by (capacity.scale_by_speed), and when:
         # replicas at cost 1 are left out
@@ -79,17 +88,19 @@ class RelativeSpeed:
         horizon = config.capacity_horizon_s
         floor = math.log(config.capacity_dead_band)
         z = config.capacity_z
-        # the pool's noise: the median distance of this step's ratios from their replicas' means, as a
-        # normal standard deviation (1.4826 x), over the same horizon; until it holds a window of
-        # steps nothing is estimated (a pool's first ratios say nothing about their noise)
+        # the pool's noise: the 95th percentile of its ratios' distances from their replicas' means
+        # over the horizon, as a normal standard deviation (module docstring, "Noise"); until it
+        # holds a window of steps nothing is estimated (a pool's first ratios say nothing of their noise)
         ratios = log_ratio.tolist()
         distances = [abs(x - self._mean[r]) for r, x in zip(replicas, ratios, strict=True)
                      if not math.isnan(x) and r in self._mean]
         if distances:
-            decay = math.exp(-step / horizon)
-            spread = 1.4826 * float(np.median(distances))
-            self._pool_noise = spread if self._pool_span == 0 else decay * self._pool_noise + (1 - decay) * spread
-            self._pool_span = decay * self._pool_span + step
+            pool = self._pool_distances
+            pool.append((now, distances))
+            while pool and pool[0][0] <= now - horizon:
+                pool.popleft()
+            self._pool_noise = float(np.quantile([d for _, ds in pool for d in ds], _POOL_QUANTILE)) / _POOL_Z
+            self._pool_span = math.exp(-step / horizon) * self._pool_span + step
         pool_noise = self._pool_noise
         for replica, x in zip(replicas, ratios, strict=True):
             if math.isnan(x):
@@ -106,16 +117,23 @@ class RelativeSpeed:
             if noise is not None and abs(residual) > max(floor, z * scale):
                 # far from the mean: a change once it has lasted half the evidence a ratio
                 # summarises (new requests in the window, not the same ones seen again) and spans two
-                # updates; then the mean restarts from this ratio; until then an outlier it does not take
+                # updates, unless it recedes (module docstring); then the mean restarts from this
+                # ratio; until then an outlier it does not take
                 side = 1.0 if residual > 0 else -1.0
                 since = self._apart.get(replica)
                 if since is None or math.copysign(1.0, since) != side:
                     self._apart[replica] = side * max(now, 1e-9)  # when the run began, signed by its side
-                elif now - abs(since) >= max(evidence / 2.0, step):
-                    self._mean[replica], self._span[replica] = x, evidence
-                    self._apart.pop(replica)
+                    self._peak[replica] = abs(residual)
+                else:
+                    peak = max(self._peak.get(replica, 0.0), abs(residual))
+                    self._peak[replica] = peak
+                    if now - abs(since) >= max(evidence / 2.0, step) and abs(residual) >= peak - scale:
+                        self._mean[replica], self._span[replica] = x, evidence
+                        self._apart.pop(replica)
+                        self._peak.pop(replica, None)
             else:
                 self._apart.pop(replica, None)
+                self._peak.pop(replica, None)
                 span = decay * self._span[replica] + elapsed
                 self._mean[replica] = mean + residual * elapsed / span if span > 0 else x
                 self._span[replica] = span
@@ -188,29 +206,35 @@ class RelativeSpeed:
         return [kept.get(r, 1.0) for r in replicas] if kept else [1.0] * len(replicas)
 
     def forget(self, replica: str) -> None:
-        for table in (self._mean, self._span, self._noise, self._seen, self._apart, self._kept):
+        for table in (self._mean, self._span, self._noise, self._seen, self._apart, self._peak, self._kept):
             table.pop(replica, None)
 
     def state_dict(self) -> dict[str, Any]:
         return {"last": self._last, "pool_noise": [self._pool_noise, self._pool_span],
+                "pool_distances": [[when, list(ds)] for when, ds in self._pool_distances],
                 "batch_slope": self.batch.state_dict(), "kept": [self._kept_at, dict(self._kept)],
                 "replicas": {replica: [self._mean[replica], self._span[replica], self._noise.get(replica),
-                                       self._seen[replica], self._apart.get(replica)] for replica in self._mean}}
+                                       self._seen[replica], self._apart.get(replica), self._peak.get(replica)]
+                             for replica in self._mean}}
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         self.__init__()  # type: ignore[misc]
         self._last = state.get("last")
         self._pool_noise, self._pool_span = (float(v) for v in state.get("pool_noise") or (0.0, 0.0))
+        self._pool_distances.extend((float(when), [float(d) for d in ds])
+                                    for when, ds in state.get("pool_distances") or [])
         self.batch.load_state(state.get("batch_slope") or [])
         kept_at, kept = state.get("kept") or (None, {})
         self._kept_at = None if kept_at is None else float(kept_at)
         self._kept = {str(r): float(c) for r, c in dict(kept).items()}
-        for replica, (mean, span, noise, seen, apart) in (state.get("replicas") or {}).items():
+        for replica, (mean, span, noise, seen, apart, *peak) in (state.get("replicas") or {}).items():
             self._mean[replica], self._span[replica], self._seen[replica] = float(mean), float(span), float(seen)
             if noise is not None:
                 self._noise[replica] = float(noise)
             if apart is not None:
                 self._apart[replica] = float(apart)
+            if peak and peak[0] is not None:  # a run's furthest distance (absent from an older checkpoint)
+                self._peak[replica] = float(peak[0])
 
 
 class BatchSlope:
@@ -271,6 +295,8 @@ class BatchSlope:
 
 
 _FIRST_STEP_S = 5.0  # the step before the first one is known (the windows' step)
+_POOL_QUANTILE = 0.95  # the pool's noise: this percentile of its distances (module docstring, "Noise") ...
+_POOL_Z = NormalDist().inv_cdf((1.0 + _POOL_QUANTILE) / 2.0)  # ... over a normal's for it (1.96)
 _MAD_TO_SD = math.sqrt(math.pi / 2.0)  # mean absolute deviation -> standard deviation of a normal
 _MAD_TO_NORMAL = 1.4826  # median absolute deviation -> standard deviation of a normal
 _HUBER_ROUNDS = 5  # reweightings: the slope settles within a few

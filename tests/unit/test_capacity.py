@@ -205,3 +205,33 @@ def test_relative_speed_keeps_a_slower_replicas_cost_through_a_window_within_its
     shares = _speed_shares(lambda i, end: 32.0 if end == 840 else 40.0 * (1.15 if (i // 6) % 2 else 1 / 1.15),
                            range(60, 900, 5))
     assert max(shares[t] for t in shares if 600.0 <= t <= 895.0) < 0.7
+
+
+def test_a_passing_prefill_burst_moves_no_healthy_replica_and_a_slower_gpu_is_still_found_at_once() -> None:
+    """A queue-bound pool's heavy tail: every eight minutes one healthy replica's windows read it 12 x
+    slower (a burst of long prompts prefilling on it), fading over two minutes. A run that recedes
+    restarts nothing, and the pool's noise counts its tail, so no healthy replica falls below 80 % of
+    an equal share (each burst did, before). A GPU that turns 1.8 x slower in the same pool, once the
+    last burst has left the pool's horizon, holds its ratio and is below its peers within a window."""
+    rng = np.random.default_rng(3)
+    pool = Pool()
+    names = [f"r{i}" for i in range(6)]
+    burst: dict[str, int] = {}  # replica -> steps since its burst began
+    lowest_healthy, slow_from, found = 1.0, 420, None
+    for step in range(540):  # 45 minutes
+        if step % 100 == 10 and step < slow_from - 100:  # a burst on the next replica in turn
+            burst[names[(step // 100) % 5]] = 0
+        log_tpot = {r: float(rng.normal(0.0, 0.05)) for r in names}
+        for r, k in list(burst.items()):
+            log_tpot[r] += 2.5 * float(np.exp(-k / 8.0))  # 12 x slower, fading over two minutes
+            burst[r] = k + 1
+        if step >= slow_from:
+            log_tpot["r5"] += float(np.log(1.8))
+        w = pool.step({r: 20.0 * float(np.exp(x)) for r, x in log_tpot.items()})
+        if step >= 24:
+            healthy = names[:5] if step >= slow_from else names
+            lowest_healthy = min(lowest_healthy, *(w[r] * len(names) for r in healthy))
+        if step >= slow_from and found is None and w["r5"] < min(w[r] for r in names[:5]):
+            found = (step - slow_from) * STEP_S
+    assert lowest_healthy > 0.8
+    assert found is not None and found <= 60.0
