@@ -21,7 +21,9 @@ replicas' means over the same horizon, as a normal standard deviation: / 1.96): 
 replica's own mean, so a pool of two GPU types is not one noisy pool, and no replica is more certain
 than its pool. A percentile in the tail, not the median, because a queue-bound pool's ratios are
 heavy-tailed: most windows agree within a few percent and a few are several times apart, and a
-median-based noise called those few a change. Nothing is estimated before the pool's noise holds
+median-based noise called those few a change. While the horizon holds fewer than 20 distances (a
+small pool's first minutes), the 95th percentile would be their largest, so the noise is 1.4826 x
+their median, as a normal's. Nothing is estimated before the pool's noise holds
 one window of steps. An exponentially weighted mean over ``S``
 seconds of evidence holds ``2 S / evidence_s`` independent ratios (the weights' squared sum over
 their sum of squares; consecutive 60 s windows share most requests), so its standard error is the
@@ -99,7 +101,10 @@ class RelativeSpeed:
             pool.append((now, distances))
             while pool and pool[0][0] <= now - horizon:
                 pool.popleft()
-            self._pool_noise = float(np.quantile([d for _, ds in pool for d in ds], _POOL_QUANTILE)) / _POOL_Z
+            held = [d for _, ds in pool for d in ds]
+            # the 95th percentile of fewer than 20 distances is their largest: below that, the median's
+            self._pool_noise = (float(np.quantile(held, _POOL_QUANTILE)) / _POOL_Z if len(held) >= _POOL_MIN_DISTANCES
+                                else _MAD_TO_NORMAL * float(np.median(held)))
             self._pool_span = math.exp(-step / horizon) * self._pool_span + step
         pool_noise = self._pool_noise
         for replica, x in zip(replicas, ratios, strict=True):
@@ -297,6 +302,7 @@ class BatchSlope:
 _FIRST_STEP_S = 5.0  # the step before the first one is known (the windows' step)
 _POOL_QUANTILE = 0.95  # the pool's noise: this percentile of its distances (module docstring, "Noise") ...
 _POOL_Z = NormalDist().inv_cdf((1.0 + _POOL_QUANTILE) / 2.0)  # ... over a normal's for it (1.96)
+_POOL_MIN_DISTANCES = round(1.0 / (1.0 - _POOL_QUANTILE))  # fewer: the median's normal equivalent (20)
 _MAD_TO_SD = math.sqrt(math.pi / 2.0)  # mean absolute deviation -> standard deviation of a normal
 _MAD_TO_NORMAL = 1.4826  # median absolute deviation -> standard deviation of a normal
 _HUBER_ROUNDS = 5  # reweightings: the slope settles within a few
