@@ -13,7 +13,7 @@ policy (the same machine load); only the corrected policy applies what they publ
 
 The faults (on ``r1``, from ``--fault-at`` for ``--fault-for`` seconds):
 
-- ``throttle``: the process stopped and continued on a duty cycle (runs 50 % of every 100 ms);
+- ``throttle``: the process stopped and continued on a duty cycle (runs ``--duty``, 50 %, of every 100 ms);
 - ``hang``: stopped for good (continued at the fault's end); ``die``: killed (restarted at its end);
 - ``starve``: restarted with one slot where its peers have ``--slots`` (restored at its end);
 - ``none``: the clean run (every alert is a false one).
@@ -113,6 +113,7 @@ class RunConfig:
     after_s: float = 60.0
     clean_s: float = 600.0  # the clean run's measured span
     seed: int = 1
+    duty: float = 0.5  # ``throttle``: the share of every 100 ms the process runs
     profile: str = "default"  # the worker's (bench/common.py: default, seed, tuned or NAME=PATH)
     # the bundled conv trace's lengths, scaled to what SmolLM2-135M serves from one CPU thread
     prompt_scale: float = 0.02
@@ -176,7 +177,7 @@ def run_once(config: RunConfig, bootstrap: str, paths: tuple[Path, Path, Path], 
         if config.rate is None:
             capacity = asyncio.run(load.calibrate(calibrate_s, config.replicas * config.slots))
             load.rate = config.load * capacity
-        fault = Fault(config.fault, engines[FAULTY]) if config.fault != "none" else None
+        fault = Fault(config.fault, engines[FAULTY], duty=config.duty) if config.fault != "none" else None
         stop = threading.Event()
 
         def sample() -> None:
@@ -379,6 +380,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup-s", type=float, default=RunConfig.warmup_s)
     parser.add_argument("--fault-for", type=float, default=RunConfig.fault_for_s)
     parser.add_argument("--seed", type=int, default=RunConfig.seed, help="the load generator's")
+    parser.add_argument("--duty", type=float, default=RunConfig.duty,
+                        help="throttle: the share of every 100 ms r1 runs")
     parser.add_argument("--after-s", type=float, default=RunConfig.after_s)
     parser.add_argument("--clean-s", type=float, default=RunConfig.clean_s)
     parser.add_argument("--profile", default=RunConfig.profile,
@@ -399,7 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # one rate for every run: the first run measures the capacity, the others reuse its rate
                 rate = args.rate if args.rate is not None else (runs[0]["rate"] if runs else None)
                 config = RunConfig(fault, policy, args.replicas, args.slots, rate, args.load, args.warmup_s,
-                                   args.fault_for, args.after_s, args.clean_s, args.seed, profile=args.profile)
+                                   args.fault_for, args.after_s, args.clean_s, args.seed, args.duty,
+                                   profile=args.profile)
                 print(f"{fault} / {policy}: {config.duration_s:.0f} s at "
                       f"{'a measured rate' if rate is None else f'{rate:.2f} requests/s'} ...", file=sys.stderr,
                       flush=True)
