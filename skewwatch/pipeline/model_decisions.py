@@ -72,7 +72,7 @@ from skewwatch.pipeline.detectors.gpu_health import GpuHealthDetector
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.failstatic import DETECTOR as POOL_DETECTOR
 from skewwatch.pipeline.health import HEALTHY
-from skewwatch.pipeline.pool_evidence import EJECTING_ACTIONS, PoolEvidence
+from skewwatch.pipeline.pool_evidence import EJECTING_ACTIONS, STALE_DETECTOR, PoolEvidence
 from skewwatch.pipeline.relative_speed import RelativeSpeed
 from skewwatch.pipeline.weights import POOL_WEIGHT_FIELDS, POOL_WEIGHT_TELEMETRY_FIELDS, ReplicaWeight, pool_weights
 from skewwatch.schemas.corrections import RoutingCorrection
@@ -469,6 +469,9 @@ class ModelDecider:
             for pool_severity in self._evidence.open_alerts().values():
                 key = (POOL_DETECTOR, pool_severity)
                 counts[key] = counts.get(key, 0) + 1
+            if self._evidence.stale_alerts:
+                key = (STALE_DETECTOR, str(Severity.WARNING))
+                counts[key] = counts.get(key, 0) + len(self._evidence.stale_alerts)
             self._open_alerts = counts
         return dict(self._open_alerts)
 
@@ -476,8 +479,8 @@ class ModelDecider:
         """Keep which replicas have an open WARNING or CRITICAL alert, from this step's transitions,
         and when each one's demotion began and ended (the holds of repeat demotions)."""
         for alert in alerts:
-            if alert.replica is None:
-                continue
+            if alert.replica is None or alert.detector == STALE_DETECTOR:
+                continue  # a stale replica is ejected, then on probation: no demotion besides
             rule = alert.evidence.get("rule")
             label = alert.detector if rule is None else f"{alert.detector}#{rule}"
             labels = self._alerted.get(alert.replica)

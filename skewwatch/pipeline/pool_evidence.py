@@ -11,7 +11,11 @@ and its health (:mod:`skewwatch.pipeline.health`); :class:`PoolEvidence` then, p
    engine telemetry, and the whole pool's silence from the pool's arrivals
    (:mod:`skewwatch.pipeline.staleness`);
 4. applies the pool's **guards** — ejection cap, repeat ejections, panic threshold, never all-zero
-   (:mod:`skewwatch.pipeline.failstatic`).
+   (:mod:`skewwatch.pipeline.failstatic`);
+5. says so when a replica is judged **stale**: a WARNING alert on it (detector ``stale``) from the
+   step its silence is judged improbable until it finishes a request again (the probation after its
+   ejection ends) or is no longer reported. A hung or dead engine is then an alert, not only a
+   weight of 0; the alert does not demote (the ejection and the probation already do).
 
 All of it is event time and plain data (``state_dict`` / ``load_state``).
 
@@ -38,13 +42,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from skewwatch.pipeline.credibility import credibilities, shrink
-from skewwatch.pipeline.detectors.alerts import Alert
+from skewwatch.pipeline.detectors.alerts import Alert, Severity
 from skewwatch.pipeline.failstatic import CONFIGURATION, HARDWARE, NORMAL, STALE, PoolGuard
 from skewwatch.pipeline.staleness import ArrivalEvidence, Verdict
 from skewwatch.pipeline.weights import ENGINE_SOURCES, ReplicaWeight, WeightConfig
 from skewwatch.schemas.corrections import Mode
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
+
+STALE_DETECTOR = "stale"  # the detector name of a stale replica's alert
 
 # the health action that makes a replica's health an ejection, and of which class
 EJECTING_ACTIONS: Mapping[str, str] = {"drain": HARDWARE, "isolate": CONFIGURATION}
@@ -86,7 +92,7 @@ class Settled:
     mode: Mode = NORMAL
     mode_reason: str | None = None
     withdrawn: set[str] = field(default_factory=set)  # replicas whose drain / isolate must not go out
-    alerts: list[Alert] = field(default_factory=list)  # pool-level (replica None)
+    alerts: list[Alert] = field(default_factory=list)  # pool-level (replica None), and the stale replicas'
 
 
 class PoolEvidence:
@@ -98,6 +104,7 @@ class PoolEvidence:
         self.pool_total = 0.0  # requests the pool finished (its replicas' step counts, summed)
         self.pool: ArrivalEvidence | None = None  # the pool's own arrivals
         self.window_s = 60.0  # the windows' length (observe)
+        self.stale_alerts: dict[str, float] = {}  # replica -> when its stale alert opened
 
     def observe(
         self,
@@ -261,7 +268,24 @@ class PoolEvidence:
                              f"{judged.threshold_s:.0f} s")
             if extra:
                 w.reason = "; ".join(extra) if w.reason == "ok" else "; ".join([w.reason, *extra])
-        return Settled(outcome.mode, outcome.mode_reason, outcome.withdrawn, outcome.alerts)
+        # 5: a stale replica's alert, open until it serves again or is no longer reported
+        alerts = outcome.alerts
+        stale = {replica: row for row, replica in enumerate(order) if evidence_of[row] == STALE}
+        stale.update((replica, order.index(replica)) for replica, c in outcome.ejected.items() if c == STALE)
+        for replica, row in sorted(stale.items()):
+            if replica not in self.stale_alerts:
+                self.stale_alerts[replica] = now
+                alerts.append(Alert(now, model, replica, STALE_DETECTOR, Severity.WARNING, "open",
+                                    f"{replica} {rows[row].reason}", {"rule": STALE}))
+        for replica in [r for r in self.stale_alerts if r not in stale]:
+            found = self.replicas.get(replica)
+            if found is not None and found.probation and replica in order:
+                continue  # back from its ejection, no request of its own yet
+            del self.stale_alerts[replica]
+            alerts.append(Alert(now, model, replica, STALE_DETECTOR, Severity.WARNING, "resolved",
+                                "resolved: it finishes requests again" if replica in order
+                                else "resolved (no evidence: no longer reported)", {"rule": STALE}))
+        return Settled(outcome.mode, outcome.mode_reason, outcome.withdrawn, alerts)
 
     def forget(self, replica: str) -> None:
         """Drop a released replica."""
@@ -275,7 +299,8 @@ class PoolEvidence:
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state."""
         return {"replicas": {r: e.to_dict() for r, e in self.replicas.items()}, "guard": self.guard.state_dict(),
-                "pool_total": self.pool_total, "pool": None if self.pool is None else self.pool.to_dict()}
+                "pool_total": self.pool_total, "pool": None if self.pool is None else self.pool.to_dict(),
+                "stale_alerts": dict(self.stale_alerts)}
 
     def load_state(self, state: Mapping[str, Any], config: WeightConfig) -> None:
         """Inverse of :meth:`state_dict`."""
@@ -285,4 +310,5 @@ class PoolEvidence:
         self.pool_total = float(state.get("pool_total", 0.0))
         pool = state.get("pool")
         self.pool = None if pool is None else ArrivalEvidence.from_dict(pool, config.rate_horizon_s)
+        self.stale_alerts = {str(r): float(t) for r, t in (state.get("stale_alerts") or {}).items()}
 

@@ -130,7 +130,7 @@ def test_injected_anomaly_is_detected_on_its_replica_only(kind: str, kafka_setti
 
 # the demo's kinds, one run: two pools of five replicas, each fault on its own replica
 DEMO_FAULTS: dict[str, tuple[str, str]] = {
-    "r1": ("long_tail", "long_tail"), "r3": ("batch_collapse", "batch_collapse"),
+    "r1": ("long_tail", "long_tail"), "r3": ("batch_collapse", "batch_collapse"), "r4": ("replica_silence", "stale"),
     "r6": ("context_burst", "context_burst"), "r7": ("kv_pressure", "kv_pressure"), "r8": ("gpu_fault", "gpu_health")}
 # from the fault's start: a stalled request finishes 4-9 s after it starts, and the window's P95 latency
 # proves a tail once a twentieth of its requests are stalled (about 20 s at 5 requests/s)

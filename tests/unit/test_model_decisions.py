@@ -221,13 +221,40 @@ def test_a_replica_with_empty_steps_is_held_then_stale() -> None:
     assert d.current is not None and d.current.mode == "normal"
 
 
+def test_a_stale_replica_is_an_alert_until_it_serves_again_and_is_not_demoted_by_it() -> None:
+    decider = ModelDecider()
+    opened, resolved, weights = [], [], []
+    for i in range(60):
+        silent = 1 <= i < 40  # r1 finishes nothing for 195 s while its peers go on
+        d = step(decider, i, {"r1": {"step_count": 0}} if silent else {})
+        opened += [(i, a) for a in d.alerts if a.detector == "stale" and a.state == "open"]
+        resolved += [(i, a) for a in d.alerts if a.detector == "stale" and a.state == "resolved"]
+        weights.append(d.weights["r1"].weight)
+    # one alert on r1 through its ejections and the probations between them, not one per ejection
+    assert [(i, a.replica, str(a.severity)) for i, a in opened] == [(opened[0][0], "r1", "WARNING")]
+    assert opened[0][0] <= 4 and "stale" in opened[0][1].message
+    assert weights[opened[0][0]] == 0.0  # ejected on the step it opened
+    # resolved on its first request once its ejection is over (on probation until then, a probing
+    # share), and it gets its share back at once: the alert held no demotion of its own
+    assert [(a.replica, a.message) for _, a in resolved] == [("r1", "resolved: it finishes requests again")]
+    back = resolved[0][0]
+    assert back >= 40 and 0.0 < weights[back - 1] < weights[back]
+    assert weights[-1] > 0.25
+    assert decider.open_alerts() == {}
+    restored = ModelDecider.from_state(decider.state_dict())
+    assert restored.state_dict() == decider.state_dict()
+
+
 def test_alerts_of_a_vanished_replica_resolve() -> None:
     decider = ModelDecider(SEED)
     for i in range(3):
         step(decider, i, {"r2": {"latency_p99": 900.0}})
     assert decider.open_alerts()
-    states = [a.state for i in range(3, 6) for a in step(decider, i, replicas=("r1", "r3")).alerts]
-    assert states == ["resolved"]
+    alerts = [a for i in range(3, 6) for a in step(decider, i, replicas=("r1", "r3")).alerts]
+    others = [(a.replica, a.detector, a.state) for a in alerts if a.detector != "stale"]
+    assert others == [("r2", "long_tail", "resolved")]
+    # its requests stopped while its peers' went on: stale, an alert of its own
+    assert [(a.replica, a.state) for a in alerts if a.detector == "stale"] == [("r2", "open")]
 
 
 def test_stale_telemetry_is_not_given_to_the_detectors() -> None:
