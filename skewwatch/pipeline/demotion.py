@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from skewwatch.pipeline.detectors.alerts import Alert, Severity
 from skewwatch.pipeline.failstatic import ejection_time
 from skewwatch.pipeline.weights import WeightConfig
 
@@ -157,3 +158,65 @@ class Holds:
 
 
 __all__ = ["Demotion", "Holds", "demote"]
+
+
+DEMOTING = frozenset({Severity.WARNING, Severity.CRITICAL})  # an open alert of these demotes its replica
+
+
+class AlertDemotions:
+    """Which replicas an open WARNING or CRITICAL alert demotes, as ``detector[#rule]`` labels, kept
+    from the alerts' open and resolve records, and their :class:`Holds`.
+
+    >>> demotions = AlertDemotions(WeightConfig())
+    >>> opened = Alert(0.0, "m", "r1", "long_tail", Severity.WARNING, "open", "", {"rule": "tail"})
+    >>> demotions.track([opened], 0.0); demotions.alerted
+    {'r1': {'long_tail#tail'}}
+    >>> demotions.track([Alert(60.0, "m", "r1", "long_tail", Severity.WARNING, "resolved", "", {"rule": "tail"})],
+    ...                 60.0); demotions.alerted, demotions.any(61.0)
+    ({}, False)
+    """
+
+    def __init__(self, config: WeightConfig) -> None:
+        self.alerted: dict[str, set[str]] = {}
+        self.holds = Holds(config)  # when each replica's demotions began, and until when one is held
+
+    def track(self, alerts: Sequence[Alert], now: float) -> None:
+        """This step's alert transitions (replica alerts; pool alerts have none)."""
+        for alert in alerts:
+            if alert.replica is None:
+                continue
+            rule = alert.evidence.get("rule")
+            label = alert.detector if rule is None else f"{alert.detector}#{rule}"
+            labels = self.alerted.get(alert.replica)
+            if alert.state == "open" and alert.severity in DEMOTING:
+                if labels is None:
+                    labels = self.alerted[alert.replica] = set()
+                    self.holds.opened(alert.replica, now)
+                labels.add(label)
+            elif labels is not None:  # resolved, or re-opened at INFO
+                labels.discard(label)
+                if not labels:
+                    del self.alerted[alert.replica]
+                    self.holds.resolved(alert.replica, now)
+
+    def rebuild(self, open_alerts: Mapping[str, Mapping[str, Severity]]) -> None:
+        """The labels again from each detector's open alerts (``name -> {"model/replica[#rule]":
+        severity}``), after a checkpoint is loaded."""
+        self.alerted = {}
+        for name, keys in open_alerts.items():
+            for key, severity in keys.items():
+                model_replica, _, rule = key.partition("#")
+                replica = model_replica.rpartition("/")[2]
+                if severity in DEMOTING and replica:
+                    self.alerted.setdefault(replica, set()).add(f"{name}#{rule}" if rule else name)
+
+    def any(self, now: float) -> bool:
+        """Whether a replica is demoted by an alert or held now."""
+        return bool(self.alerted) or bool(self.holds.holding(now))
+
+    def demoted(self, replica: str, now: float) -> bool:
+        return bool(self.alerted.get(replica)) or self.holds.held(replica, now)
+
+    def forget(self, replica: str) -> None:
+        self.alerted.pop(replica, None)
+        self.holds.forget(replica)

@@ -27,7 +27,7 @@ from skewwatch.pipeline.detectors.base import Detector
 from skewwatch.pipeline.detectors.batch_collapse import BatchCollapseConfig
 from skewwatch.pipeline.detectors.context_burst import ContextBurstConfig
 from skewwatch.pipeline.detectors.kv_pressure import KvPressureConfig
-from skewwatch.pipeline.detectors.learned import LearnedConfig
+from skewwatch.pipeline.detectors.learned_config import LearnedConfig
 from skewwatch.pipeline.detectors.long_tail import LongTailConfig
 from skewwatch.pipeline.detectors.profiles import ProfileName, with_profile
 from skewwatch.pipeline.detectors.registry import DETECTORS

@@ -64,7 +64,7 @@ import numpy as np
 from skewwatch.gc_pause import gc_paused
 from skewwatch.pipeline.capacity import CAPACITY_FIELDS, CAPACITY_TELEMETRY_FIELDS, capacity_weights, scale_by_speed
 from skewwatch.pipeline.corrections import publish_reason, step_seq
-from skewwatch.pipeline.demotion import Holds, demote
+from skewwatch.pipeline.demotion import AlertDemotions, demote
 from skewwatch.pipeline.detector_settings import DetectorSettings
 from skewwatch.pipeline.detectors.alerts import Action, Alert, Severity
 from skewwatch.pipeline.detectors.base import Detector
@@ -82,7 +82,6 @@ from skewwatch.schemas.telemetry_sample import TelemetrySample
 DECIDER_STATE_VERSION = 1
 _REPLICA, _MODEL, _WEIGHT = attrgetter("replica"), attrgetter("model"), attrgetter("weight")
 _HEALTHY: tuple[float, str | None, str | None] = (1.0, None, None)  # a replica without a health note
-_DEMOTING = frozenset({Severity.WARNING, Severity.CRITICAL})  # an open alert of these demotes its replica
 
 
 @dataclass(slots=True)
@@ -141,11 +140,8 @@ class ModelDecider:
         self._last_health: dict[str, float] = {}
         self._open_alerts: dict[tuple[str, str], int] | None = None  # as of the last step (metrics)
         self._evidence = PoolEvidence()  # held scores, arrival rates, ejections, pool alerts
-        # replica -> its open WARNING / CRITICAL alerts, as ``detector[#rule]`` (pipeline/demotion.py),
-        # kept from the alerts' transitions; a checkpoint rebuilds it from the detectors' open alerts
-        self._alerted: dict[str, set[str]] = {}
-        # when each replica's demotions began, and until when a repeat one is held after its alerts resolve
-        self._holds = Holds(self.settings.weights)
+        # the replicas an open WARNING / CRITICAL alert demotes, and the holds of repeat demotions
+        self._demotions = AlertDemotions(self.settings.weights)
         self._speed = RelativeSpeed()  # the capacity formula's long-horizon costs
         # the vectors' fields the step reads as columns, read in one pass (StepColumns.prefetch)
         weights_cfg = self.settings.weights
@@ -268,7 +264,7 @@ class ModelDecider:
             else:
                 detector.update_step(columns, now, alerts, actions)
         if alerts:
-            self._track_alerts(alerts, now)
+            self._demotions.track(alerts, now)
         if len(self.detectors) > 1 and alerts:
             position = {replica: i for i, replica in enumerate(order)}
             rank = {name: i for i, name in enumerate(self.detectors)}
@@ -315,7 +311,7 @@ class ModelDecider:
                                         self.settings.weights)
         alerts.extend(settled.alerts)
         probation = [replica for replica in order if self._evidence.replicas[replica].probation]
-        if (self._alerted or self._holds.holding(now) or probation) and settled.mode != "panic":
+        if (self._demotions.any(now) or probation) and settled.mode != "panic":
             self._demote(order, weights, now, set(probation))
         if settled.withdrawn:  # held back by the ejection cap, or routed anyway in panic
             actions = [a for a in actions if not (a.replica in settled.withdrawn and a.action in EJECTING_ACTIONS)]
@@ -475,43 +471,12 @@ class ModelDecider:
             self._open_alerts = counts
         return dict(self._open_alerts)
 
-    def _track_alerts(self, alerts: list[Alert], now: float) -> None:
-        """Keep which replicas have an open WARNING or CRITICAL alert, from this step's transitions,
-        and when each one's demotion began and ended (the holds of repeat demotions)."""
-        for alert in alerts:
-            if alert.replica is None or alert.detector == STALE_DETECTOR:
-                continue  # a stale replica is ejected, then on probation: no demotion besides
-            rule = alert.evidence.get("rule")
-            label = alert.detector if rule is None else f"{alert.detector}#{rule}"
-            labels = self._alerted.get(alert.replica)
-            if alert.state == "open" and alert.severity in _DEMOTING:
-                if labels is None:
-                    labels = self._alerted[alert.replica] = set()
-                    self._holds.opened(alert.replica, now)
-                labels.add(label)
-            elif labels is not None:  # resolved, or re-opened at INFO
-                labels.discard(label)
-                if not labels:
-                    del self._alerted[alert.replica]
-                    self._holds.resolved(alert.replica, now)
-
-    def _alerted_from_detectors(self) -> dict[str, set[str]]:
-        """The same, from the detectors' open alerts (after a checkpoint is loaded)."""
-        alerted: dict[str, set[str]] = {}
-        for name, detector in self.detectors.items():
-            for key, severity in detector.open_alerts().items():  # "model/replica[#rule]"
-                model_replica, _, rule = key.partition("#")
-                replica = model_replica.rpartition("/")[2]
-                if severity in _DEMOTING and replica:
-                    alerted.setdefault(replica, set()).add(f"{name}#{rule}" if rule else name)
-        return alerted
-
     def _demote(self, order: list[str], weights: dict[str, ReplicaWeight], now: float,
                 probation: set[str] | frozenset[str] = frozenset()) -> None:
         """Published weights below every healthy replica's for those with an open alert, held after a
         repeat demotion, or on probation: back from an ejection without a request since (in place)."""
         rows = [weights[replica] for replica in order]
-        alerted = [bool(self._alerted.get(replica)) or self._holds.held(replica, now) for replica in order]
+        alerted = [self._demotions.demoted(replica, now) for replica in order]
         on_probation = [replica in probation and not alerted[row] for row, replica in enumerate(order)]
         # warm-up: a replica with fewer requests than the credibility rule's half-credibility count
         # (credibility_k, decayed over rate_horizon_s) is not demoted yet (its weight is mostly an
@@ -529,7 +494,7 @@ class ModelDecider:
         alerted = [a or p for a, p in zip(alerted, on_probation, strict=True)]
         outcome = demote([w.weight for w in rows], alerted, [w.health >= 1.0 for w in rows], self.settings.weights)
         for row in outcome.demoted:
-            labels = self._alerted.get(order[row])
+            labels = self._demotions.alerted.get(order[row])
             note = ("demoted: " + ", ".join(sorted(labels)) + " open" if labels
                     else "demoted: back from an ejection, no request since" if on_probation[row]
                     else "demoted: held after a repeat demotion")
@@ -548,8 +513,7 @@ class ModelDecider:
     def forget_replica(self, replica: str) -> None:
         """Drop a replica (released by the windows, or silent for ``release_after_s``)."""
         self._tracks.pop(replica, None)
-        self._alerted.pop(replica, None)
-        self._holds.forget(replica)
+        self._demotions.forget(replica)
         self._speed.forget(replica)
         self._order = None
         self._open_alerts = None
@@ -574,7 +538,7 @@ class ModelDecider:
             "last_weights": {r: w.to_dict() for r, w in self._last_weights.items()},
             "last_health": dict(self._last_health),
             "evidence": self._evidence.state_dict(),
-            "demotion_holds": self._holds.state_dict(),
+            "demotion_holds": self._demotions.holds.state_dict(),
             "relative_speed": self._speed.state_dict(),
         }
 
@@ -609,7 +573,7 @@ class ModelDecider:
         }
         decider._last_health = {r: float(h) for r, h in state.get("last_health", {}).items()}
         decider._evidence.load_state(state.get("evidence", {}), decider.settings.weights)
-        decider._alerted = decider._alerted_from_detectors()
-        decider._holds.load_state(state.get("demotion_holds") or {})
+        decider._demotions.rebuild({name: d.open_alerts() for name, d in decider.detectors.items()})
+        decider._demotions.holds.load_state(state.get("demotion_holds") or {})
         decider._speed.load_state(state.get("relative_speed") or {})
         return decider

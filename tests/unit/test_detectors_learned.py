@@ -16,7 +16,8 @@ import pytest
 from skewwatch.config_section import ConfigError
 from skewwatch.pipeline.detector_settings import DetectorSettings
 from skewwatch.pipeline.detectors.alerts import Alert
-from skewwatch.pipeline.detectors.learned import LearnedConfig, LearnedDetector
+from skewwatch.pipeline.detectors.learned import LearnedDetector
+from skewwatch.pipeline.detectors.learned_config import LearnedConfig
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.pipeline.model_decisions import ModelDecider
 from skewwatch.schemas.feature_vector import FeatureVector

@@ -568,7 +568,7 @@ def test_an_open_warning_demotes_its_replica_below_every_healthy_one_until_it_re
             assert w["r2"] == pytest.approx(w["r1"]), (i, w)
     assert reasons[opened].endswith("demoted: long_tail open") and "demoted" not in reasons[resolved]
     restored = ModelDecider.from_state(json.loads(json.dumps(decider.state_dict())), SEED_DEMOTING)
-    assert restored._alerted == decider._alerted
+    assert restored._demotions.alerted == decider._demotions.alerted
 
 
 def test_a_repeat_demotion_is_held_after_its_alert_resolves_and_the_first_is_not() -> None:

@@ -17,7 +17,8 @@ from skewwatch.pipeline.detectors.batch_collapse import BatchCollapseConfig, Bat
 from skewwatch.pipeline.detectors.context_burst import ContextBurstConfig, ContextBurstDetector
 from skewwatch.pipeline.detectors.gpu_health import GpuHealthDetector
 from skewwatch.pipeline.detectors.kv_pressure import KvPressureConfig, KvPressureDetector
-from skewwatch.pipeline.detectors.learned import LearnedConfig, LearnedDetector
+from skewwatch.pipeline.detectors.learned import LearnedDetector
+from skewwatch.pipeline.detectors.learned_config import LearnedConfig
 from skewwatch.pipeline.detectors.long_tail import LongTailConfig, LongTailDetector
 from skewwatch.pipeline.detectors.slow_replica import SlowReplicaConfig, SlowReplicaDetector
 
