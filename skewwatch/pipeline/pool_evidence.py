@@ -275,8 +275,9 @@ class PoolEvidence:
         for replica, row in sorted(stale.items()):
             if replica not in self.stale_alerts:
                 self.stale_alerts[replica] = now
-                alerts.append(Alert(now, model, replica, STALE_DETECTOR, Severity.WARNING, "open",
-                                    f"{replica} {rows[row].reason}", {"rule": STALE}))
+                why = "; ".join(text for text in (notes[row], guard_notes.get(row)) if text) or STALE
+                alerts.append(Alert(now, model, replica, STALE_DETECTOR, Severity.WARNING, "open", f"{replica} {why}",
+                                    {"rule": STALE}))
         for replica in [r for r in self.stale_alerts if r not in stale]:
             found = self.replicas.get(replica)
             if found is not None and found.probation and replica in order:
