@@ -104,7 +104,7 @@ class PoolEvidence:
         self.pool_total = 0.0  # requests the pool finished (its replicas' step counts, summed)
         self.pool: ArrivalEvidence | None = None  # the pool's own arrivals
         self.window_s = 60.0  # the windows' length (observe)
-        self.stale_alerts: dict[str, float] = {}  # replica -> when its stale alert opened
+        self.stale_alerts: set[str] = set()  # the replicas whose stale alert is open
 
     def observe(
         self,
@@ -274,15 +274,15 @@ class PoolEvidence:
         stale.update((replica, order.index(replica)) for replica, c in outcome.ejected.items() if c == STALE)
         for replica, row in sorted(stale.items()):
             if replica not in self.stale_alerts:
-                self.stale_alerts[replica] = now
+                self.stale_alerts.add(replica)
                 why = "; ".join(text for text in (notes[row], guard_notes.get(row)) if text) or STALE
                 alerts.append(Alert(now, model, replica, STALE_DETECTOR, Severity.WARNING, "open", f"{replica} {why}",
                                     {"rule": STALE}))
-        for replica in [r for r in self.stale_alerts if r not in stale]:
+        for replica in sorted(r for r in self.stale_alerts if r not in stale):
             found = self.replicas.get(replica)
             if found is not None and found.probation and replica in order:
                 continue  # back from its ejection, no request of its own yet
-            del self.stale_alerts[replica]
+            self.stale_alerts.discard(replica)
             alerts.append(Alert(now, model, replica, STALE_DETECTOR, Severity.WARNING, "resolved",
                                 "resolved: it finishes requests again" if replica in order
                                 else "resolved (no evidence: no longer reported)", {"rule": STALE}))
@@ -301,7 +301,7 @@ class PoolEvidence:
         """JSON-able state."""
         return {"replicas": {r: e.to_dict() for r, e in self.replicas.items()}, "guard": self.guard.state_dict(),
                 "pool_total": self.pool_total, "pool": None if self.pool is None else self.pool.to_dict(),
-                "stale_alerts": dict(self.stale_alerts)}
+                "stale_alerts": sorted(self.stale_alerts)}
 
     def load_state(self, state: Mapping[str, Any], config: WeightConfig) -> None:
         """Inverse of :meth:`state_dict`."""
@@ -311,5 +311,5 @@ class PoolEvidence:
         self.pool_total = float(state.get("pool_total", 0.0))
         pool = state.get("pool")
         self.pool = None if pool is None else ArrivalEvidence.from_dict(pool, config.rate_horizon_s)
-        self.stale_alerts = {str(r): float(t) for r, t in (state.get("stale_alerts") or {}).items()}
+        self.stale_alerts = {str(r) for r in state.get("stale_alerts") or ()}
 
