@@ -34,6 +34,7 @@ its offset uncommitted); a 4xx answer means the alert itself is refused: logged 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from datetime import UTC, datetime
@@ -176,6 +177,9 @@ def create_bridge_app(bootstrap: str, alerts_topic: str, url: str, *, group_id: 
                       value_serializer="raw", partitions=partitions)
     # key -> the open alert's record (JSON), changelogged: a restarted bridge keeps re-sending it
     open_alerts = app.Table("open-alerts", default=None, partitions=partitions)  # JSON keys and values
+    # one POST at a time, and the table changed under the same lock: a re-send that snapshotted an alert
+    # before its resolve was handled would otherwise reach Alertmanager after the resolve and reopen it
+    posting = asyncio.Lock()
 
     @app.agent(topic)
     async def forward(stream: Any) -> Any:
@@ -195,28 +199,30 @@ def create_bridge_app(bootstrap: str, alerts_topic: str, url: str, *, group_id: 
                 log.warning("alertmanager-bridge: skipped a malformed alert record: %s", exc)
                 await events.ack(event)
                 continue
-            try:
-                await client.post([alert])
-            except AlertmanagerRefused as exc:
-                log.error("%s", exc)
-            if record.state == "open":
-                open_alerts[key] = record.to_dict()
-            else:
-                open_alerts.pop(key, None)
+            async with posting:
+                try:
+                    await client.post([alert])
+                except AlertmanagerRefused as exc:
+                    log.error("%s", exc)
+                if record.state == "open":
+                    open_alerts[key] = record.to_dict()
+                else:
+                    open_alerts.pop(key, None)
             log.info("alertmanager-bridge: %s %s", record.state, key)
             await events.ack(event)
             yield key
 
     @app.timer(resend_s)
     async def resend_open() -> None:
-        now = time.time()
-        alerts = [to_alertmanager(Alert.from_dict(record), now, resend_s)
-                  for record in open_alerts.values() if record is not None]
-        if alerts:
-            try:
-                await client.post(alerts)
-            except AlertmanagerRefused as exc:
-                log.error("%s", exc)
+        async with posting:  # the snapshot and its POST, with no resolve between them
+            now = time.time()
+            alerts = [to_alertmanager(Alert.from_dict(record), now, resend_s)
+                      for record in open_alerts.values() if record is not None]
+            if alerts:
+                try:
+                    await client.post(alerts)
+                except AlertmanagerRefused as exc:
+                    log.error("%s", exc)
 
     @app.service
     class CloseClient(faust.Service):
