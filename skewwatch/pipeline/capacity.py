@@ -73,7 +73,7 @@ from skewwatch.pipeline.relative_speed import RelativeSpeed
 from skewwatch.pipeline.weights import ReplicaWeight, WeightConfig
 
 CAPACITY_FIELDS = ("count", "tpot_p50", "latency_p50", "batch_size_mean")  # what capacity_weights reads as columns
-CAPACITY_TELEMETRY_FIELDS = ("tpot_p50_s", "tpot_count")  # ... of telemetry
+CAPACITY_TELEMETRY_FIELDS = ("tpot_p50_s", "tpot_mean_s", "tpot_count")  # ... of telemetry
 
 
 def service_costs(step: StepColumns) -> tuple[np.ndarray, str]:
@@ -94,6 +94,20 @@ def service_costs(step: StepColumns) -> tuple[np.ndarray, str]:
     return np.where(served, step.column("latency_p50") / 1000.0, np.nan), "latency"
 
 
+def _live_log_ratios(step: StepColumns) -> npt.NDArray[np.float64] | None:
+    """Each replica's live time per output token over its pool's median, in logs (NaN: none): the
+    engines' median since their previous sample (vLLM's, SGLang's histograms), else their mean
+    (llama.cpp's counters), one field for the whole pool; None where fewer than two replicas have it."""
+    counted = step.telemetry_column("tpot_count") > 0
+    for name in ("tpot_p50_s", "tpot_mean_s"):
+        live = step.telemetry_column(name)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            has = ~np.isnan(live) & counted & (live > 0)
+            if int(has.sum()) >= 2:
+                return np.where(has, np.log(live / float(np.median(live[has]))), np.nan)
+    return None
+
+
 class RelativeCosts(NamedTuple):
     """One step's relative service costs, in ``replicas`` order (NaN: none)."""
 
@@ -107,8 +121,10 @@ class RelativeCosts(NamedTuple):
 
 
 def relative_costs(step: StepColumns, replicas: Sequence[str], config: WeightConfig, speed: RelativeSpeed,
-                   now: float, window_s: float) -> RelativeCosts:
-    """Each replica's cost relative to its pool (module docstring), ``speed`` updated with this step."""
+                   now: float, window_s: float, sample_noise: bool = True) -> RelativeCosts:
+    """Each replica's cost relative to its pool (module docstring), ``speed`` updated with this step
+    (``sample_noise``: whether its ratios join the pool's noise and batch slope, see
+    :meth:`~skewwatch.pipeline.relative_speed.RelativeSpeed.update`)."""
     service, measure = service_costs(step)
     usable = ~np.isnan(service) & (service > 0)
     reference = float(np.median(service[usable])) if usable.any() else float("nan")
@@ -118,8 +134,10 @@ def relative_costs(step: StepColumns, replicas: Sequence[str], config: WeightCon
         log_batch = np.log(step.column("batch_size_mean"))
         log_service = np.log(np.where(usable, service, np.nan))
     log_ratio, batch_term = _at_pool_batch(log_ratio, log_service, log_batch, measure, speed, config, now,
-                                           window_s)
-    shrunk = speed.update(now, replicas, log_ratio, config, None if measure == "live" else window_s)
+                                           window_s, sample_noise)
+    live = _live_log_ratios(step) if measure != "live" else None
+    shrunk = speed.update(now, replicas, log_ratio, config, None if measure == "live" else window_s, live,
+                          sample_noise)
     cost = np.exp(shrunk)
     bound = config.min_denominator
     guarded = np.where(np.isnan(cost), 1.0, np.clip(cost, bound, 1.0 / bound))
@@ -136,7 +154,9 @@ def scale_by_speed(weights: dict[str, ReplicaWeight], step: StepColumns, replica
 
     The costs are estimated every half window (``window_s / 2``: new requests, not the same ones
     seen again; the estimate weighs each ratio by the seconds since the last, so it is the same
-    mean) and kept in between: a five-minute estimate gains nothing from every 5 s step. A cost
+    mean) and kept in between: a five-minute estimate gains nothing from every 5 s step. While a
+    change is under way (:meth:`~skewwatch.pipeline.relative_speed.RelativeSpeed.watching`) they are
+    estimated every step, so it is followed as the windows show it. A cost
     applies only while the replica's windows do not contradict it
     (:meth:`~skewwatch.pipeline.relative_speed.RelativeSpeed.returning`: a ratio beyond its noise on
     the pool's side of its mean): doubt resolves toward the pool's share, so a replica whose
@@ -157,8 +177,9 @@ def scale_by_speed(weights: dict[str, ReplicaWeight], step: StepColumns, replica
     >>> [round(w[r].weight, 3) for r in "abc"], w["c"].reason
     ([0.422, 0.422, 0.155], 'ok; relative speed 0.367')
     """
-    if speed.refresh_due(now, window_s / 2.0, phase):
-        estimate = relative_costs(step, replicas, config, speed, now, window_s)
+    on_grid = speed.refresh_due(now, window_s / 2.0, phase)
+    if on_grid or speed.watching(now):
+        estimate = relative_costs(step, replicas, config, speed, now, window_s, sample_noise=on_grid)
         # a cost applies only while the replica's windows do not contradict it: a ratio beyond its
         # noise on the pool's side of its mean (the start of the run that restarts the estimate
         # half a window later) puts it back at its share now; a ratio within the noise does not
@@ -221,18 +242,20 @@ def capacity_weights(step: StepColumns, replicas: Sequence[str], health: Sequenc
 
 def _at_pool_batch(log_ratio: npt.NDArray[np.float64], log_service: npt.NDArray[np.float64],
                    log_batch: npt.NDArray[np.float64], measure: str,
-                   speed: RelativeSpeed, config: WeightConfig, now: float,
-                   window_s: float) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+                   speed: RelativeSpeed, config: WeightConfig, now: float, window_s: float,
+                   sample: bool = True) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """Each replica's log ratio at its pool's batch (module docstring, "Batch"), and the term taken
     off it (log seconds / seconds; NaN where none was); the plain ratio where fewer than
     ``_MIN_BATCH_REPLICAS`` replicas have both a time per token and a batch size, or the measure is
-    the latency (it holds the queue, not a batch's step)."""
+    the latency (it holds the queue, not a batch's step). ``sample``: whether this step's points join
+    the slope's fit (as the pool's noise, one step per refresh of the grid)."""
     term = np.full(len(log_ratio), np.nan)
     if measure == "latency":
         return log_ratio, term
     # the slope from how the pool's times per token move with its batches, across replicas and
     # steps (a burst of load fills every batch and slows every step: the pool's own relation)
-    speed.batch.update(now, log_batch, log_service, window_s, config.capacity_z)
+    if sample:
+        speed.batch.update(now, log_batch, log_service, window_s, config.capacity_z)
     both = np.isfinite(log_ratio) & np.isfinite(log_batch)
     if int(both.sum()) < _MIN_BATCH_REPLICAS:
         return log_ratio, term

@@ -14,6 +14,22 @@ burst (a few long prompts prefilling on one replica of a queue-bound pool) is la
 begins and then fades. So the estimate follows a change half a window after the windows show it,
 and is as precise as five minutes of windows otherwise.
 
+**Live confirmation.** The half window is the window's own lag: its old requests must give way to
+new ones before a run proves anything. The engines' live time per output token (since their previous
+sample) has no such lag. Where the ratios are a window's and the engines report it, a run is
+confirmed on its second update when the replica's two latest live ratios (its live time per token
+over the pool's median) are beyond the same noise on the run's side of its mean: two signals that
+share no requests agree, the window's that a change began and the engine's that its tokens are
+slower now. A passing burst slows a replica's live tokens as well, so the confirmation still needs
+the window's run, and it recedes as before. Where the live gauges do not agree, or are absent (a
+fleet that sends request events alone), the half window stands.
+
+**Following a change.** The caller refreshes the estimate on a grid (every half window) and, while
+:meth:`RelativeSpeed.watching` (a run is open, or the mean restarted less than half a window
+ago: a change holds or grows as the window fills), on every step. The pool's noise and the batch
+slope take one step per refresh of the grid only (``sample_noise``), so the steps a change is
+followed on do not let its own distances fill the noise.
+
 **Noise.** The noise of one ratio is the larger of the replica's own (its mean absolute distance
 from its mean, as a normal standard deviation, over the same horizon; one wild ratio counts at most
 ``2 capacity_z`` noises) and the pool's (the 95th percentile of the distances of its ratios from their
@@ -67,6 +83,8 @@ class RelativeSpeed:
         self._noise: dict[str, float] = {}  # standard deviation of one ratio around the mean (decayed)
         self._seen: dict[str, float] = {}
         self._apart: dict[str, float] = {}  # since when its ratios are far from its mean, signed by the side
+        self._agree: dict[str, float] = {}  # since when its live ratios are far from its mean, signed by the side
+        self._watch_until: float | None = None  # refresh every step until then: a change is under way
         self._peak: dict[str, float] = {}  # the furthest that run's ratios have been from the mean
         self._last: float | None = None
         self._pool_noise = 0.0  # the pool's noise of one ratio, and the seconds of steps it holds (decayed)
@@ -79,11 +97,17 @@ class RelativeSpeed:
         self._kept_at: float | None = None
 
     def update(self, now: float, replicas: Sequence[str], log_ratio: npt.NDArray[np.float64], config: WeightConfig,
-               evidence_s: float | None) -> npt.NDArray[np.float64]:
+               evidence_s: float | None, live: npt.NDArray[np.float64] | None = None,
+               sample_noise: bool = True) -> npt.NDArray[np.float64]:
         """Take this step's log ratios (NaN: no evidence this step), each summarising ``evidence_s``
         seconds of the replica's work (a window of finished requests; None: the time since the last
         step, for live gauges), and return each replica's shrunk log cost (NaN: no estimate yet), in
-        ``replicas`` order."""
+        ``replicas`` order. ``live``: the engines' live log ratios of the same step, where the ratios
+        are a window's (NaN: none); two of them beyond the noise on a run's side confirm it at once
+        (module docstring, "Live confirmation"). ``sample_noise``: whether this step's distances join
+        the pool's noise (False for the steps a change is followed on between the grid's refreshes:
+        the pool's noise holds one step per refresh of the grid, so following a change does not let
+        its own distances fill the noise)."""
         step = now - self._last if self._last is not None and now > self._last else _FIRST_STEP_S
         self._last = now
         evidence = step if evidence_s is None else evidence_s
@@ -96,7 +120,7 @@ class RelativeSpeed:
         ratios = log_ratio.tolist()
         distances = [abs(x - self._mean[r]) for r, x in zip(replicas, ratios, strict=True)
                      if not math.isnan(x) and r in self._mean]
-        if distances:
+        if distances and sample_noise:
             pool = self._pool_distances
             pool.append((now, distances))
             while pool and pool[0][0] <= now - horizon:
@@ -107,7 +131,8 @@ class RelativeSpeed:
                                 else _MAD_TO_NORMAL * float(np.median(held)))
             self._pool_span = math.exp(-step / horizon) * self._pool_span + step
         pool_noise = self._pool_noise
-        for replica, x in zip(replicas, ratios, strict=True):
+        lives = live.tolist() if live is not None else None
+        for row, (replica, x) in enumerate(zip(replicas, ratios, strict=True)):
             if math.isnan(x):
                 continue
             mean = self._mean.get(replica)
@@ -119,7 +144,9 @@ class RelativeSpeed:
             noise = self._noise.get(replica)
             scale = max(noise if noise is not None else pool_noise, pool_noise)
             residual = x - mean
-            if noise is not None and abs(residual) > max(floor, z * scale):
+            band = max(floor, z * scale)
+            agreed = self._live_agrees(replica, now, lives[row] - mean if lives is not None else math.nan, band)
+            if noise is not None and abs(residual) > band:
                 # far from the mean: a change once it has lasted half the evidence a ratio
                 # summarises (new requests in the window, not the same ones seen again) and spans two
                 # updates, unless it recedes (module docstring); then the mean restarts from this
@@ -129,13 +156,19 @@ class RelativeSpeed:
                 if since is None or math.copysign(1.0, since) != side:
                     self._apart[replica] = side * max(now, 1e-9)  # when the run began, signed by its side
                     self._peak[replica] = abs(residual)
+                    self._watch(now + max(evidence / 2.0, step))
                 else:
                     peak = max(self._peak.get(replica, 0.0), abs(residual))
                     self._peak[replica] = peak
-                    if now - abs(since) >= max(evidence / 2.0, step) and abs(residual) >= peak - scale:
+                    # the live gauges' two latest samples on the run's side: the engine's tokens
+                    # now, not the window's older requests, so no half window to wait
+                    wait = step if agreed == side else max(evidence / 2.0, step)
+                    if now - abs(since) >= wait and abs(residual) >= peak - scale:
                         self._mean[replica], self._span[replica] = x, evidence
                         self._apart.pop(replica)
                         self._peak.pop(replica, None)
+                        # a change holds or grows as the window fills: follow it step by step
+                        self._watch(now + max(evidence / 2.0, step))
             else:
                 self._apart.pop(replica, None)
                 self._peak.pop(replica, None)
@@ -162,6 +195,22 @@ class RelativeSpeed:
             band = max(floor, z * error)
             out[row] = math.copysign(max(abs(mean) - band, 0.0), mean)
         return out
+
+    def _live_agrees(self, replica: str, now: float, residual: float, band: float) -> float:
+        """The side (+1, -1) on which this live sample and the one before are beyond ``band`` from the
+        replica's mean, else 0.0; tracks the run of such samples."""
+        if math.isnan(residual) or abs(residual) <= band:
+            self._agree.pop(replica, None)
+            return 0.0
+        side = 1.0 if residual > 0 else -1.0
+        since = self._agree.get(replica)
+        if since is None or math.copysign(1.0, since) != side:
+            self._agree[replica] = side * max(now, 1e-9)
+            return 0.0
+        return side if abs(since) < now else 0.0
+
+    def _watch(self, until: float) -> None:
+        self._watch_until = until if self._watch_until is None else max(self._watch_until, until)
 
     def returning(self, replicas: Sequence[str]) -> list[bool]:
         """Whether each replica's latest ratios lie beyond its noise on the pool's side of its mean
@@ -200,6 +249,17 @@ class RelativeSpeed:
         offset = phase * every_s
         return math.floor((now - offset) / every_s) > math.floor((kept_at - offset) / every_s)
 
+    def watching(self, now: float) -> bool:
+        """Whether a change is under way: a run of ratios beyond the noise is open, or the estimate
+        restarted less than half a window ago (it holds or grows as the window fills). Such a pool
+        is refreshed every step, off the grid: the estimate follows the change step by step."""
+        if self._apart:
+            return True
+        if self._watch_until is not None and now <= self._watch_until:
+            return True
+        self._watch_until = None
+        return False
+
     def keep(self, now: float, replicas: Sequence[str], costs: npt.NDArray[np.float64]) -> None:
         """Keep this step's guarded costs until the next refresh."""
         self._kept = {r: float(c) for r, c in zip(replicas, costs.tolist(), strict=True) if c != 1.0}
@@ -211,13 +271,15 @@ class RelativeSpeed:
         return [kept.get(r, 1.0) for r in replicas] if kept else [1.0] * len(replicas)
 
     def forget(self, replica: str) -> None:
-        for table in (self._mean, self._span, self._noise, self._seen, self._apart, self._peak, self._kept):
+        for table in (self._mean, self._span, self._noise, self._seen, self._apart, self._peak, self._kept,
+                      self._agree):
             table.pop(replica, None)
 
     def state_dict(self) -> dict[str, Any]:
         return {"last": self._last, "pool_noise": [self._pool_noise, self._pool_span],
                 "pool_distances": [[when, list(ds)] for when, ds in self._pool_distances],
                 "batch_slope": self.batch.state_dict(), "kept": [self._kept_at, dict(self._kept)],
+                "watch_until": self._watch_until, "agree": dict(self._agree),
                 "replicas": {replica: [self._mean[replica], self._span[replica], self._noise.get(replica),
                                        self._seen[replica], self._apart.get(replica), self._peak.get(replica)]
                              for replica in self._mean}}
@@ -232,6 +294,9 @@ class RelativeSpeed:
         kept_at, kept = state.get("kept") or (None, {})
         self._kept_at = None if kept_at is None else float(kept_at)
         self._kept = {str(r): float(c) for r, c in dict(kept).items()}
+        watch = state.get("watch_until")  # absent from an older checkpoint
+        self._watch_until = None if watch is None else float(watch)
+        self._agree = {str(r): float(v) for r, v in dict(state.get("agree") or {}).items()}
         for replica, (mean, span, noise, seen, apart, *peak) in (state.get("replicas") or {}).items():
             self._mean[replica], self._span[replica], self._seen[replica] = float(mean), float(span), float(seen)
             if noise is not None:

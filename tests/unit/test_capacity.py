@@ -235,3 +235,61 @@ def test_a_passing_prefill_burst_moves_no_healthy_replica_and_a_slower_gpu_is_st
             found = (step - slow_from) * STEP_S
     assert lowest_healthy > 0.8
     assert found is not None and found <= 60.0
+
+
+def _live(seconds: float, field: str = "tpot_p50_s") -> TelemetrySample:
+    return TelemetrySample(ts=0.0, replica="x", source="vllm", tpot_count=500, **{field: seconds})
+
+
+def _slowdown_found(live_factor: float | None, field: str = "tpot_p50_s") -> float:
+    """scale_by_speed: c's tokens turn 3 x slower at 600 s; its windows' median moves over 30 s (the
+    window fills with requests from after the change), and its engine's live time per token (when
+    ``live_factor`` is not None) moves by ``live_factor`` at once. Seconds until c is below 80 % of an
+    equal share."""
+    speed, even = RelativeSpeed(), {r: ReplicaWeight(r, 1 / 3, 1.0, 1.0, "ok") for r in "abc"}
+    for end in range(60, 900, 5):
+        slow = min(max((end - 600) / 30.0, 0.0), 1.0)  # the window's share of requests from after it
+        tpots = [20.0, 20.5 if end % 10 else 19.5, 20.0 * (1.0 + 2.0 * slow)]
+        vectors = [fv(r, float(end), tpot_p50=t) for r, t in zip("abc", tpots, strict=True)]
+        telemetry: list[TelemetrySample | None] = [None] * 3
+        if live_factor is not None:
+            telemetry = [_live(0.02, field), _live(0.02, field),
+                         _live(0.02 * (live_factor if end > 600 else 1.0), field)]
+        w = scale_by_speed(dict(even), StepColumns(vectors, telemetry), list("abc"), WeightConfig(), speed,
+                           float(end), 60.0)
+        if end > 600 and w["c"].weight < 0.8 / 3:
+            return end - 600.0
+    raise AssertionError("never found")
+
+
+def test_the_engines_live_gauges_confirm_a_change_in_the_windows_at_once() -> None:
+    """A run of window ratios beyond the noise restarts the estimate after half a window; where the
+    engine's live time per token agrees (two samples beyond the same noise on the run's side), on the
+    next step. A live gauge that does not agree (the engine reports no slowdown) waits as before,
+    and the steps between refreshes are followed one by one while a change is under way."""
+    without, agreeing, silent = _slowdown_found(None), _slowdown_found(3.0), _slowdown_found(1.0)
+    assert agreeing < without
+    assert _slowdown_found(3.0, "tpot_mean_s") == agreeing  # llama.cpp's counters give a mean only
+    assert silent == without
+    # the grid's refresh at 630 s sees the window's run and the first live sample beyond the noise;
+    # the next step brings the second: 35 s, below 80 % of an equal share on the one after
+    assert agreeing <= 40.0
+    assert without <= 60.0  # half a window after the run began
+
+
+def test_a_change_under_way_is_followed_every_step_and_the_grid_resumes_after() -> None:
+    speed = RelativeSpeed()
+    for step in range(30):  # a settled pool
+        jitter = np.array([0.01, -0.01, 0.0]) * (-1) ** step
+        speed.update(5.0 * step, list("abc"), jitter, WeightConfig(), 60.0)
+    assert not speed.watching(150.0)
+    speed.update(150.0, list("abc"), np.array([0.0, 0.0, 1.0]), WeightConfig(), 60.0)  # c: a run begins
+    assert speed.watching(155.0)  # followed step by step while it lasts
+    state = speed.state_dict()
+    again = RelativeSpeed()
+    again.load_state(state)
+    assert again.watching(155.0) and again.state_dict() == state
+    for t in (155.0, 160.0, 165.0, 170.0, 175.0, 180.0):  # it holds: the estimate restarts from it
+        speed.update(t, list("abc"), np.array([0.0, 0.0, 1.0]), WeightConfig(), 60.0, sample_noise=False)
+    assert speed.watching(200.0)  # half a window after the restart
+    assert not speed.watching(240.0)  # then back on the grid
