@@ -21,8 +21,11 @@ confirmed on its second update when the replica's two latest live ratios (its li
 over the pool's median) are beyond the same noise on the run's side of its mean: two signals that
 share no requests agree, the window's that a change began and the engine's that its tokens are
 slower now. A passing burst slows a replica's live tokens as well, so the confirmation still needs
-the window's run, and it recedes as before. Where the live gauges do not agree, or are absent (a
-fleet that sends request events alone), the half window stands.
+the window's run, and it recedes as before. A slowdown only: the window's ratio is compared at the
+pool's batch and the live one is not, and a smaller batch alone makes a replica's tokens quicker (a
+stuck scheduler's batch of 1-2), so a run toward faster waits its half window. Where the live
+gauges do not agree, or are absent (a fleet that sends request events alone), the half window
+stands.
 
 **Following a change.** The caller refreshes the estimate on a grid (every half window) and, while
 :meth:`RelativeSpeed.watching` (a run is open, or the mean restarted less than half a window
@@ -161,8 +164,10 @@ class RelativeSpeed:
                     peak = max(self._peak.get(replica, 0.0), abs(residual))
                     self._peak[replica] = peak
                     # the live gauges' two latest samples on the run's side: the engine's tokens
-                    # now, not the window's older requests, so no half window to wait
-                    wait = step if agreed == side else max(evidence / 2.0, step)
+                    # now, not the window's older requests, so no half window to wait. A slowdown
+                    # only: the live ratio is not compared at the pool's batch, and a smaller batch
+                    # alone makes a replica's tokens quicker (a stuck scheduler's batch of 1-2)
+                    wait = step if agreed == side > 0.0 else max(evidence / 2.0, step)
                     if now - abs(since) >= wait and abs(residual) >= peak - scale:
                         self._mean[replica], self._span[replica] = x, evidence
                         self._apart.pop(replica)
