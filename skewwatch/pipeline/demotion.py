@@ -157,9 +157,6 @@ class Holds:
         self._resolved = {str(r): float(t) for r, t in dict(state.get("resolved") or {}).items()}
 
 
-__all__ = ["Demotion", "Holds", "demote"]
-
-
 DEMOTING = frozenset({Severity.WARNING, Severity.CRITICAL})  # an open alert of these demotes its replica
 
 
@@ -220,3 +217,6 @@ class AlertDemotions:
     def forget(self, replica: str) -> None:
         self.alerted.pop(replica, None)
         self.holds.forget(replica)
+
+
+__all__ = ["DEMOTING", "AlertDemotions", "Demotion", "Holds", "demote"]

@@ -86,7 +86,7 @@ class RelativeSpeed:
         self._noise: dict[str, float] = {}  # standard deviation of one ratio around the mean (decayed)
         self._seen: dict[str, float] = {}
         self._apart: dict[str, float] = {}  # since when its ratios are far from its mean, signed by the side
-        self._agree: dict[str, float] = {}  # since when its live ratios are far from its mean, signed by the side
+        self._agree: dict[str, float] = {}  # since when its live ratios are beyond its noise on the slow side
         self._watch_until: float | None = None  # refresh every step until then: a change is under way
         self._peak: dict[str, float] = {}  # the furthest that run's ratios have been from the mean
         self._last: float | None = None
@@ -148,7 +148,12 @@ class RelativeSpeed:
             scale = max(noise if noise is not None else pool_noise, pool_noise)
             residual = x - mean
             band = max(floor, z * scale)
-            agreed = self._live_agrees(replica, now, lives[row] - mean if lives is not None else math.nan, band)
+            if lives is not None:
+                live_slow = self._live_slow(replica, now, lives[row] - mean, band)
+            else:  # no live sample: no run of them
+                live_slow = False
+                if self._agree:
+                    self._agree.pop(replica, None)
             if noise is not None and abs(residual) > band:
                 # far from the mean: a change once it has lasted half the evidence a ratio
                 # summarises (new requests in the window, not the same ones seen again) and spans two
@@ -167,7 +172,7 @@ class RelativeSpeed:
                     # now, not the window's older requests, so no half window to wait. A slowdown
                     # only: the live ratio is not compared at the pool's batch, and a smaller batch
                     # alone makes a replica's tokens quicker (a stuck scheduler's batch of 1-2)
-                    wait = step if agreed == side > 0.0 else max(evidence / 2.0, step)
+                    wait = step if live_slow and side > 0.0 else max(evidence / 2.0, step)
                     if now - abs(since) >= wait and abs(residual) >= peak - scale:
                         self._mean[replica], self._span[replica] = x, evidence
                         self._apart.pop(replica)
@@ -201,18 +206,14 @@ class RelativeSpeed:
             out[row] = math.copysign(max(abs(mean) - band, 0.0), mean)
         return out
 
-    def _live_agrees(self, replica: str, now: float, residual: float, band: float) -> float:
-        """The side (+1, -1) on which this live sample and the one before are beyond ``band`` from the
-        replica's mean, else 0.0; tracks the run of such samples."""
-        if math.isnan(residual) or abs(residual) <= band:
+    def _live_slow(self, replica: str, now: float, residual: float, band: float) -> bool:
+        """Whether this live sample and the one before are beyond ``band`` above the replica's mean
+        (slower); tracks the run of such samples."""
+        if math.isnan(residual) or residual <= band:
             self._agree.pop(replica, None)
-            return 0.0
-        side = 1.0 if residual > 0 else -1.0
-        since = self._agree.get(replica)
-        if since is None or math.copysign(1.0, since) != side:
-            self._agree[replica] = side * max(now, 1e-9)
-            return 0.0
-        return side if abs(since) < now else 0.0
+            return False
+        since = self._agree.setdefault(replica, now)
+        return since < now
 
     def _watch(self, until: float) -> None:
         self._watch_until = until if self._watch_until is None else max(self._watch_until, until)
