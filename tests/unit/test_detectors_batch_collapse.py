@@ -6,6 +6,7 @@ one iteration, on two scrapes in a row."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import msgspec
@@ -160,11 +161,48 @@ def test_stuck_rule_fires_on_requests_waiting_beside_free_slots_on_two_scrapes()
 
 
 def test_stuck_rule_expects_as_many_waiting_as_arrive_within_an_iteration() -> None:
-    # 100 requests a minute and 30 ms iterations: 0.1 expected (x 2); 3 waiting: 6.7e-4, not yet; 4: 1.9e-5
-    assert not any(o.alerts for o in scrapes(BatchCollapseDetector(STUCK), 4, queue=3, running=2))
-    assert any(o.alerts for o in scrapes(BatchCollapseDetector(STUCK), 4, queue=4, running=2))
+    # 100 requests a minute and 30 ms iterations: 0.1 expected (x 2); one waiting: 0.1 a scrape, never
+    assert not any(o.alerts for o in scrapes(BatchCollapseDetector(STUCK), 6, queue=1, running=2))
+    # 4 waiting: 1.9e-5 a scrape, two in a row (3.6e-10 <= 1e-8)
+    assert [bool(o.alerts) for o in scrapes(BatchCollapseDetector(STUCK), 2, queue=4, running=2)] == [False, True]
     # an engine without per-token latency: a one-second iteration is assumed, 4 waiting are ordinary
     assert not any(o.alerts for o in scrapes(BatchCollapseDetector(STUCK), 4, queue=4, running=2, tpot_s=None))
+
+
+def test_stuck_rule_sums_the_evidence_of_consecutive_scrapes() -> None:
+    # 3 waiting: 6.7e-4 a scrape; two in a row are 4.5e-7 (> 1e-8), three 3e-10: the alert opens on the
+    # third, carrying its evidence
+    out = scrapes(BatchCollapseDetector(STUCK), 4, queue=3, running=2)
+    assert [bool(o.alerts) for o in out] == [False, False, True, False]
+    evidence = out[2].alerts[0].evidence
+    assert evidence["stuck_scrapes"] == 3 and evidence["stuck_run_probability"] <= 1e-8 < evidence["stuck_probability"]
+    assert "3 scrapes in a row" in out[2].alerts[0].message
+    first, second = scrapes(BatchCollapseDetector(STUCK), 2, queue=30, running=2)  # each scrape at alpha
+    assert "scrapes in a row" not in second.alerts[0].message and "<= 0.0001" in second.alerts[0].message
+    # a scrape with nothing waiting ends the run: what came before it no longer counts
+    det = BatchCollapseDetector(STUCK)
+    seen = [det.update(fv(t, 0.5, 0.3, rps=100 / 60), tel(t, queue=q, running=2), t).alerts
+            for t, q in zip((60.0, 65.0, 70.0, 75.0, 80.0, 85.0), (3, 3, 0, 3, 3, 3), strict=True)]
+    assert [bool(a) for a in seen] == [False, False, False, False, False, True]
+
+
+@pytest.mark.parametrize(("prompt", "opens"), [(1000.0, True), (4000.0, False)])
+def test_summed_scrapes_prove_nothing_where_long_prompts_hold_admission(prompt: float, opens: bool) -> None:
+    """Three scrapes of 3 waiting beside free slots (6.7e-4 each) in a pool whose engines report their
+    queues: summed they open the alert, unless the replica's prompts are 4 x its peers' (a long
+    prefill admits over several iterations)."""
+    from skewwatch.pipeline.detectors.step_columns import StepColumns
+
+    det, alerts = BatchCollapseDetector(STUCK), []
+    for i in range(4):
+        t = 60.0 + 5 * i
+        vectors = [dataclasses.replace(fv(t, 0.5, 0.3, rps=100 / 60,
+                                          prompt_tokens_mean=prompt if r == "r1" else 1000.0), replica=r)
+                   for r in ("r1", "r2", "r3", "r4")]
+        samples = [dataclasses.replace(tel(t, queue=3 if r == "r1" else 0, running=2), replica=r)
+                   for r in ("r1", "r2", "r3", "r4")]
+        det.update_step(StepColumns(vectors, samples), t, alerts, [])
+    assert [(a.replica, a.ts) for a in alerts if a.state == "open"] == ([("r1", 70.0)] if opens else [])
 
 
 def test_throttle_asks_the_router_to_throttle_while_the_alert_is_open() -> None:

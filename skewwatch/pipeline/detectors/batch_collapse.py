@@ -81,6 +81,9 @@ PROFILE_SEED: dict[str, Any] = {"seed_rule": True, "stuck_rule": False, "peer_ru
                                 "persistence": 1, "min_count": 1}
 
 
+STUCK_RUN = "stuck_run"  # memory: -log P(K >= k) of the consecutive scrapes the stuck rule sums
+
+
 class BatchCollapseConfig(DetectorConfig, frozen=True):
     """``[detectors.batch_collapse]``: the stuck-scheduler test (default) and the seed's signature."""
 
@@ -103,6 +106,9 @@ class BatchCollapseConfig(DetectorConfig, frozen=True):
     # a stuck scheduler: requests wait that a free batch slot and free KV cache could take
     stuck_rule: bool = True
     alpha: Annotated[float, Meta(gt=0, lt=1)] = 1e-4  # false-alarm probability bound per scrape
+    # the evidence of up to this many consecutive scrapes, each with a request it could have admitted
+    # and worth at most alpha, is summed: a product <= alpha ** persistence holds (three at 1.5e-4 do)
+    stuck_span: Count = 3
     iteration_s: Positive = 1.0  # a scheduler iteration when the engine reports no per-token latency
     stuck_kv_room: NonNegative = 1.0  # free KV for at least this many requests (of the running ones' mean size)
     stuck_fragmentation_max: Fraction = 0.4  # above: fragmentation limits the batch (kv_pressure's seed bound)
@@ -165,7 +171,9 @@ class BatchCollapseDetector(ThresholdDetector):
 
     def step_fields(self) -> tuple[str, ...]:
         fields = ("count", "batch_size_std", "batch_fill_mean", "queue_length_mean", "batch_size_mean")
-        return (*fields, "ttft_p50", "prompt_tokens_mean") if self.config.peer_rule else fields
+        if self.config.peer_rule:
+            return (*fields, "ttft_p50", "prompt_tokens_mean")
+        return (*fields, "prompt_tokens_mean") if self.config.stuck_rule else fields
 
     def prepare(self, step: StepColumns | None) -> None:
         """Each replica's peers' batch fill, median TTFT, queue and prompt length: the medians of the
@@ -279,10 +287,11 @@ class BatchCollapseDetector(ThresholdDetector):
             "fill_threshold": cfg.fill_threshold,
         }
         if fv.count < max(cfg.min_count, 1):  # the evidence floor: no claim on a window this thin
+            memory.pop(STUCK_RUN, None)  # (the scrapes summed are consecutive)
             return {"main": Finding(holds=None, evidence=evidence)}
         seed_holds = None if not cfg.seed_rule or std is None or fill is None else (
             std > cfg.std_threshold and fill < cfg.fill_threshold)
-        stuck_holds = self._stuck(fv, telemetry, evidence) if cfg.stuck_rule else None
+        stuck_holds = self._stuck(fv, telemetry, evidence, memory) if cfg.stuck_rule else None
         peer_holds = self._peer_collapse(fv, telemetry, evidence) if cfg.peer_rule else None
         if seed_holds is None and stuck_holds is None and peer_holds is None:
             return {"main": Finding(holds=None, evidence=evidence)}
@@ -317,8 +326,12 @@ class BatchCollapseDetector(ThresholdDetector):
                 message = (
                     f"batch collapse (stuck scheduler): {fmt(figure('stuck_admissible'), 0)} of "
                     f"{fmt(figure('stuck_queue'), 0)} waiting requests fit the free batch slots and KV cache "
-                    f"but were not admitted (probability {figure('stuck_probability'):.1e} <= {cfg.alpha:g} "
-                    f"for arrivals within one iteration)"
+                    f"but were not admitted (" + (
+                        f"{fmt(figure('stuck_scrapes'), 0)} scrapes in a row: probability "
+                        f"{figure('stuck_run_probability'):.1e} <= {cfg.alpha ** cfg.persistence:.0e} together"
+                        if figure("stuck_scrapes") > 1 else
+                        f"probability {figure('stuck_probability'):.1e} <= {cfg.alpha:g}")
+                    + " for arrivals within one iteration)"
                 )
             else:
                 message = (
@@ -333,7 +346,8 @@ class BatchCollapseDetector(ThresholdDetector):
             )
         if params:
             message += f"; recommend max_batch_size {params['max_batch_size']}"
-        return {"main": Finding(holds=holds, message=message, evidence=evidence, params=params)}
+        steps = int(evidence.get("stuck_scrapes", 1) or 1) if stuck_holds else 1
+        return {"main": Finding(holds=holds, message=message, evidence=evidence, params=params, steps=steps)}
 
 
     def _peer_collapse(self, fv: FeatureVector, telemetry: TelemetrySample | None,
@@ -368,7 +382,8 @@ class BatchCollapseDetector(ThresholdDetector):
         evidence["peer_collapse"] = int(holds)
         return holds
 
-    def _stuck(self, fv: FeatureVector, telemetry: TelemetrySample | None, evidence: dict[str, Any]) -> bool | None:
+    def _stuck(self, fv: FeatureVector, telemetry: TelemetrySample | None, evidence: dict[str, Any],
+               memory: dict[str, Any]) -> bool | None:
         """The stuck-scheduler rule (None: not enough signals); its numbers go into ``evidence``.
 
         From the engine's telemetry: a continuous-batching scheduler admits waiting requests at
@@ -376,9 +391,17 @@ class BatchCollapseDetector(ThresholdDetector):
         that it *could* admit, ``k = min(waiting, free slots, requests the free KV holds)``, arrived
         within the current iteration. Under that null ``k ~ Poisson(mu)`` with ``mu`` = twice the
         replica's request rate x an iteration (the engine's live mean time per output token, else
-        ``iteration_s``); the rule holds when ``P(K >= k) <= alpha`` (and the allocator is not
-        fragmented: kv_pressure explains that). Without telemetry, the window's events (lagging):
-        ``queue_length_mean >= stuck_queue_min`` with ``batch_fill_mean < stuck_fill_max``.
+        ``iteration_s``); the scrapes are independent under it (what waits is admitted within an
+        iteration, far shorter than a scrape's interval), so the rule sums the evidence of the last
+        ``stuck_span`` consecutive scrapes with such a request (``memory``): it holds on a scrape
+        with ``P(K >= k) <= alpha`` (the alert opens on ``persistence`` in a row), and on a run of
+        at least ``persistence`` whose product of ``P(K >= k)``, each at least ``alpha`` (a burst
+        is admitted over a few iterations: one scrape proves no more than ``alpha``), is at most
+        ``alpha ** persistence`` (three at 1.5e-4 each), which opens it at once, unless its prompts
+        are longer than ``peer_prompt_ratio`` x its peers' (a long prefill holds admission over
+        several iterations); the allocator not fragmented (kv_pressure explains that). Without
+        telemetry, the window's events (lagging): ``queue_length_mean >= stuck_queue_min`` with
+        ``batch_fill_mean < stuck_fill_max``.
         """
         cfg = self.config
         capacity: float | None = None
@@ -391,6 +414,7 @@ class BatchCollapseDetector(ThresholdDetector):
             usage = telemetry.kv_cache_usage
             frag = telemetry.fragmentation
             if capacity is None:
+                memory.pop(STUCK_RUN, None)
                 evidence.update({"stuck_queue": waiting, "stuck_source": "telemetry"})
                 return None
             free = max(capacity - running, 0.0)
@@ -399,13 +423,30 @@ class BatchCollapseDetector(ThresholdDetector):
             iteration = telemetry.tpot_mean_s if telemetry.tpot_mean_s else cfg.iteration_s
             mu = 2.0 * max(fv.rps, 1.0 / 60.0) * iteration
             probability = poisson_tail_bound(admissible, mu)
-            holds = (probability <= cfg.alpha and kv_room >= cfg.stuck_kv_room
-                     and (frag is None or frag < cfg.stuck_fragmentation_max))
+            judged = (probability < 1.0 and kv_room >= cfg.stuck_kv_room
+                      and (frag is None or frag < cfg.stuck_fragmentation_max))
+            run: list[float] = []
+            if judged:  # the run of consecutive scrapes goes on (their -log P, newest last), each
+                # worth at most alpha: a burst that arrived at once is admitted over a few iterations
+                # (a prefill budget per iteration), so one scrape far past alpha proves no more than one
+                nats = min(-math.log(max(probability, 1e-300)), -math.log(cfg.alpha))
+                run = [*memory.get(STUCK_RUN, ()), nats][-cfg.stuck_span:]
+                memory[STUCK_RUN] = run
+            else:
+                memory.pop(STUCK_RUN, None)
+            summed = math.exp(-sum(run)) if run else 1.0
+            # the run proves what persistence scrapes at alpha each would; a scrape at alpha holds alone
+            proven = (judged and len(run) >= cfg.persistence and summed <= cfg.alpha ** cfg.persistence
+                      and not self._prompts_longer(fv))
+            holds = proven or (judged and probability <= cfg.alpha)
             evidence.update({"stuck_queue": waiting, "stuck_fill": running / capacity if capacity else None,
                              "stuck_admissible": admissible, "stuck_expected": mu, "stuck_probability": probability,
+                             "stuck_scrapes": len(run) if proven else 1,
+                             "stuck_run_probability": summed if proven else probability,
                              "stuck_kv_room": min(kv_room, 1e6), "stuck_fragmentation": frag,
                              "stuck_source": "telemetry", "stuck": int(holds)})
             return holds
+        memory.pop(STUCK_RUN, None)
         queue, fill = fv.queue_length_mean, fv.batch_fill_mean
         evidence.update({"stuck_queue": queue, "stuck_fill": fill, "stuck_source": "events"})
         if queue is None or fill is None:
@@ -413,6 +454,24 @@ class BatchCollapseDetector(ThresholdDetector):
         holds = queue >= cfg.stuck_queue_min and fill < cfg.stuck_fill_max
         evidence["stuck"] = int(holds)
         return holds
+
+
+    def _prompts_longer(self, fv: FeatureVector) -> bool:
+        """The window's prompts longer than ``peer_prompt_ratio`` x the median of the step's other
+        replicas with ``min_count`` requests (at least ``min_peers``): a long prefill holds admission
+        over several iterations, so the summed scrapes prove nothing there (False: no such peers)."""
+        cfg, step = self.config, self._prepared
+        if step is None or fv.prompt_tokens_mean is None:
+            return False
+        row = step.row_of.get(fv.key)
+        if row is None:
+            return False
+        prompt = step.column("prompt_tokens_mean")
+        valid = (step.column("count") >= max(cfg.min_count, 1)) & ~np.isnan(prompt)
+        valid[row] = False
+        if int(valid.sum()) < cfg.min_peers:
+            return False
+        return fv.prompt_tokens_mean > cfg.peer_prompt_ratio * float(np.median(prompt[valid]))
 
 
 def _evidence_number(evidence: dict[str, Any], key: str) -> float:

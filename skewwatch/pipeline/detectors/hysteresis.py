@@ -2,7 +2,8 @@
 
 A condition on the threshold's edge must not flap. Per key and rule:
 
-* an alert **opens** once the rule has held for ``persistence`` consecutive steps;
+* an alert **opens** once the rule has held for ``persistence`` consecutive steps (a finding that
+  sums the evidence of ``steps`` consecutive steps counts as that many);
 * it **stays open** while the rule holds, and a step where it does not hold (or cannot be
   evaluated because a signal is missing) only starts the clear count;
 * it **resolves** after the rule has not held for ``clear_steps`` consecutive steps (default 2,
@@ -13,6 +14,8 @@ A condition on the threshold's edge must not flap. Per key and rule:
 ['none', 'open', 'hold', 'hold', 'hold', 'resolve']
 >>> Hysteresis.from_dict(h.to_dict()) == h
 True
+>>> Hysteresis().observe(True, persistence=2, clear_steps=2, steps=3)  # three steps' evidence in one
+'open'
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ class Hysteresis:
     is_open: bool = False
     opened_at: float | None = None
 
-    def observe(self, holds: bool | None, *, persistence: int, clear_steps: int, now: float = 0.0) -> Transition:
-        """Fold one step in (``now``: its event time); what happened to the alert."""
+    def observe(self, holds: bool | None, *, persistence: int, clear_steps: int, now: float = 0.0,
+                steps: int = 1) -> Transition:
+        """Fold one step in (``now``: its event time; ``steps``: the consecutive steps, this one the
+        last, that a holding finding has proven together); what happened to the alert."""
         if holds:
-            self.hits += 1
+            self.hits = max(self.hits + 1, steps)
             self.misses = 0
             if self.is_open:
                 return "hold"

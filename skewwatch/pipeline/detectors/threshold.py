@@ -53,6 +53,9 @@ class Finding:
     message: str = ""
     evidence: Evidence = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)  # the action's params when it holds
+    # the consecutive steps whose evidence a holding finding sums (a rule that accumulates evidence
+    # across scrapes): the hysteresis counts them as that many holding steps in a row
+    steps: int = 1
 
 
 _NOT_EVALUATED = Finding(holds=None)  # a rule missing from evaluate()'s answer (read only, shared)
@@ -257,8 +260,8 @@ class ThresholdDetector(Detector):
             finding = findings.get(rule, _NOT_EVALUATED)
             hysteresis = rule_state.hysteresis
             transition = hysteresis.observe(
-                finding.holds, persistence=cfg.persistence, clear_steps=cfg.clear_steps, now=now
-            )
+                finding.holds, persistence=cfg.persistence, clear_steps=cfg.clear_steps, now=now,
+                steps=finding.steps)
             if hysteresis.hits or hysteresis.is_open:
                 idle = False
             if finding.holds:
