@@ -579,12 +579,13 @@ def _below_of_detectable(runs: Sequence[Run], faults: Sequence[tuple[Run, Mappin
     within the larger of its detector's own target (persistence + 10 s) and the oracle's delay target
     for that detector (2 x the oracle's median + 5 s: what the evidence allowed)."""
     if persistence is None:
-        return {"faults": 0, "within_target": 0, "share": None}
+        return {"faults": 0, "within_target": 0, "share": None, "by_kind": {}}
     below = {(id(run), b["model"], b["replica"], b["kind"]): b["delay_s"]
              for run in runs for b in run_corrections(run)["below"]}
     detectable = [(run, f) for run, f in faults
                   if f["detectable"] and (id(run), f["model"], f["replica"], f["kind"]) in below]
     within = 0
+    by_kind: dict[str, dict[str, int]] = {}
     for run, f in detectable:
         delay = below[(id(run), f["model"], f["replica"], f["kind"])]
         detector = DETECTOR_OF[f["kind"]]
@@ -592,9 +593,13 @@ def _below_of_detectable(runs: Sequence[Run], faults: Sequence[tuple[Run, Mappin
         targets = [t for t in ((None if own is None else own + 10.0),
                                (per.get(oracle_key(f["kind"], detector)) or {}).get("delay_target_s"))
                    if t is not None]
-        within += int(delay is not None and bool(targets) and delay <= max(targets))
+        hit = int(delay is not None and bool(targets) and delay <= max(targets))
+        within += hit
+        kind = by_kind.setdefault(f["kind"], {"faults": 0, "within_target": 0})
+        kind["faults"] += 1
+        kind["within_target"] += hit
     return {"faults": len(detectable), "within_target": within,
-            "share": within / len(detectable) if detectable else None}
+            "share": within / len(detectable) if detectable else None, "by_kind": by_kind}
 
 
 # ----------------------------------------------------------------------------- report

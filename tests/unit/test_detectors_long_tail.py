@@ -167,14 +167,39 @@ def test_live_slow_first_tokens_mean_prefill_explains_the_slow_tokens() -> None:
 
 
 def test_live_the_threshold_follows_the_replicas_own_noise() -> None:
-    # tokens 30 % slower than the peers: a tail on steady traffic, ordinary on traffic that swings +-40 %
-    assert run_pool(LongTailDetector(), 40, faulty={"mean_ms": 25.0 * 1.5}, from_step=30)
-    assert not run_pool(LongTailDetector(), 40, faulty={"mean_ms": 25.0 * 1.5}, from_step=30, wobble=0.4)
+    # tokens 50 % slower than the peers on average (the live span's two scrapes both from step 31): on
+    # steady traffic one step proves it; on traffic that swings +-40 % one step is ordinary, and only
+    # the sum with the step a span before (half of its span slow) proves it
+    steady = run_pool(LongTailDetector(), 40, faulty={"mean_ms": 25.0 * 1.5}, from_step=30)
+    assert [a.ts for a in steady] == [1000.0 + 5 * 31]
+    assert steady[0].evidence["tail_excess"] > steady[0].evidence["threshold"]
+    noisy = run_pool(LongTailDetector(), 40, faulty={"mean_ms": 25.0 * 1.5}, from_step=30, wobble=0.4)
+    assert [a.ts for a in noisy] == [1000.0 + 5 * 32]
+    evidence = noisy[0].evidence
+    assert evidence["tail_excess"] < evidence["threshold"] and evidence["live_sum"] > evidence["live_sum_threshold"]
+    assert "summed over the last steps" in noisy[0].message
+    # the same swings without the tail: nothing adds up
+    assert run_pool(LongTailDetector(), 40, wobble=0.4) == []
+
+
+def test_live_weak_steps_add_up_and_a_strong_one_alone_still_holds() -> None:
+    det, cfg = LongTailDetector(), LongTailConfig()
+    assert cfg.live_z - cfg.live_drift == pytest.approx(3.5)  # two steps at 3.25 sd, three at 2.7
+    memory: dict[str, Any] = {}
+    rule, span = det._live, cfg.live_span_s  # steps whose spans do not overlap are summed
+    assert [rule._sum(memory, span * i, z) for i, z in enumerate((3.0, 3.0, 3.0))] == pytest.approx([1.5, 3.0, 4.5])
+    assert rule._sum(memory, 2.5 * span, 9.0) == pytest.approx(4.5)  # overlaps the last one summed: nothing new
+    assert rule._sum(memory, 3 * span, 0.0) == pytest.approx(3.0)  # a quiet step takes the drift off
+    assert rule._sum(memory, 5.5 * span, 2.0) == pytest.approx(0.5)  # a gap of more than two spans ends the sum
+    assert rule._sum(memory, 6.5 * span, 9.0) == cfg.live_z  # capped at one step's proof
+    assert rule._sum(memory, 7 * span, None) == 0.0 and memory == {}  # prefill explains: the sum ends
 
 
 def test_live_needs_evidence_tokens_history_and_finished_requests() -> None:
     assert run_pool(LongTailDetector(), 30, faulty={"mean_ms": 60.0, "tokens": 20}) == []  # < live_min_tokens
-    assert run_pool(LongTailDetector(), 30, faulty={"mean_ms": 60.0}, from_step=5) == []  # no history yet
+    # no history yet: nothing before live_history_steps judged steps (the tail still there after them adds up)
+    assert all(a.ts >= 1000.0 + 5 * LongTailConfig().live_history_steps
+               for a in run_pool(LongTailDetector(), 30, faulty={"mean_ms": 60.0}, from_step=5))
     assert run_pool(LongTailDetector(), 30, faulty={"mean_ms": 60.0}, vector={"count": 5}) == []
 
 

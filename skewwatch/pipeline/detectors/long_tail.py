@@ -22,8 +22,11 @@ holds when either holds:
   steps (:class:`~skewwatch.pipeline.detectors.live.Noise`: its spread on *this* traffic, started
   at ``live_noise_prior`` and never below ``live_noise_floor``); under a normal null that is a
   false-alarm probability of 3e-7 per step, and it stays small under the heavier tails of real
-  prefill interference. Evidence minimum: ``live_min_tokens`` output tokens on the replica and on
-  each of at least ``min_peers`` peers (else its own past, after ``live_history_steps`` steps).
+  prefill interference. Weaker steps add up: a CUSUM of the steps' excess in standard deviations,
+  reference ``live_drift`` (1.5), holds above ``live_z - live_drift`` (two steps at 3.25, three
+  at 2.7; :mod:`~skewwatch.pipeline.detectors.tail_live`). Evidence minimum: ``live_min_tokens``
+  output tokens on the replica and on each of at least ``min_peers`` peers (else its own past,
+  after ``live_history_steps`` steps).
   Not claimed when the replica's first tokens are slow too (mean TTFT above ``ttft_ratio`` x the
   baseline's): long prompts, KV reloads and queues slow every token of a batch through prefill,
   and are context_burst's, kv_pressure's and batch_collapse's to report.
@@ -104,7 +107,7 @@ from skewwatch.pipeline.detectors.tail_exceedance import (
     ExceedanceTest,
 )
 from skewwatch.pipeline.detectors.tail_horizon import HorizonRule
-from skewwatch.pipeline.detectors.tail_live import LiveRule
+from skewwatch.pipeline.detectors.tail_live import LIVE_SUM, LiveRule
 from skewwatch.pipeline.detectors.threshold import DetectorConfig, Finding, ThresholdDetector
 from skewwatch.pipeline.finite import nan_as_none
 from skewwatch.schemas.feature_vector import FeatureVector
@@ -135,6 +138,9 @@ class LongTailConfig(DetectorConfig, frozen=True):
     ttft_span_s: Positive = 60.0  # first tokens aggregated (requests start seldom)
     live_min_tokens: Positive = 100.0  # output tokens in the span, on the replica and on each peer
     live_z: Positive = 5.0  # the tail excess above this many of the replica's own standard deviations
+    # ... or summed over consecutive steps (CUSUM, this reference in standard deviations) above
+    # live_z - live_drift: the reference for a shift of twice it (3 sd), the half of it an optimal CUSUM takes
+    live_drift: Positive = 1.5
     live_noise_prior: Positive = 0.2  # the tail excess's standard deviation before any history (log units)
     live_noise_floor: Positive = 0.05  # ... and never less (5 %: a smaller excess is no tail)
     live_noise_tau_s: Positive = 300.0  # time constant of that spread and of the replica's own baseline
@@ -165,6 +171,7 @@ class LongTailConfig(DetectorConfig, frozen=True):
         self._require(self.seed_rule or self.live_rule or self.exceedance_rule or self.horizon_rule, "seed_rule",
                       "is off, so live_rule, exceedance_rule or horizon_rule must be on")
         self._require(self.ttft_span_s >= self.live_span_s, "ttft_span_s", "must be >= live_span_s")
+        self._require(self.live_drift < self.live_z, "live_drift", "must be < live_z")
 
 
 @dataclass(slots=True)
@@ -210,6 +217,7 @@ class LongTailDetector(ThresholdDetector):
                                     cfg.shift_ratio, cfg.min_peers)
         self._horizon_step: StepColumns | None = None  # the step it judged
         self._open: set[str] = set()  # replicas whose alert was open after the last step
+        self._summing: set[str] = set()  # replicas whose live rule has a sum under way (never screened)
 
     def rule_meta(self, rule: str) -> tuple[Severity, str | None, str]:
         cfg = self.config
@@ -363,6 +371,10 @@ class LongTailDetector(ThresholdDetector):
                 rules = np.zeros(len(step), dtype=bool)
                 if cfg.live_rule:
                     rules |= step.column("window_end") != self._live_now
+                    if self._summing:  # a sum under way may hold on a step the bound below clears
+                        row_of = step.row_of
+                        rows = [row_of[k] for k in self._summing if k in row_of]
+                        rules[rows] = True
                     if not self._live_none:  # (else every ratio is NaN: no claim)
                         ratio = self._live_top_over_base  # NaN: no claim; inf: own past judges
                         with np.errstate(divide="ignore", invalid="ignore"):
@@ -406,7 +418,9 @@ class LongTailDetector(ThresholdDetector):
             for row in rows.tolist():
                 agg = aggregates[row]
                 if agg is not None and agg.tokens >= cfg.live_min_tokens:
-                    self._live.learn(vectors[row], self.key_memory(keys[row]), agg, peer_live[row])
+                    memory = self.key_memory(keys[row])
+                    self._live.learn(vectors[row], memory, agg, peer_live[row])
+                    self._note_sum(keys[row], memory)
         if cfg.exceedance_rule and len(rows):
             keys = step.keys
             own = self._tpot.rows(keys if len(rows) == len(keys) else [keys[row] for row in rows.tolist()])
@@ -440,6 +454,7 @@ class LongTailDetector(ThresholdDetector):
                 for key in tpot.held_keys()}
 
     def load_column_memory(self, key: str, memory: dict[str, Any]) -> None:
+        self._note_sum(key, memory)
         entries = memory.pop(TPOT_KEY, None) or {}
         own = np.array([self._tpot.add(key)])
         for end, (p50, p99, n) in entries.items():
@@ -447,9 +462,11 @@ class LongTailDetector(ThresholdDetector):
 
     def clear_column_memory(self) -> None:
         self._tpot.clear()
+        self._summing.clear()
 
     def forget(self, key: str) -> None:
         super().forget(key)
+        self._summing.discard(key)
         self._tpot.forget(key)
         self._horizon.horizon.forget(key)
 
@@ -471,8 +488,15 @@ class LongTailDetector(ThresholdDetector):
                 record(memory, telemetry, cfg.ttft_span_s)
                 agg = self._live.aggregate(memory, fv.window_end)
             self._live.learn(fv, memory, agg, None if row is None else self._peer_live[row])
+            self._note_sum(key, memory)
         if cfg.exceedance_rule:
             self._keep_tpot(fv)
+
+    def _note_sum(self, key: str, memory: dict[str, Any]) -> None:
+        if LIVE_SUM in memory:
+            self._summing.add(key)
+        else:
+            self._summing.discard(key)
 
     def evaluate(
         self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any]
@@ -483,6 +507,7 @@ class LongTailDetector(ThresholdDetector):
         findings: list[Finding] = []
         if cfg.live_rule:
             findings.append(self._live.finding(fv, telemetry, memory, None if peers is None else peers.live, evidence))
+            self._note_sum(fv.key, memory)
         if cfg.exceedance_rule:
             exceedance = self._exceedance(fv, memory, peers, evidence)
             if findings and findings[0].holds is not None and cfg.defer_to_live:

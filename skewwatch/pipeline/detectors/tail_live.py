@@ -6,7 +6,14 @@ replica's tokens are on average than its baseline's, beyond what a shift of its 
 It holds when ``x > live_z`` standard deviations of the replica's own ``x`` over its past steps
 (:class:`~skewwatch.pipeline.detectors.live.Noise`), with ``live_min_tokens`` output tokens on the
 replica and, for a pool baseline, on each peer (else its own past after ``live_history_steps``
-steps), and not where its first tokens are slow too (prefill explains it). The constants are
+steps), and not where its first tokens are slow too (prefill explains it). Weaker steps add up: a
+one-sided CUSUM of ``z = live_z x x / threshold`` (the step's excess in standard deviations, the
+threshold's peak guard included) with reference ``live_drift``, ``S = max(0, S + z - live_drift)``
+over judged steps whose spans do not overlap (``live_span_s`` apart; capped at ``live_z``), also
+holds when ``S > live_z - live_drift`` on a step whose own ``z`` adds to it (``z > live_drift``:
+once the tail ends the alert clears as before): one step beyond ``live_z`` holds as before, two at
+3.25 or three at 2.7 hold together. A step that prefill explains, or a gap of more than
+``2 x live_span_s`` without one summed, ends the sum. The constants are
 :class:`~skewwatch.pipeline.detectors.long_tail.LongTailConfig`'s (module docstring there).
 """
 
@@ -25,6 +32,8 @@ from skewwatch.schemas.telemetry_sample import TelemetrySample
 #: history steps, first tokens' ratio, prefill, holds.
 LiveJudgement = tuple[LiveAggregate, LiveAggregate, str, float, float, float, int, float | None, bool, bool]
 
+LIVE_SUM = "live_sum"  # memory: the CUSUM of the steps' excess in standard deviations, and its time
+
 
 class LiveSettings(Protocol):
     """The constants the rule reads (``[detectors.long_tail]``)."""
@@ -37,6 +46,8 @@ class LiveSettings(Protocol):
     def live_min_tokens(self) -> float: ...
     @property
     def live_z(self) -> float: ...
+    @property
+    def live_drift(self) -> float: ...
     @property
     def live_noise_prior(self) -> float: ...
     @property
@@ -73,11 +84,15 @@ class LiveRule:
                          "baseline_tpot_mean_ms": 1000 * baseline.tpot_mean_s, "baseline": source,
                          "tail_excess": excess, "noise": sigma, "threshold": threshold, "history_steps": steps,
                          "ttft_over_baseline": ttft_ratio})
+        summed = float(memory[LIVE_SUM][0]) if LIVE_SUM in memory else 0.0
+        evidence.update({"live_sum": summed, "live_sum_threshold": cfg.live_z - cfg.live_drift})
+        why = (f"{excess:.2f} > {threshold:.2f}, {excess / sigma:.1f} standard deviations" if excess > threshold else
+               f"{excess:.2f}, {excess / sigma:.1f} standard deviations; summed over the last steps "
+               f"{summed:.1f} > {cfg.live_z - cfg.live_drift:g}")
         message = (
             f"long tail (live): tokens took {fmt(1000 * agg.tpot_mean_s, 1)} ms on average, "
             f"the {source}' {fmt(1000 * baseline.tpot_mean_s, 1)} ms: {math.exp(excess):.2f} x beyond "
-            f"its median's shift ({excess:.2f} > {threshold:.2f}, {excess / sigma:.1f} standard deviations; "
-            f"{agg.tokens:.0f} tokens in {cfg.live_span_s:g} s)"
+            f"its median's shift ({why}; {agg.tokens:.0f} tokens in {cfg.live_span_s:g} s)"
         )
         if prefill:
             message += f"; first tokens {ttft_ratio:.1f} x slower: prefill explains it"
@@ -111,11 +126,33 @@ class LiveRule:
         if agg.ttft_p99_s and baseline.ttft_p99_s:
             ttft_ratio = max(ttft_ratio or 0.0, agg.ttft_p99_s / baseline.ttft_p99_s)
         prefill = ttft_ratio is not None and ttft_ratio > cfg.ttft_ratio
-        holds = excess > threshold and not prefill and steps >= cfg.live_history_steps
+        judging = not prefill and steps >= cfg.live_history_steps
+        z = cfg.live_z * excess / threshold if judging and threshold > 0 else None
+        summed = self._sum(memory, fv.window_end, z)
+        # the sum holds on a step that adds to it: once the tail ends, the alert clears as before
+        holds = judging and (excess > threshold or (summed > cfg.live_z - cfg.live_drift
+                                                    and z is not None and z > cfg.live_drift))
         if not holds:
             noise.update(excess)
             own.update(agg)
         return agg, baseline, source, excess, sigma, threshold, steps, ttft_ratio, prefill, holds
+
+    def _sum(self, memory: dict[str, Any], now: float, z: float | None) -> float:
+        """The CUSUM after this step's ``z`` (None: the sum ends), kept in ``memory`` while positive.
+        It sums steps whose spans do not overlap (``live_span_s`` apart: consecutive steps share
+        scrapes, and their excesses move together); a gap of more than twice that ends it. Capped at
+        ``live_z`` (one step's proof): a long tail that ended does not argue for the next minutes."""
+        cfg = self.config
+        last = memory.get(LIVE_SUM)
+        if z is not None and last is not None and now - float(last[1]) < cfg.live_span_s:
+            return float(last[0])  # the step's span overlaps the last one summed: no new evidence
+        before = float(last[0]) if last is not None and now - float(last[1]) <= 2.0 * cfg.live_span_s else 0.0
+        total = 0.0 if z is None else min(max(0.0, before + z - cfg.live_drift), cfg.live_z)
+        if total > 0.0:
+            memory[LIVE_SUM] = [total, now]
+        else:
+            memory.pop(LIVE_SUM, None)
+        return total
 
     def aggregate(self, memory: dict[str, Any], now: float) -> LiveAggregate | None:
         """The live aggregate of the last ``live_span_s``, its TTFT over the last ``ttft_span_s``
@@ -129,4 +166,4 @@ class LiveRule:
         return LiveAggregate(agg.tokens, agg.tpot_mean_s, agg.tpot_p50_s, ttft, agg.ttft_p99_s, agg.tpot_top_s)
 
 
-__all__ = ["LiveJudgement", "LiveRule", "LiveSettings"]
+__all__ = ["LIVE_SUM", "LiveJudgement", "LiveRule", "LiveSettings"]
