@@ -478,16 +478,18 @@ class ModelDecider:
         rows = [weights[replica] for replica in order]
         alerted = [self._demotions.demoted(replica, now) for replica in order]
         on_probation = [replica in probation and not alerted[row] for row, replica in enumerate(order)]
-        # warm-up: a replica with fewer requests than the credibility rule's half-credibility count
-        # (credibility_k, decayed over rate_horizon_s) is not demoted yet (its weight is mostly an
-        # equal share anyway): a new replica first serves its share and shows what it is
+        # warm-up: a replica newer than its pool, with fewer requests than the credibility rule's
+        # half-credibility count (credibility_k, decayed over rate_horizon_s) and under half its
+        # peers' median, is not demoted yet (its weight is mostly an equal share anyway): a new
+        # replica first serves its share and shows what it is. One that has served as long as its
+        # peers of a low-rate pool is not new: its alert's detector already asked for its evidence
         k = self.settings.weights.credibility_k
-        if k > 0:
-            for row, replica in enumerate(order):
-                evidence = self._evidence.replicas.get(replica)
-                if alerted[row] and (evidence is None or evidence.arrivals.n < k):
+        if k > 0 and any(alerted):
+            served = [0.0 if e is None else e.arrivals.n for e in map(self._evidence.replicas.get, order)]
+            for row, n in enumerate(served):
+                peers = served[:row] + served[row + 1:]
+                if alerted[row] and n < k and (not peers or n < 0.5 * float(np.median(peers))):
                     alerted[row] = False
-                    n = 0.0 if evidence is None else evidence.arrivals.n
                     note = f"not demoted: warming up ({n:.0f} of {k:g} requests)"
                     rows[row].reason = note if rows[row].reason == "ok" else f"{rows[row].reason}; {note}"
         # probation is not warming up: the replica served before its ejection

@@ -604,6 +604,23 @@ def test_a_replica_warming_up_is_not_demoted_until_it_has_the_credibility_rules_
     assert re.search(r"not demoted: warming up \(\d+ of 16 requests\)", reasons[warming[0]])
 
 
+def test_a_low_rate_pool_is_not_warming_up_its_alerted_replica_is_demoted_at_once() -> None:
+    """Every replica of the pool has served as few requests as the others (fewer than a credibility_k
+    of 100): none is newer than its pool, and the long tail's alert demotes r2 as soon as it opens."""
+    decider = ModelDecider(DetectorSettings.from_overrides(
+        {"profile": "seed", "weights": {"demote_on_alert": True, "credibility_k": 100.0}}))
+    thin = {"count": 20, "step_count": 1}
+    for i in range(6):
+        d = step(decider, i, {r: {**thin, **({"latency_p99": 900.0} if r == "r2" else {})} for r in REPLICAS})
+        assert d.current is not None
+        reason = d.weights["r2"].reason
+        if "long_tail open" in reason:
+            break
+    assert "warming up" not in reason and d.current.weights["r2"] < d.current.weights["r1"] * 0.51
+    evidence = decider._evidence.replicas["r2"]
+    assert evidence.arrivals.n < decider.settings.weights.credibility_k  # thin, yet not new
+
+
 def test_demotion_is_off_in_the_seed_profile_and_held_back_past_the_ejection_cap() -> None:
     seed = ModelDecider(SEED)
     for i in range(5):
