@@ -166,6 +166,22 @@ def test_live_slow_first_tokens_mean_prefill_explains_the_slow_tokens() -> None:
     assert run_pool(LongTailDetector(), 30, faulty={"mean_ms": 60.0, "ttft_p50_ms": 400.0, "ttft_p99_ms": 800.0}) == []
 
 
+def test_live_slow_first_tokens_do_not_explain_away_an_open_tail() -> None:
+    """A tail opens at step 20; from step 24 the requests behind its stalled ones queue (first tokens
+    20 x the peers'): the alert stays open, where the same first tokens from the start stand the
+    rule down (prefill)."""
+    det, alerts = LongTailDetector(), []
+    for i in range(36):
+        end = 1000.0 + 5 * i
+        slow = {"mean_ms": 60.0} if i >= 20 else {}
+        queued = {"ttft_p50_ms": 1600.0, "ttft_p99_ms": 4000.0} if i >= 24 else {}
+        samples: list[TelemetrySample | None] = [tel(end, r, **({**slow, **queued} if r == "r0" else {})) for r in POOL]
+        det.update_step(StepColumns([pool_vector(end, r) for r in POOL], samples), end, alerts, [])
+    assert [(a.replica, a.state) for a in alerts] == [("r0", "open")]
+    assert det.open_alerts() and "queue behind the stalled ones" in det._state["m/r0"].rules[0].message
+    assert run_pool(LongTailDetector(), 36, faulty={"mean_ms": 60.0, "ttft_p50_ms": 1600.0, "ttft_p99_ms": 4000.0}) == []
+
+
 def test_live_the_threshold_follows_the_replicas_own_noise() -> None:
     # tokens 50 % slower than the peers on average (the live span's two scrapes both from step 31): on
     # steady traffic one step proves it; on traffic that swings +-40 % one step is ordinary, and only

@@ -506,7 +506,10 @@ class LongTailDetector(ThresholdDetector):
         evidence: dict[str, float | int | str | None] = {"count": fv.count, "min_count": cfg.min_count}
         findings: list[Finding] = []
         if cfg.live_rule:
-            findings.append(self._live.finding(fv, telemetry, memory, None if peers is None else peers.live, evidence))
+            key_state = self._state.get(fv.key)
+            is_open = key_state is not None and any(r.hysteresis.is_open for r in key_state.rules)
+            findings.append(self._live.finding(fv, telemetry, memory, None if peers is None else peers.live, evidence,
+                                               is_open))
             self._note_sum(fv.key, memory)
         if cfg.exceedance_rule:
             exceedance = self._exceedance(fv, memory, peers, evidence)

@@ -6,13 +6,14 @@ replica's tokens are on average than its baseline's, beyond what a shift of its 
 It holds when ``x > live_z`` standard deviations of the replica's own ``x`` over its past steps
 (:class:`~skewwatch.pipeline.detectors.live.Noise`), with ``live_min_tokens`` output tokens on the
 replica and, for a pool baseline, on each peer (else its own past after ``live_history_steps``
-steps), and not where its first tokens are slow too (prefill explains it). Weaker steps add up: a
-one-sided CUSUM of ``z = live_z x x / threshold`` (the step's excess in standard deviations, the
-threshold's peak guard included) with reference ``live_drift``, ``S = max(0, S + z - live_drift)``
-over judged steps whose spans do not overlap (``live_span_s`` apart; capped at ``live_z``), also
-holds when ``S > live_z - live_drift`` on a step whose own ``z`` adds to it (``z > live_drift``:
-once the tail ends the alert clears as before): one step beyond ``live_z`` holds as before, two at
-3.25 or three at 2.7 hold together. A step that prefill explains, or a gap of more than
+steps), and not where its first tokens are slow too (prefill explains it; not once its alert is
+open: then requests queue behind the stalled ones). Weaker steps add up: a one-sided CUSUM of
+``z = live_z x x / threshold`` (the step's excess in standard deviations, the threshold's peak
+guard included) with reference ``live_drift``, ``S = max(0, S + z - live_drift)`` over judged
+steps whose spans do not overlap (``live_span_s`` apart; capped at ``live_z``), also holds when
+``S > live_z - live_drift`` on a step whose own ``z`` adds to it (``z > live_drift``: once the
+tail ends the alert clears as before): one step beyond ``live_z`` holds as before, two at 3.25 or
+three at 2.7 hold together. A step that prefill explains, or a gap of more than
 ``2 x live_span_s`` without one summed, ends the sum. The constants are
 :class:`~skewwatch.pipeline.detectors.long_tail.LongTailConfig`'s (module docstring there).
 """
@@ -71,12 +72,13 @@ class LiveRule:
         self.config = config
 
     def finding(self, fv: FeatureVector, telemetry: TelemetrySample | None, memory: dict[str, Any],
-                peer_live: LiveAggregate | None, evidence: dict[str, Any]) -> Finding:
-        """The rule on ``fv``'s replica; keeps its samples, noise and own baseline in ``memory``."""
+                peer_live: LiveAggregate | None, evidence: dict[str, Any], is_open: bool = False) -> Finding:
+        """The rule on ``fv``'s replica (``is_open``: its alert is); keeps its samples, noise and own
+        baseline in ``memory``."""
         cfg = self.config
         record(memory, telemetry, cfg.ttft_span_s)
         agg = self.aggregate(memory, fv.window_end)
-        judged = self.learn(fv, memory, agg, peer_live)
+        judged = self.learn(fv, memory, agg, peer_live, is_open)
         if judged is None:
             return Finding(holds=None, evidence=evidence)
         agg, baseline, source, excess, sigma, threshold, steps, ttft_ratio, prefill, holds = judged
@@ -94,15 +96,19 @@ class LiveRule:
             f"the {source}' {fmt(1000 * baseline.tpot_mean_s, 1)} ms: {math.exp(excess):.2f} x beyond "
             f"its median's shift ({why}; {agg.tokens:.0f} tokens in {cfg.live_span_s:g} s)"
         )
-        if prefill:
+        if prefill and not is_open:
             message += f"; first tokens {ttft_ratio:.1f} x slower: prefill explains it"
+        elif prefill:
+            message += f"; first tokens {ttft_ratio:.1f} x slower: requests queue behind the stalled ones"
         return Finding(holds=holds, message=message, evidence=evidence, params={"sample_rate": cfg.sample_rate})
 
     def learn(self, fv: FeatureVector, memory: dict[str, Any], agg: LiveAggregate | None,
-              peer_live: LiveAggregate | None) -> LiveJudgement | None:
+              peer_live: LiveAggregate | None, is_open: bool = False) -> LiveJudgement | None:
         """The live rule's judgement of ``agg`` (the replica's recorded samples, aggregated at its
         window end), None where it makes no claim; the noise and the own baseline learn from a
-        step where the rule does not hold."""
+        step where the rule does not hold. Slow first tokens explain slow tokens before the alert
+        opens, not while it is open (``is_open``): on a busy replica the stalled requests hold
+        batch slots, and the requests behind them wait."""
         cfg = self.config
         if agg is None or agg.tokens < cfg.live_min_tokens:
             return None  # nothing learnt: the baseline and noise are made on first use (as they start)
@@ -126,7 +132,7 @@ class LiveRule:
         if agg.ttft_p99_s and baseline.ttft_p99_s:
             ttft_ratio = max(ttft_ratio or 0.0, agg.ttft_p99_s / baseline.ttft_p99_s)
         prefill = ttft_ratio is not None and ttft_ratio > cfg.ttft_ratio
-        judging = not prefill and steps >= cfg.live_history_steps
+        judging = not (prefill and not is_open) and steps >= cfg.live_history_steps
         z = cfg.live_z * excess / threshold if judging and threshold > 0 else None
         summed = self._sum(memory, fv.window_end, z)
         # the sum holds on a step that adds to it: once the tail ends, the alert clears as before
