@@ -1,7 +1,7 @@
 """The ``[detectors]`` table: one section per detector, plus weights, corrections and the decider.
 
 Each detector's section is the detector's own ``Config`` (beside the detector, e.g.
-:class:`~skewwatch.pipeline.detectors.long_tail.LongTailConfig`); weights, corrections and the
+:class:`~skewwatch.pipeline.detectors.long_tail_config.LongTailConfig`); weights, corrections and the
 gpu_health scores likewise live beside the code they drive. :class:`DetectorSettings` only
 composes them, so ``[detectors.<name>]`` in TOML and ``SKEWWATCH_DETECTORS__<NAME>__<KEY>`` in
 the environment reach exactly the parameters the detector declares (the settings loader,
@@ -28,7 +28,7 @@ from skewwatch.pipeline.detectors.batch_collapse import BatchCollapseConfig
 from skewwatch.pipeline.detectors.context_burst import ContextBurstConfig
 from skewwatch.pipeline.detectors.kv_pressure import KvPressureConfig
 from skewwatch.pipeline.detectors.learned_config import LearnedConfig
-from skewwatch.pipeline.detectors.long_tail import LongTailConfig
+from skewwatch.pipeline.detectors.long_tail_config import LongTailConfig
 from skewwatch.pipeline.detectors.profiles import ProfileName, with_profile
 from skewwatch.pipeline.detectors.registry import DETECTORS
 from skewwatch.pipeline.detectors.slow_replica import SlowReplicaConfig

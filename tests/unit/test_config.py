@@ -19,7 +19,7 @@ from skewwatch.cli import EXIT_CONFIG
 from skewwatch.config import ConfigError, OtlpSettings, Settings, load_settings
 from skewwatch.otlp.decode import ENCODINGS
 from skewwatch.pipeline.detector_settings import DetectorSettings
-from skewwatch.pipeline.detectors.long_tail import LongTailConfig
+from skewwatch.pipeline.detectors.long_tail_config import LongTailConfig
 from skewwatch.pipeline.detectors.registry import DETECTORS
 
 # ---------------------------------------------------------------- the real CLI

@@ -14,7 +14,8 @@ import pytest
 
 from skewwatch.config import ConfigError
 from skewwatch.pipeline.detectors.alerts import Alert, Severity
-from skewwatch.pipeline.detectors.long_tail import PROFILE_SEED, LongTailConfig, LongTailDetector
+from skewwatch.pipeline.detectors.long_tail import LongTailDetector
+from skewwatch.pipeline.detectors.long_tail_config import PROFILE_SEED, LongTailConfig
 from skewwatch.pipeline.detectors.step_columns import StepColumns
 from skewwatch.schemas.feature_vector import FeatureVector
 from skewwatch.schemas.telemetry_sample import TelemetrySample
@@ -179,7 +180,8 @@ def test_live_slow_first_tokens_do_not_explain_away_an_open_tail() -> None:
         det.update_step(StepColumns([pool_vector(end, r) for r in POOL], samples), end, alerts, [])
     assert [(a.replica, a.state) for a in alerts] == [("r0", "open")]
     assert det.open_alerts() and "queue behind the stalled ones" in det._state["m/r0"].rules[0].message
-    assert run_pool(LongTailDetector(), 36, faulty={"mean_ms": 60.0, "ttft_p50_ms": 1600.0, "ttft_p99_ms": 4000.0}) == []
+    queued_from_the_start = {"mean_ms": 60.0, "ttft_p50_ms": 1600.0, "ttft_p99_ms": 4000.0}
+    assert run_pool(LongTailDetector(), 36, faulty=queued_from_the_start) == []
 
 
 def test_live_the_threshold_follows_the_replicas_own_noise() -> None:

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from skewwatch.pipeline.detectors.batch_collapse import PROFILE_SEED as BATCH_COLLAPSE_SEED
 from skewwatch.pipeline.detectors.context_burst import PROFILE_SEED as CONTEXT_BURST_SEED
 from skewwatch.pipeline.detectors.kv_pressure import PROFILE_SEED as KV_PRESSURE_SEED
-from skewwatch.pipeline.detectors.long_tail import PROFILE_SEED as LONG_TAIL_SEED
+from skewwatch.pipeline.detectors.long_tail_config import PROFILE_SEED as LONG_TAIL_SEED
 from skewwatch.pipeline.detectors.slow_replica import PROFILE_SEED as SLOW_REPLICA_SEED
 
 PROFILE_KEY = "profile"  # the [detectors] key that names the profile

@@ -19,7 +19,8 @@ from skewwatch.pipeline.detectors.gpu_health import GpuHealthDetector
 from skewwatch.pipeline.detectors.kv_pressure import KvPressureConfig, KvPressureDetector
 from skewwatch.pipeline.detectors.learned import LearnedDetector
 from skewwatch.pipeline.detectors.learned_config import LearnedConfig
-from skewwatch.pipeline.detectors.long_tail import LongTailConfig, LongTailDetector
+from skewwatch.pipeline.detectors.long_tail import LongTailDetector
+from skewwatch.pipeline.detectors.long_tail_config import LongTailConfig
 from skewwatch.pipeline.detectors.slow_replica import SlowReplicaConfig, SlowReplicaDetector
 
 DETECTORS: dict[str, type[Detector]] = {

@@ -15,7 +15,8 @@ steps whose spans do not overlap (``live_span_s`` apart; capped at ``live_z``), 
 tail ends the alert clears as before): one step beyond ``live_z`` holds as before, two at 3.25 or
 three at 2.7 hold together. A step that prefill explains, or a gap of more than
 ``2 x live_span_s`` without one summed, ends the sum. The constants are
-:class:`~skewwatch.pipeline.detectors.long_tail.LongTailConfig`'s (module docstring there).
+:class:`~skewwatch.pipeline.detectors.long_tail_config.LongTailConfig`'s (what each does:
+:mod:`~skewwatch.pipeline.detectors.long_tail`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ ahead, so a router keeps it in force while the worker lives and drops it by itse
 dies. :class:`DetectorConfig` holds what every such detector has: ``persistence``,
 ``clear_steps`` and ``action_ttl_s``.
 
->>> from skewwatch.pipeline.detectors.long_tail import PROFILE_SEED, LongTailConfig, LongTailDetector
+>>> from skewwatch.pipeline.detectors.long_tail import LongTailDetector
+>>> from skewwatch.pipeline.detectors.long_tail_config import PROFILE_SEED, LongTailConfig
 >>> det = LongTailDetector(LongTailConfig.from_overrides({**PROFILE_SEED, "persistence": 1}))  # the seed's rule
 >>> fv = FeatureVector(model="m", replica="a", window_start=0.0, window_end=60.0, count=100,
 ...                    latency_p50=100.0, latency_p99=900.0)
