@@ -487,8 +487,10 @@ class ModelDecider:
         if k > 0 and any(alerted):
             served = [0.0 if e is None else e.arrivals.n for e in map(self._evidence.replicas.get, order)]
             for row, n in enumerate(served):
+                if not (alerted[row] and n < k):
+                    continue  # (the usual replica: its peers' median is not needed)
                 peers = served[:row] + served[row + 1:]
-                if alerted[row] and n < k and (not peers or n < 0.5 * float(np.median(peers))):
+                if not peers or n < 0.5 * float(np.median(peers)):
                     alerted[row] = False
                     note = f"not demoted: warming up ({n:.0f} of {k:g} requests)"
                     rows[row].reason = note if rows[row].reason == "ok" else f"{rows[row].reason}; {note}"
